@@ -1,0 +1,54 @@
+//! The domain error: one enum for every operation, mapped onto gRPC status
+//! codes in exactly one place (`grpc::status`).
+
+/// An operation's failure. Refusals that SPEC calls answers (DENY, dispatch
+/// statuses) are not errors; these are the calls that could not be answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Malformed input: which field (a path like `proposal.arguments.amount`)
+    /// and which rule it broke. Changes no state.
+    #[error("{field}: {rule}")]
+    InvalidArgument { field: String, rule: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// Something inside toolgate failed; the caller is refused (fail closed).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn invalid(field: impl Into<String>, rule: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field: field.into(),
+            rule: rule.into(),
+        }
+    }
+
+    /// Puts `prefix.` in front of an invalid-argument field path, so that a
+    /// domain validator's `tools[2].name` becomes `manifest.tools[2].name`.
+    pub fn under(self, prefix: &str) -> Self {
+        match self {
+            Error::InvalidArgument { field, rule } => {
+                let field = if field.is_empty() {
+                    prefix.to_string()
+                } else if field.starts_with('[') {
+                    format!("{prefix}{field}")
+                } else {
+                    format!("{prefix}.{field}")
+                };
+                Error::InvalidArgument { field, rule }
+            }
+            other => other,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

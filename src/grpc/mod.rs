@@ -1,0 +1,8 @@
+//! The gRPC edge: converts generated messages to domain types, calls the
+//! engine, maps the answer back. Handlers do nothing else.
+
+pub mod convert;
+pub mod pdp;
+pub mod pins;
+pub mod status;
+pub mod unimplemented;

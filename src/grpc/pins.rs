@@ -1,0 +1,66 @@
+//! `ManifestPins` handlers (reviewer-facing).
+
+use tonic::{Request, Response, Status};
+
+use crate::auth::Caller;
+use crate::engine::Engine;
+use crate::grpc::convert::{optional_fingerprint, required};
+use crate::manifest::Manifest;
+use crate::pb;
+use crate::pb::manifest_pins_server::ManifestPins;
+
+#[derive(Debug, Clone)]
+pub struct PinsService {
+    engine: Engine,
+}
+
+impl PinsService {
+    pub fn new(engine: Engine) -> Self {
+        PinsService { engine }
+    }
+}
+
+#[tonic::async_trait]
+impl ManifestPins for PinsService {
+    #[tracing::instrument(skip_all)]
+    async fn pin_manifest(
+        &self,
+        request: Request<pb::PinManifestRequest>,
+    ) -> Result<Response<pb::Pin>, Status> {
+        let caller = Caller::of(&request);
+        let message = request.into_inner();
+        let expected = optional_fingerprint(&message.expected_fingerprint, "expected_fingerprint")?;
+        let manifest = Manifest::try_from(required(message.manifest, "manifest")?)
+            .map_err(|error| error.under("manifest"))?;
+        let record = self
+            .engine
+            .pin_manifest(&caller.identity, manifest, expected)?;
+        Ok(Response::new(record.into()))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn list_pins(
+        &self,
+        _request: Request<pb::ListPinsRequest>,
+    ) -> Result<Response<pb::ListPinsResponse>, Status> {
+        let pins = self
+            .engine
+            .list_pins()?
+            .into_iter()
+            .map(pb::Pin::from)
+            .collect();
+        Ok(Response::new(pb::ListPinsResponse { pins }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn remove_pin(
+        &self,
+        request: Request<pb::RemovePinRequest>,
+    ) -> Result<Response<pb::Pin>, Status> {
+        let caller = Caller::of(&request);
+        let server_id = request.into_inner().server_id;
+        crate::ids::check_server_id("server_id", &server_id)?;
+        let record = self.engine.remove_pin(&caller.identity, &server_id)?;
+        Ok(Response::new(record.into()))
+    }
+}

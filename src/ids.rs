@@ -1,0 +1,101 @@
+//! Identifier rules shared by proposals, sessions, manifests and the policy.
+
+use crate::error::{Error, Result};
+
+/// Longest identifier allowed by `[A-Za-z][A-Za-z0-9_-]{0,39}`.
+pub const MAX_IDENTIFIER_LEN: usize = 40;
+
+/// Checks SPEC §2's identifier pattern `[A-Za-z][A-Za-z0-9_-]{0,39}` (call ids,
+/// actors, tool names, session ids, workspaces).
+pub fn check_identifier(field: &str, value: &str) -> Result<()> {
+    let bytes = value.as_bytes();
+    let Some(first) = bytes.first() else {
+        return Err(Error::invalid(field, "must not be empty"));
+    };
+    if bytes.len() > MAX_IDENTIFIER_LEN {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "must be at most {MAX_IDENTIFIER_LEN} characters matching [A-Za-z][A-Za-z0-9_-]*"
+            ),
+        ));
+    }
+    if !first.is_ascii_alphabetic() {
+        return Err(Error::invalid(field, "must start with an ASCII letter"));
+    }
+    if !bytes
+        .iter()
+        .all(|byte| byte.is_ascii_alphanumeric() || *byte == b'_' || *byte == b'-')
+    {
+        return Err(Error::invalid(
+            field,
+            "must match [A-Za-z][A-Za-z0-9_-]{0,39} (ASCII letters, digits, '_' and '-')",
+        ));
+    }
+    Ok(())
+}
+
+/// Longest manifest server id or manifest tool name.
+pub const MAX_SERVER_ID_LEN: usize = 64;
+
+/// Checks a manifest server id or manifest tool name:
+/// `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`.
+pub fn check_server_id(field: &str, value: &str) -> Result<()> {
+    let bytes = value.as_bytes();
+    let Some(first) = bytes.first() else {
+        return Err(Error::invalid(field, "must not be empty"));
+    };
+    let valid = bytes.len() <= MAX_SERVER_ID_LEN
+        && first.is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-'));
+    if !valid {
+        return Err(Error::invalid(
+            field,
+            "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_follow_the_spec_pattern() {
+        for good in ["a", "c1", "set_ticket", "Finance-Payments", &"a".repeat(40)] {
+            assert_eq!(check_identifier("call_id", good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "1a",
+            "_a",
+            "a b",
+            "a.b",
+            "аctor",
+            &"a".repeat(41),
+            "a\u{0}",
+        ] {
+            let Err(Error::InvalidArgument { field, .. }) = check_identifier("call_id", bad) else {
+                panic!("{bad:?} accepted");
+            };
+            assert_eq!(field, "call_id");
+        }
+    }
+
+    #[test]
+    fn server_ids_allow_dots_and_leading_digits() {
+        assert_eq!(check_server_id("server_id", "github.com-mcp_1"), Ok(()));
+        assert_eq!(check_server_id("server_id", "9lives"), Ok(()));
+        assert!(matches!(
+            check_server_id("server_id", ".hidden"),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            check_server_id("server_id", &"s".repeat(65)),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}

@@ -1,0 +1,49 @@
+//! toolgate: a gRPC policy decision point for AI-agent hosts.
+//!
+//! # Layout
+//! - [`canonical`]: canonical JSON (strict parser, Python-identical printer) and fingerprints (SPEC §1).
+//! - [`ids`]: identifier rules shared by proposals, sessions and manifests.
+//! - [`manifest`]: tool-server manifests: fingerprint, diff, assessment (SPEC §7).
+//! - [`policy`]: the TOML policy file parsed into an immutable snapshot (SPEC §3).
+//! - [`state`]: `State`, everything remembered between calls; one method per operation.
+//! - [`engine`]: `Engine`, the clone handle holding policy snapshot, clock and state.
+//! - [`clock`]: injectable time.
+//! - [`audit`]: structured audit events (SPEC §8).
+//! - [`auth`]: the authenticated caller of a request.
+//! - [`error`]: the domain error enum.
+//! - [`grpc`]: the edge: conversions, handlers, the error-to-status map.
+//! - [`server`]: assembles services, health and reflection; `serve`.
+//! - [`cli`]: the command line (`serve`, `canonical`, `fingerprint`, `manifest`).
+//! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
+#![forbid(unsafe_code)]
+// Server code never unwraps what a client can influence; tests may.
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod audit;
+pub mod auth;
+pub mod canonical;
+pub mod cli;
+pub mod clock;
+pub mod engine;
+pub mod error;
+pub mod grpc;
+pub mod ids;
+pub mod manifest;
+pub mod policy;
+pub mod server;
+pub mod state;
+
+/// Generated code for package `toolgate.v1`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::expect_used
+)]
+pub mod pb {
+    tonic::include_proto!("toolgate.v1");
+
+    /// Encoded descriptor set of `toolgate.v1`, served by reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/toolgate_descriptor.bin"));
+}

@@ -1,0 +1,71 @@
+//! Assembles the gRPC server: toolgate's services, health and reflection.
+
+use std::future::Future;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+
+use crate::engine::Engine;
+use crate::grpc::pdp::PdpService;
+use crate::grpc::pins::PinsService;
+use crate::grpc::unimplemented::PendingServices;
+use crate::pb;
+use crate::pb::approvals_server::ApprovalsServer;
+use crate::pb::manifest_pins_server::ManifestPinsServer;
+use crate::pb::policy_decision_point_server::PolicyDecisionPointServer;
+use crate::pb::resources_server::ResourcesServer;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("reflection descriptors: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves toolgate on an already-bound listener until `shutdown` resolves.
+/// Tests bind `127.0.0.1:0` and hand the listener in, so there is no race
+/// between choosing a port and using it.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<PolicyDecisionPointServer<PdpService>>()
+        .await;
+    health_reporter
+        .set_serving::<ApprovalsServer<PendingServices>>()
+        .await;
+    health_reporter
+        .set_serving::<ManifestPinsServer<PinsService>>()
+        .await;
+    health_reporter
+        .set_serving::<ResourcesServer<PendingServices>>()
+        .await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(PolicyDecisionPointServer::new(PdpService::new(
+            engine.clone(),
+        )))
+        .add_service(ManifestPinsServer::new(PinsService::new(engine)))
+        .add_service(ApprovalsServer::new(PendingServices))
+        .add_service(ResourcesServer::new(PendingServices))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

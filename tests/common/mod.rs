@@ -1,0 +1,108 @@
+//! Test harness: a real toolgate server on `127.0.0.1:0`, driven through
+//! generated gRPC clients. The bound listener is handed to `serve`, so the
+//! port cannot be lost to a race and no sleep is needed before connecting.
+#![allow(dead_code)] // each test crate uses a different part of the harness
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+use toolgate::clock::{ManualClock, Timestamp};
+use toolgate::engine::Engine;
+use toolgate::pb::manifest_pins_client::ManifestPinsClient;
+use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
+use toolgate::policy::Policy;
+
+/// 2026-11-29T00:00:00Z: tests start every clock here.
+pub const EPOCH: Timestamp = Timestamp(1_795_910_400_000);
+
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub channel: Channel,
+    pub clock: ManualClock,
+    pub engine: Engine,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Starts a server on a policy given as TOML text; relative paths in it
+    /// resolve against the repository root.
+    pub async fn start(policy_toml: &str) -> TestServer {
+        let policy = Policy::parse(policy_toml, "test-policy.toml", Some(&repo_path("")))
+            .expect("test policy is valid");
+        TestServer::start_with(policy).await
+    }
+
+    pub async fn start_with(policy: Policy) -> TestServer {
+        let clock = ManualClock::starting_at(EPOCH);
+        let engine = Engine::new(policy, Arc::new(clock.clone()));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (shutdown, shutdown_signal) = oneshot::channel::<()>();
+        let server_engine = engine.clone();
+        let handle = tokio::spawn(async move {
+            toolgate::server::serve(listener, server_engine, async {
+                let _ = shutdown_signal.await;
+            })
+            .await
+            .expect("server runs");
+        });
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to test server");
+        TestServer {
+            addr,
+            channel,
+            clock,
+            engine,
+            shutdown: Some(shutdown),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn pdp(&self) -> PolicyDecisionPointClient<Channel> {
+        PolicyDecisionPointClient::new(self.channel.clone())
+    }
+
+    pub fn pins(&self) -> ManifestPinsClient<Channel> {
+        ManifestPinsClient::new(self.channel.clone())
+    }
+
+    /// Stops the server and waits for it to finish.
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            handle.await.expect("server task ends cleanly");
+        }
+    }
+}
+
+/// The field path of an INVALID_ARGUMENT's first bad-request violation.
+pub fn violation_field(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    status
+        .get_details_bad_request()
+        .and_then(|bad_request| {
+            bad_request
+                .field_violations
+                .first()
+                .map(|violation| violation.field.clone())
+        })
+        .unwrap_or_default()
+}
