@@ -8,7 +8,7 @@ pub const TARGET: &str = "toolgate::audit";
 /// Emits an audit event: `audit!("manifest_assessed", server_id = %id, ...)`.
 #[macro_export]
 macro_rules! audit {
-    ($event:literal $(, $($fields:tt)*)?) => {
+    ($event:expr $(, $($fields:tt)*)?) => {
         ::tracing::info!(target: "toolgate::audit", event = $event $(, $($fields)*)?)
     };
 }

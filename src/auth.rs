@@ -1,26 +1,226 @@
-//! Who is calling. The authentication layer (added with credentials) puts a
-//! `Caller` into each request's extensions; handlers read it from there and
-//! never from a request field.
+//! Authentication and the reach of each credential kind, as a tower layer
+//! in front of every gRPC service.
+//!
+//! - `authorization: Bearer <token>`; the token's SHA-256 digest is looked up
+//!   among the policy's credentials (tokens themselves are never stored).
+//! - Host credentials reach only `PolicyDecisionPoint`; reviewer credentials
+//!   only `Approvals` and `ManifestPins`; `Resources` takes either. Health
+//!   and reflection are open.
+//! - With no host credential in the policy the host API is open (the caller
+//!   is an anonymous host that may assert any actor). The reviewer API always
+//!   needs a reviewer credential: with none configured it is closed.
+//! - Missing or unknown token → `UNAUTHENTICATED`; the wrong kind →
+//!   `PERMISSION_DENIED`.
+//!
+//! The layer puts the [`Caller`] into the request's extensions; handlers
+//! read it from there, never from a request field.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tonic::Status;
+use tower::{Layer, Service};
+
+use crate::canonical::Fingerprint;
+use crate::engine::Engine;
+use crate::policy::{Credential, CredentialKind};
 
 /// The authenticated identity behind a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     pub identity: String,
+    pub kind: CredentialKind,
+    /// Hosts: the actors it may assert (`*` = any).
+    pub actors: Vec<String>,
 }
 
 impl Caller {
-    /// The identity used when the policy declares no credentials.
-    pub fn anonymous() -> Self {
+    fn from_credential(credential: Credential) -> Self {
         Caller {
-            identity: "anonymous".to_string(),
+            identity: credential.identity,
+            kind: credential.kind,
+            actors: credential.actors,
         }
     }
 
-    pub fn of<T>(request: &tonic::Request<T>) -> Caller {
-        request
-            .extensions()
-            .get::<Caller>()
-            .cloned()
-            .unwrap_or_else(Caller::anonymous)
+    /// The caller the layer attached, required to be of `kind`. A missing
+    /// caller means the layer is not in front of this service: refuse.
+    #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
+    pub fn require<T>(request: &tonic::Request<T>, kind: CredentialKind) -> Result<Caller, Status> {
+        match request.extensions().get::<Caller>() {
+            Some(caller) if caller.kind == kind => Ok(caller.clone()),
+            Some(caller) => Err(Status::permission_denied(format!(
+                "a {} credential cannot call this service",
+                caller.kind.as_str()
+            ))),
+            None => Err(Status::unauthenticated("no authenticated caller")),
+        }
+    }
+
+    /// Whether a host caller may speak for `actor`.
+    pub fn may_assert(&self, actor: &str) -> bool {
+        self.kind == CredentialKind::Host
+            && self
+                .actors
+                .iter()
+                .any(|allowed| allowed == "*" || allowed == actor)
+    }
+}
+
+/// Who may call a gRPC service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    Open,
+    Host,
+    Reviewer,
+    HostOrReviewer,
+}
+
+fn reach_of(path: &str) -> Reach {
+    let service = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match service {
+        "toolgate.v1.PolicyDecisionPoint" => Reach::Host,
+        "toolgate.v1.Approvals" | "toolgate.v1.ManifestPins" => Reach::Reviewer,
+        "toolgate.v1.Resources" => Reach::HostOrReviewer,
+        "grpc.health.v1.Health"
+        | "grpc.reflection.v1.ServerReflection"
+        | "grpc.reflection.v1alpha.ServerReflection" => Reach::Open,
+        // Unknown services get UNIMPLEMENTED from the router; nothing to protect.
+        _ => Reach::Open,
+    }
+}
+
+fn anonymous_host() -> Caller {
+    Caller {
+        identity: "anonymous".to_string(),
+        kind: CredentialKind::Host,
+        actors: vec!["*".to_string()],
+    }
+}
+
+/// Decides whether a request may reach its service, and as whom.
+#[allow(clippy::result_large_err)] // tonic::Status is what the layer answers with
+fn authenticate(
+    engine: &Engine,
+    path: &str,
+    authorization: Option<&[u8]>,
+) -> Result<Option<Caller>, Status> {
+    let reach = reach_of(path);
+    if reach == Reach::Open {
+        return Ok(None);
+    }
+    let token = match authorization {
+        None => None,
+        Some(header) => {
+            let text = std::str::from_utf8(header).ok();
+            let token = text.and_then(|text| {
+                text.strip_prefix("Bearer ")
+                    .or_else(|| text.strip_prefix("bearer "))
+            });
+            match token.map(str::trim) {
+                Some(token) if !token.is_empty() => Some(token),
+                _ => {
+                    return Err(Status::unauthenticated(
+                        "authorization must be `Bearer <token>`",
+                    ));
+                }
+            }
+        }
+    };
+    let Some(token) = token else {
+        if reach != Reach::Reviewer && !engine.has_credentials(CredentialKind::Host) {
+            return Ok(Some(anonymous_host()));
+        }
+        return Err(Status::unauthenticated(match reach {
+            Reach::Reviewer if !engine.has_credentials(CredentialKind::Reviewer) => {
+                "the reviewer API is closed: the policy declares no reviewer credentials"
+            }
+            _ => "missing `authorization: Bearer <token>`",
+        }));
+    };
+    let digest = Fingerprint::of_bytes(token.as_bytes());
+    let Some(credential) = engine.credential(&digest) else {
+        return Err(Status::unauthenticated("unknown token"));
+    };
+    let allowed = match reach {
+        Reach::Host => credential.kind == CredentialKind::Host,
+        Reach::Reviewer => credential.kind == CredentialKind::Reviewer,
+        Reach::HostOrReviewer | Reach::Open => true,
+    };
+    if !allowed {
+        return Err(Status::permission_denied(format!(
+            "a {} credential cannot call {}",
+            credential.kind.as_str(),
+            path.trim_start_matches('/').split('/').next().unwrap_or("")
+        )));
+    }
+    Ok(Some(Caller::from_credential(credential)))
+}
+
+/// The tower layer that authenticates every request.
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    engine: Engine,
+}
+
+impl AuthLayer {
+    pub fn new(engine: Engine) -> Self {
+        AuthLayer { engine }
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService {
+            inner,
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    engine: Engine,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for AuthService<S>
+where
+    S: Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
+    S::Future: Send + 'static,
+    ResponseBody: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(context)
+    }
+
+    fn call(&mut self, mut request: http::Request<RequestBody>) -> Self::Future {
+        let authorization = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|value| value.as_bytes().to_vec());
+        match authenticate(&self.engine, request.uri().path(), authorization.as_deref()) {
+            Ok(caller) => {
+                // Whatever a client sent, the only Caller is the one made here.
+                request.extensions_mut().remove::<Caller>();
+                if let Some(caller) = caller {
+                    request.extensions_mut().insert(caller);
+                }
+                Box::pin(self.inner.call(request))
+            }
+            Err(status) => {
+                let response = status.into_http::<ResponseBody>();
+                Box::pin(async move { Ok(response) })
+            }
+        }
     }
 }

@@ -8,15 +8,25 @@
 //! readers clone the `Arc` (a snapshot) and release the lock at once; a
 //! reload swaps the whole `Arc`.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use tokio::sync::broadcast;
+use uuid::Uuid;
 
 use crate::audit;
 use crate::canonical::Fingerprint;
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 use crate::error::{Error, Result};
+use crate::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
 use crate::manifest::{Assessment, Manifest};
-use crate::policy::Policy;
-use crate::state::{PinRecord, State};
+use crate::policy::{Credential, CredentialKind, Policy};
+use crate::proposal::{self, Proposal, SessionRef};
+use crate::session::Session;
+use crate::state::{Decision, Outcome, PinRecord, State};
+
+/// Ledger transitions buffered per watcher before it is told it lagged.
+pub const WATCH_BUFFER: usize = 1024;
 
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -28,17 +38,216 @@ struct Shared {
     policy: RwLock<Arc<Policy>>,
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
+    /// Every ledger transition, for `WatchApprovals`. A broadcast channel
+    /// never blocks the sender: a slow watcher lags, the ledger does not wait.
+    events: broadcast::Sender<ApprovalEvent>,
+    /// Credentials made at start (the embedded default's reviewer token),
+    /// kept across policy reloads.
+    runtime_credentials: RwLock<HashMap<Fingerprint, Credential>>,
+    /// Set once when the server begins to shut down; ends watch streams.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Engine {
     pub fn new(policy: Policy, clock: Arc<dyn Clock>) -> Self {
+        let (events, _) = broadcast::channel(WATCH_BUFFER);
         Engine {
             shared: Arc::new(Shared {
                 policy: RwLock::new(Arc::new(policy)),
                 clock,
                 state: Mutex::new(State::default()),
+                events,
+                runtime_credentials: RwLock::new(HashMap::new()),
+                closing: tokio::sync::watch::Sender::new(false),
             }),
         }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.shared.clock.now()
+    }
+
+    /// Adds a credential that is not in the policy file and survives reloads.
+    pub fn add_runtime_credential(&self, token_digest: Fingerprint, credential: Credential) {
+        match self.shared.runtime_credentials.write() {
+            Ok(mut guard) => guard.insert(token_digest, credential),
+            Err(poisoned) => poisoned.into_inner().insert(token_digest, credential),
+        };
+    }
+
+    /// The credential whose token has this SHA-256 digest.
+    pub fn credential(&self, token_digest: &Fingerprint) -> Option<Credential> {
+        if let Some(credential) = self.policy().credentials.get(token_digest) {
+            return Some(credential.clone());
+        }
+        let runtime = match self.shared.runtime_credentials.read() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        runtime.get(token_digest).cloned()
+    }
+
+    /// True when the policy declares at least one credential of this kind
+    /// (or one was made at start).
+    pub fn has_credentials(&self, kind: CredentialKind) -> bool {
+        if self
+            .policy()
+            .credentials
+            .values()
+            .any(|credential| credential.kind == kind)
+        {
+            return true;
+        }
+        let runtime = match self.shared.runtime_credentials.read() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        runtime.values().any(|credential| credential.kind == kind)
+    }
+
+    /// Marks the engine as shutting down: long-lived streams end.
+    pub fn begin_shutdown(&self) {
+        self.shared.closing.send_replace(true);
+    }
+
+    /// Resolves once shutdown has begun.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut closing = self.shared.closing.subscribe();
+        async move {
+            let _ = closing.wait_for(|closing| *closing).await;
+        }
+    }
+
+    /// A receiver of every ledger transition from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<ApprovalEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Audits ledger transitions and sends them to watchers.
+    fn publish(&self, events: impl IntoIterator<Item = ApprovalEvent>) {
+        for event in events {
+            let approval = &event.approval;
+            audit!(
+                event.kind.audit_name(),
+                approval_id = %approval.id,
+                fingerprint = %approval.fingerprint,
+                actor = %approval.actor,
+                session_id = %approval.session_id,
+                workspace = %approval.workspace,
+                tool = %approval.tool,
+                call_id = %approval.call_id,
+                status = approval.status.as_str(),
+                reviewer = approval.decided_by.as_deref().unwrap_or(""),
+            );
+            // No receivers is fine: nobody is watching.
+            let _ = self.shared.events.send(event);
+        }
+    }
+
+    /// Decide (SPEC §4). Refusals are `Ok` answers; errors are invalid
+    /// arguments, exhausted capacity or an internal failure (fail closed).
+    pub fn decide(&self, session: &SessionRef, proposal: &Proposal) -> Result<(Decision, String)> {
+        let policy = self.policy();
+        let decision = match proposal::admit(&policy, session, proposal) {
+            Err(refusal) => Decision::deny(
+                proposal,
+                refusal.reason(),
+                refusal.message(proposal, session),
+            ),
+            Ok(admitted) => {
+                let schema = proposal::check_arguments(admitted.tool, &proposal.arguments);
+                if admitted.tool.server.is_none() {
+                    // No manifest gate (step 4) stands between steps 3 and 5.
+                    schema.clone()?;
+                }
+                let now = self.now();
+                let (expired, outcome) = {
+                    let mut state = self.state()?;
+                    let expired = state.expire_due(&policy, now);
+                    let outcome = state.decide(&policy, now, session, proposal, &admitted, schema);
+                    (expired, outcome)
+                };
+                self.publish(expired);
+                let (decision, created) = outcome?;
+                self.publish(created);
+                decision
+            }
+        };
+        audit!(
+            "decision",
+            outcome = match decision.outcome {
+                Outcome::Allow => "allow",
+                Outcome::Deny => "deny",
+                Outcome::RequireApproval => "require_approval",
+            },
+            reason = decision.reason,
+            fingerprint = %decision.fingerprint,
+            actor = %session.actor,
+            session_id = %session.session_id,
+            workspace = %session.workspace,
+            tool = %proposal.name,
+            call_id = %proposal.call_id,
+            approval_id = %decision.approval.map(|(id, _)| id.to_string()).unwrap_or_default(),
+            policy_revision = %policy.revision,
+        );
+        Ok((decision, policy.revision.clone()))
+    }
+
+    pub fn session(&self, session_id: &str) -> Result<(Session, u64)> {
+        let policy = self.policy();
+        let session = self.state()?.session(session_id)?;
+        Ok((session, policy.limits.decision_cost))
+    }
+
+    pub fn get_approval(&self, id: Uuid) -> Result<Approval> {
+        self.with_expiry(|state, _, _| state.get_approval(id))
+    }
+
+    pub fn list_approvals(&self, query: &ListQuery) -> Result<Page> {
+        self.with_expiry(|state, _, _| Ok(state.list_approvals(query)))
+    }
+
+    /// Grant, deny or revoke by the authenticated reviewer.
+    pub fn review(
+        &self,
+        id: Uuid,
+        verdict: Verdict,
+        reviewer: &str,
+        note: String,
+    ) -> Result<Approval> {
+        let event = self.with_expiry(|state, policy, now| {
+            state.review(policy, now, id, verdict, reviewer, note)
+        })?;
+        let approval = event.approval.clone();
+        self.publish([event]);
+        Ok(approval)
+    }
+
+    /// Expires due approvals and evicts idle sessions; run periodically so
+    /// that `approval_expired` is reported even when nothing else happens.
+    pub fn sweep(&self) -> Result<()> {
+        let policy = self.policy();
+        let now = self.now();
+        let expired = self.state()?.sweep(&policy, now);
+        self.publish(expired);
+        Ok(())
+    }
+
+    /// Runs one operation under the state lock after expiring what is due,
+    /// then publishes the expirations (even when the operation fails).
+    fn with_expiry<T>(
+        &self,
+        operation: impl FnOnce(&mut State, &Policy, Timestamp) -> Result<T>,
+    ) -> Result<T> {
+        let policy = self.policy();
+        let now = self.now();
+        let (expired, result) = {
+            let mut state = self.state()?;
+            let expired = state.expire_due(&policy, now);
+            (expired, operation(&mut state, &policy, now))
+        };
+        self.publish(expired);
+        result
     }
 
     /// The policy in force now, as an immutable snapshot.

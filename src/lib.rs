@@ -28,9 +28,12 @@ pub mod engine;
 pub mod error;
 pub mod grpc;
 pub mod ids;
+pub mod ledger;
 pub mod manifest;
 pub mod policy;
+pub mod proposal;
 pub mod server;
+pub mod session;
 pub mod state;
 
 /// Generated code for package `toolgate.v1`.

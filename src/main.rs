@@ -4,17 +4,21 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
 use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
+
+use toolgate::audit;
 
 use toolgate::cli::{Cli, Command, LogFormat, ServeArgs};
 use toolgate::clock::SystemClock;
 use toolgate::engine::Engine;
-use toolgate::policy::Policy;
+use toolgate::policy::{CredentialKind, Policy};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -51,6 +55,26 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let host_credentials = policy
+        .credentials
+        .values()
+        .any(|credential| credential.kind == CredentialKind::Host);
+    if !args.listen.ip().is_loopback() && !host_credentials {
+        tracing::error!(
+            listen = %args.listen,
+            "refusing to listen on a non-loopback address without host credentials in the policy"
+        );
+        return ExitCode::FAILURE;
+    }
+    let engine = Engine::new(policy, Arc::new(SystemClock));
+    if args.config.is_none() && !engine.has_credentials(CredentialKind::Reviewer) {
+        let token = bootstrap::reviewer_token(&engine);
+        // Once, to stderr, never through tracing: tokens stay out of logs.
+        eprintln!(
+            "toolgate: reviewer token for {:?} (embedded policy, valid until exit): {token}",
+            bootstrap::REVIEWER
+        );
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -70,14 +94,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             .local_addr()
             .map(|addr| addr.to_string())
             .unwrap_or_default();
-        tracing::info!(listen = %local, policy_revision = %policy.revision, "toolgate serving");
+        tracing::info!(listen = %local, policy_revision = %engine.policy().revision, "toolgate serving");
         // One machine-readable line for scripts that start toolgate on port 0.
         println!("toolgate listening on {local}");
-        let engine = Engine::new(policy, Arc::new(SystemClock));
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        match toolgate::server::serve(listener, engine, shutdown).await {
+        if let Some(path) = args.config.clone() {
+            tokio::spawn(reload_on_hangup(engine.clone(), path));
+        }
+        match toolgate::server::serve(listener, engine, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!(%error, "server failed");
@@ -85,4 +108,74 @@ fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let terminate = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+}
+
+/// Reloads the policy file on SIGHUP; a bad file keeps the old policy.
+async fn reload_on_hangup(engine: Engine, path: PathBuf) {
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(error) => {
+            tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        let load_path = path.clone();
+        match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
+            Ok(Ok(policy)) => engine.replace_policy(policy),
+            Ok(Err(error)) => audit!(
+                "policy_reload_failed",
+                %error,
+                kept_revision = %engine.policy().revision,
+            ),
+            Err(error) => audit!("policy_reload_failed", %error),
+        }
+    }
+}
+
+mod bootstrap {
+    use rand::RngCore;
+    use toolgate::canonical::Fingerprint;
+    use toolgate::engine::Engine;
+    use toolgate::policy::{Credential, CredentialKind};
+
+    /// The embedded default policy's reviewer.
+    pub const REVIEWER: &str = "admin";
+
+    /// Makes a random reviewer token for the embedded policy's reviewer and
+    /// registers its digest; returns the token.
+    pub fn reviewer_token(engine: &Engine) -> String {
+        let mut bytes = [0u8; 32];
+        rand::rng().fill_bytes(&mut bytes);
+        let token = format!("tgr_{}", hex::encode(bytes));
+        engine.add_runtime_credential(
+            Fingerprint::of_bytes(token.as_bytes()),
+            Credential {
+                kind: CredentialKind::Reviewer,
+                identity: REVIEWER.to_string(),
+                actors: Vec::new(),
+            },
+        );
+        token
+    }
 }

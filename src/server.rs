@@ -6,7 +6,9 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
+use crate::auth::AuthLayer;
 use crate::engine::Engine;
+use crate::grpc::approvals::ApprovalsService;
 use crate::grpc::pdp::PdpService;
 use crate::grpc::pins::PinsService;
 use crate::grpc::unimplemented::PendingServices;
@@ -55,17 +57,48 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    Server::builder()
+    let sweeper = tokio::spawn(sweep_periodically(engine.clone()));
+    let closing_engine = engine.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Health turns NOT_SERVING first, then long-lived streams end so
+        // that in-flight calls can drain.
+        health_reporter
+            .set_not_serving::<PolicyDecisionPointServer<PdpService>>()
+            .await;
+        health_reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        closing_engine.begin_shutdown();
+    };
+    let served = Server::builder()
+        .layer(AuthLayer::new(engine.clone()))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(PolicyDecisionPointServer::new(PdpService::new(
             engine.clone(),
         )))
-        .add_service(ManifestPinsServer::new(PinsService::new(engine)))
-        .add_service(ApprovalsServer::new(PendingServices))
+        .add_service(ManifestPinsServer::new(PinsService::new(engine.clone())))
+        .add_service(ApprovalsServer::new(ApprovalsService::new(engine)))
         .add_service(ResourcesServer::new(PendingServices))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await?;
+        .await;
+    sweeper.abort();
+    served?;
     Ok(())
+}
+
+/// How often expired approvals are swept when nothing else touches them.
+pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn sweep_periodically(engine: Engine) {
+    let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if let Err(error) = engine.sweep() {
+            tracing::error!(%error, "approval sweep failed");
+        }
+    }
 }

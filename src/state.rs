@@ -5,11 +5,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use uuid::Uuid;
+
 use crate::canonical::Fingerprint;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
+use crate::ledger::{
+    Approval, ApprovalEvent, Ledger, ListQuery, NewApproval, Page, Standing, Verdict,
+};
 use crate::manifest::{self, Assessment, Manifest, PinReference};
-use crate::policy::Policy;
+use crate::policy::{Mode, Policy};
+use crate::proposal::{self, Admitted, Proposal, Refusal, SessionRef};
+use crate::session::{self, BudgetCheck, Session, Sessions};
 
 /// Most pins that may be made through the API.
 pub const MAX_API_PINS: usize = 1024;
@@ -51,14 +58,229 @@ pub struct PinRecord {
     pub tool_count: usize,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Allow,
+    Deny,
+    RequireApproval,
+}
+
+/// The answer to Decide (SPEC §4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    /// Stable kebab-case reason.
+    pub reason: &'static str,
+    pub message: String,
+    pub fingerprint: Fingerprint,
+    /// The approval involved, with its expiry.
+    pub approval: Option<(Uuid, Timestamp)>,
+}
+
+impl Decision {
+    pub fn deny(proposal: &Proposal, reason: &'static str, message: String) -> Self {
+        Decision {
+            outcome: Outcome::Deny,
+            reason,
+            message,
+            fingerprint: proposal.fingerprint,
+            approval: None,
+        }
+    }
+
+    fn refused(refusal: Refusal, proposal: &Proposal, session: &SessionRef) -> Self {
+        Decision::deny(
+            proposal,
+            refusal.reason(),
+            refusal.message(proposal, session),
+        )
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct State {
     api_pins: HashMap<String, ApiPin>,
     /// Fingerprint of the latest assessment per pinned server.
     last_assessed: HashMap<String, Fingerprint>,
+    ledger: Ledger,
+    sessions: Sessions,
 }
 
 impl State {
+    /// Decide (SPEC §4) from step 4 on; steps 1–3 and the schema check ran
+    /// without the lock (`admitted`, `schema`), and their answers are used
+    /// here in the contract's order. Returns the decision and the approval
+    /// request it created, if any. The engine expires due approvals first.
+    pub fn decide(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        admitted: &Admitted<'_>,
+        schema: Result<()>,
+    ) -> Result<(Decision, Option<ApprovalEvent>)> {
+        let tool = admitted.tool;
+        // Step 4: the manifest gate.
+        if let Some(server) = &tool.server
+            && !self.manifest_verified(policy, server)
+        {
+            return Ok((
+                Decision::refused(Refusal::ManifestUnverified, proposal, session_ref),
+                None,
+            ));
+        }
+        // Step 5: the input schema.
+        schema?;
+        // Step 6: the session budget.
+        let is_tool_call = tool.mode == Mode::Execute;
+        let session = self.sessions.open(session_ref, now, &policy.limits)?;
+        let budget = session::check_budget(
+            session,
+            admitted.profile,
+            &proposal.call_id,
+            proposal.fingerprint,
+            is_tool_call,
+            now,
+        );
+        if let BudgetCheck::Refused(reason) = budget {
+            if reason != "call-id-conflict" {
+                session.stopped_reason.get_or_insert(reason);
+            }
+            let message = match reason {
+                "call-id-conflict" => format!(
+                    "call id {:?} was already decided in this session for a different proposal",
+                    proposal.call_id
+                ),
+                "session-expired" => "the session is older than its profile allows".to_string(),
+                _ => format!("the session's {reason} is spent"),
+            };
+            return Ok((Decision::deny(proposal, reason, message), None));
+        }
+        // Step 7: no approval needed.
+        let approval_reason = match tool.mode {
+            Mode::Execute => proposal::approval_reason(tool, admitted.profile, &proposal.arguments),
+            _ => None,
+        };
+        let mut created = None;
+        let decision = match approval_reason {
+            None => Decision {
+                outcome: Outcome::Allow,
+                reason: "allowed",
+                message: format!("{:?} may run", proposal.name),
+                fingerprint: proposal.fingerprint,
+                approval: None,
+            },
+            // Step 8: the ledger.
+            Some(reason) => match self
+                .ledger
+                .standing(&session_ref.workspace, proposal.fingerprint)
+            {
+                Standing::Granted(approval) => Decision {
+                    outcome: Outcome::Allow,
+                    reason: "approved",
+                    message: format!(
+                        "approved by {}",
+                        approval.decided_by.as_deref().unwrap_or("a reviewer")
+                    ),
+                    fingerprint: proposal.fingerprint,
+                    approval: Some((approval.id, approval.expires_at)),
+                },
+                Standing::Denied(approval) => Decision {
+                    outcome: Outcome::Deny,
+                    reason: "approval-denied",
+                    message: "a reviewer denied this exact proposal".to_string(),
+                    fingerprint: proposal.fingerprint,
+                    approval: Some((approval.id, approval.expires_at)),
+                },
+                Standing::Pending(approval) => Decision {
+                    outcome: Outcome::RequireApproval,
+                    reason: approval.reason,
+                    message: "waiting for a reviewer".to_string(),
+                    fingerprint: proposal.fingerprint,
+                    approval: Some((approval.id, approval.expires_at)),
+                },
+                Standing::None => {
+                    self.ledger
+                        .check_capacity(&session_ref.actor, &policy.limits)?;
+                    let event = self.ledger.create(
+                        NewApproval {
+                            fingerprint: proposal.fingerprint,
+                            actor: session_ref.actor.clone(),
+                            session_id: session_ref.session_id.clone(),
+                            workspace: session_ref.workspace.clone(),
+                            tool: tool.name.clone(),
+                            call_id: proposal.call_id.clone(),
+                            version: proposal.version,
+                            arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
+                            reason,
+                        },
+                        now,
+                        &policy.limits,
+                    );
+                    let decision = Decision {
+                        outcome: Outcome::RequireApproval,
+                        reason,
+                        message: "a reviewer must approve this exact proposal".to_string(),
+                        fingerprint: proposal.fingerprint,
+                        approval: Some((event.approval.id, event.approval.expires_at)),
+                    };
+                    created = Some(event);
+                    decision
+                }
+            },
+        };
+        if budget == BudgetCheck::NewCall {
+            let session = self.sessions.open(session_ref, now, &policy.limits)?;
+            session::charge(
+                session,
+                &proposal.call_id,
+                proposal.fingerprint,
+                is_tool_call,
+            );
+        }
+        Ok((decision, created))
+    }
+
+    pub fn session(&self, session_id: &str) -> Result<Session> {
+        self.sessions
+            .get(session_id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("no session {session_id:?}")))
+    }
+
+    /// Expires due approvals (exactly at their deadline, before any
+    /// operation reads the ledger) and evicts finished records past retention.
+    pub fn expire_due(&mut self, policy: &Policy, now: Timestamp) -> Vec<ApprovalEvent> {
+        self.ledger.expire_due(now, &policy.limits)
+    }
+
+    /// Periodic sweep: also evicts idle sessions.
+    pub fn sweep(&mut self, policy: &Policy, now: Timestamp) -> Vec<ApprovalEvent> {
+        self.sessions.evict_idle(now, &policy.limits);
+        self.ledger.expire_due(now, &policy.limits)
+    }
+
+    pub fn get_approval(&self, id: Uuid) -> Result<Approval> {
+        self.ledger.get(id).cloned()
+    }
+
+    pub fn list_approvals(&self, query: &ListQuery) -> Page {
+        self.ledger.list(query)
+    }
+
+    /// Grant, deny or revoke (SPEC §5) by the authenticated reviewer.
+    pub fn review(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        id: Uuid,
+        verdict: Verdict,
+        reviewer: &str,
+        note: String,
+    ) -> Result<ApprovalEvent> {
+        self.ledger.decide(id, verdict, reviewer, note, policy, now)
+    }
     /// The pin in force: an API pin overrides the policy file's.
     fn pin<'a>(&'a self, policy: &'a Policy, server_id: &str) -> Option<&'a dyn PinReference> {
         match self.api_pins.get(server_id) {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{TestServer, repo_path, violation_field};
+use common::{TestServer, authed, repo_path, violation_field};
 use tonic::Code;
 use toolgate::manifest::Manifest;
 use toolgate::pb;
@@ -23,11 +23,28 @@ fn example_fingerprint() -> String {
         .to_hex()
 }
 
-const POLICY_WITH_MANIFEST_PIN: &str = r#"
+/// Reviewer `alice` with token `alice-secret` (the policy stores its digest).
+const REVIEWER: &str = r#"
+[reviewers.alice]
+roles = ["manifest-reviewer"]
+workspaces = ["*"]
+
+[[credentials]]
+kind = "reviewer"
+identity = "alice"
+sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
+"#;
+const ALICE: &str = "alice-secret";
+
+const PIN: &str = r#"
 [[pins]]
 server = "docs-search"
 manifest = "examples/manifests/docs-search.json"
 "#;
+
+fn policy_with_pin() -> String {
+    format!("{REVIEWER}{PIN}")
+}
 
 async fn assess(
     server: &TestServer,
@@ -44,7 +61,7 @@ async fn assess(
 
 #[tokio::test]
 async fn spec_section_7_scenario() {
-    let server = TestServer::start(POLICY_WITH_MANIFEST_PIN).await;
+    let server = TestServer::start(&policy_with_pin()).await;
     let pinned = example_fingerprint();
 
     // Unchanged manifest -> matched.
@@ -84,7 +101,7 @@ async fn spec_section_7_scenario() {
     assert!(!answer.diffs[0].scopes_changed && !answer.diffs[0].widened);
     let pins = server
         .pins()
-        .list_pins(pb::ListPinsRequest {})
+        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
         .await
         .expect("list")
         .into_inner()
@@ -105,7 +122,7 @@ async fn spec_section_7_scenario() {
 
 #[tokio::test]
 async fn widened_scopes_added_and_removed_tools_are_reported() {
-    let server = TestServer::start(POLICY_WITH_MANIFEST_PIN).await;
+    let server = TestServer::start(&policy_with_pin()).await;
     let mut manifest = example_manifest();
     let open_page = manifest
         .tools
@@ -142,7 +159,7 @@ async fn widened_scopes_added_and_removed_tools_are_reported() {
 
 #[tokio::test]
 async fn a_hash_inside_the_manifest_is_never_trusted() {
-    let server = TestServer::start(POLICY_WITH_MANIFEST_PIN).await;
+    let server = TestServer::start(&policy_with_pin()).await;
     // A manifest that claims the pinned fingerprint as its revision is still changed.
     let mut manifest = example_manifest();
     manifest.revision = example_fingerprint();
@@ -191,7 +208,7 @@ async fn invalid_manifests_name_the_field() {
 
 #[tokio::test]
 async fn api_pins_are_made_listed_and_removed() {
-    let server = TestServer::start(POLICY_WITH_MANIFEST_PIN).await;
+    let server = TestServer::start(&policy_with_pin()).await;
     let mut pins = server.pins();
     let mut manifest = example_manifest();
     manifest.server_id = "tickets".into();
@@ -202,10 +219,13 @@ async fn api_pins_are_made_listed_and_removed() {
 
     // A pin refused because the reviewer expected another fingerprint changes nothing.
     let refused = pins
-        .pin_manifest(pb::PinManifestRequest {
-            manifest: Some(manifest.clone()),
-            expected_fingerprint: "ab".repeat(32),
-        })
+        .pin_manifest(authed(
+            pb::PinManifestRequest {
+                manifest: Some(manifest.clone()),
+                expected_fingerprint: "ab".repeat(32),
+            },
+            ALICE,
+        ))
         .await
         .expect_err("mismatched expectation");
     assert_eq!(refused.code(), Code::FailedPrecondition);
@@ -218,10 +238,13 @@ async fn api_pins_are_made_listed_and_removed() {
     );
 
     let pin = pins
-        .pin_manifest(pb::PinManifestRequest {
-            manifest: Some(manifest.clone()),
-            expected_fingerprint: String::new(),
-        })
+        .pin_manifest(authed(
+            pb::PinManifestRequest {
+                manifest: Some(manifest.clone()),
+                expected_fingerprint: String::new(),
+            },
+            ALICE,
+        ))
         .await
         .expect("pin")
         .into_inner();
@@ -233,7 +256,7 @@ async fn api_pins_are_made_listed_and_removed() {
     assert_eq!(answer.pinned_fingerprint, pin.fingerprint);
 
     let listed: Vec<String> = pins
-        .list_pins(pb::ListPinsRequest {})
+        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
         .await
         .expect("list")
         .into_inner()
@@ -245,25 +268,34 @@ async fn api_pins_are_made_listed_and_removed() {
 
     // A policy pin is changed by editing the policy, not through the API.
     let status = pins
-        .remove_pin(pb::RemovePinRequest {
-            server_id: "docs-search".into(),
-        })
+        .remove_pin(authed(
+            pb::RemovePinRequest {
+                server_id: "docs-search".into(),
+            },
+            ALICE,
+        ))
         .await
         .expect_err("policy pin");
     assert_eq!(status.code(), Code::FailedPrecondition);
 
     let removed = pins
-        .remove_pin(pb::RemovePinRequest {
-            server_id: "tickets".into(),
-        })
+        .remove_pin(authed(
+            pb::RemovePinRequest {
+                server_id: "tickets".into(),
+            },
+            ALICE,
+        ))
         .await
         .expect("remove")
         .into_inner();
     assert_eq!(removed.fingerprint, pin.fingerprint);
     let status = pins
-        .remove_pin(pb::RemovePinRequest {
-            server_id: "tickets".into(),
-        })
+        .remove_pin(authed(
+            pb::RemovePinRequest {
+                server_id: "tickets".into(),
+            },
+            ALICE,
+        ))
         .await
         .expect_err("already removed");
     assert_eq!(status.code(), Code::NotFound);
@@ -276,14 +308,17 @@ async fn api_pins_are_made_listed_and_removed() {
 
 #[tokio::test]
 async fn api_pins_survive_a_policy_reload() {
-    let server = TestServer::start("").await;
+    let server = TestServer::start(REVIEWER).await;
     let manifest = example_manifest();
     server
         .pins()
-        .pin_manifest(pb::PinManifestRequest {
-            manifest: Some(manifest.clone()),
-            expected_fingerprint: example_fingerprint(),
-        })
+        .pin_manifest(authed(
+            pb::PinManifestRequest {
+                manifest: Some(manifest.clone()),
+                expected_fingerprint: example_fingerprint(),
+            },
+            ALICE,
+        ))
         .await
         .expect("pin");
     let reloaded =

@@ -1,14 +1,19 @@
 //! `TryFrom<pb::X>` for domain types and `From<domain> for pb::X`. Field
 //! paths in errors are the request's own (`manifest.tools[1].name`).
 
+use uuid::Uuid;
+
 use crate::canonical::{self, Fingerprint, Value};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
+use crate::ledger::{Approval, ApprovalEvent, ApprovalStatus, EventKind, ListQuery, PageKey};
 use crate::manifest::{
     AssessReason, Assessment, MAX_INPUT_SCHEMA_LEN, Manifest, ManifestTool, ToolChange, ToolDiff,
 };
 use crate::pb;
-use crate::state::{PinRecord, PinSource};
+use crate::proposal::{Proposal, SessionRef};
+use crate::session::Session;
+use crate::state::{Decision, Outcome, PinRecord, PinSource};
 
 pub fn timestamp(time: Timestamp) -> prost_types::Timestamp {
     let millis = i64::try_from(time.0).unwrap_or(i64::MAX);
@@ -169,4 +174,185 @@ impl From<&Manifest> for pb::Manifest {
                 .collect(),
         }
     }
+}
+
+/// The trusted session and the proposal of a Decide or Dispatch request,
+/// validated in the order of the message (session first).
+pub fn session_and_proposal(
+    session: Option<pb::Session>,
+    proposal: Option<pb::Proposal>,
+) -> Result<(SessionRef, Proposal)> {
+    let session = required(session, "session")?;
+    let session = SessionRef::new(session.actor, session.session_id, session.workspace)
+        .map_err(|error| error.under("session"))?;
+    let proposal = required(proposal, "proposal")?;
+    let proposal = Proposal::new(
+        proposal.call_id,
+        proposal.actor,
+        proposal.name,
+        proposal.version,
+        &proposal.arguments_json,
+    )
+    .map_err(|error| error.under("proposal"))?;
+    Ok((session, proposal))
+}
+
+pub fn approval_id(text: &str, field: &str) -> Result<Uuid> {
+    if text.is_empty() {
+        return Err(Error::invalid(field, "is required"));
+    }
+    Uuid::parse_str(text).map_err(|_| Error::invalid(field, "must be a UUID"))
+}
+
+pub fn decide_response(decision: Decision, policy_revision: String) -> pb::DecideResponse {
+    let outcome = match decision.outcome {
+        Outcome::Allow => pb::Outcome::Allow,
+        Outcome::Deny => pb::Outcome::Deny,
+        Outcome::RequireApproval => pb::Outcome::RequireApproval,
+    };
+    pb::DecideResponse {
+        outcome: outcome.into(),
+        reason: decision.reason.to_string(),
+        message: decision.message,
+        fingerprint: decision.fingerprint.to_hex(),
+        policy_revision,
+        approval_id: decision
+            .approval
+            .map(|(id, _)| id.to_string())
+            .unwrap_or_default(),
+        approval_expires_at: decision
+            .approval
+            .map(|(_, expires_at)| timestamp(expires_at)),
+    }
+}
+
+pub fn session_info(session: Session, decision_cost: u64) -> pb::SessionInfo {
+    pb::SessionInfo {
+        work_units: session.work_units(decision_cost),
+        session_id: session.session_id,
+        actor: session.actor,
+        workspace: session.workspace,
+        decisions: session.decisions,
+        tool_attempts: session.tool_attempts,
+        executed_tools: session.executed_tools,
+        stopped_reason: session.stopped_reason.unwrap_or_default().to_string(),
+        started_at: Some(timestamp(session.started_at)),
+    }
+}
+
+fn approval_status(status: ApprovalStatus) -> pb::ApprovalStatus {
+    match status {
+        ApprovalStatus::Pending => pb::ApprovalStatus::Pending,
+        ApprovalStatus::Granted => pb::ApprovalStatus::Granted,
+        ApprovalStatus::Denied => pb::ApprovalStatus::Denied,
+        ApprovalStatus::Expired => pb::ApprovalStatus::Expired,
+        ApprovalStatus::Consumed => pb::ApprovalStatus::Consumed,
+        ApprovalStatus::Revoked => pb::ApprovalStatus::Revoked,
+    }
+}
+
+impl From<Approval> for pb::Approval {
+    fn from(approval: Approval) -> Self {
+        pb::Approval {
+            approval_id: approval.id.to_string(),
+            fingerprint: approval.fingerprint.to_hex(),
+            actor: approval.actor,
+            session_id: approval.session_id,
+            workspace: approval.workspace,
+            tool: approval.tool,
+            call_id: approval.call_id,
+            arguments_json: approval.arguments_view,
+            reason: approval.reason.to_string(),
+            status: approval_status(approval.status).into(),
+            requested_at: Some(timestamp(approval.requested_at)),
+            expires_at: Some(timestamp(approval.expires_at)),
+            decided_by: approval.decided_by.unwrap_or_default(),
+            decided_at: approval.decided_at.map(timestamp),
+            decision_note: approval.decision_note,
+            version: approval.version,
+        }
+    }
+}
+
+impl From<ApprovalEvent> for pb::ApprovalEvent {
+    fn from(event: ApprovalEvent) -> Self {
+        let kind = match event.kind {
+            EventKind::Requested => pb::ApprovalEventKind::Requested,
+            EventKind::Granted => pb::ApprovalEventKind::Granted,
+            EventKind::Denied => pb::ApprovalEventKind::Denied,
+            EventKind::Revoked => pb::ApprovalEventKind::Revoked,
+            EventKind::Expired => pb::ApprovalEventKind::Expired,
+            EventKind::Consumed => pb::ApprovalEventKind::Consumed,
+        };
+        pb::ApprovalEvent {
+            kind: kind.into(),
+            approval: Some(event.approval.into()),
+            lagged: 0,
+        }
+    }
+}
+
+/// Most approvals in one `ListApprovals` page, and the default.
+pub const MAX_PAGE_SIZE: u32 = 500;
+pub const DEFAULT_PAGE_SIZE: u32 = 50;
+
+/// Filters and paging of a `ListApprovals` request.
+pub fn list_query(request: pb::ListApprovalsRequest) -> Result<ListQuery> {
+    let status = match pb::ApprovalStatus::try_from(request.status) {
+        Ok(pb::ApprovalStatus::Unspecified) => None,
+        Ok(pb::ApprovalStatus::Pending) => Some(ApprovalStatus::Pending),
+        Ok(pb::ApprovalStatus::Granted) => Some(ApprovalStatus::Granted),
+        Ok(pb::ApprovalStatus::Denied) => Some(ApprovalStatus::Denied),
+        Ok(pb::ApprovalStatus::Expired) => Some(ApprovalStatus::Expired),
+        Ok(pb::ApprovalStatus::Consumed) => Some(ApprovalStatus::Consumed),
+        Ok(pb::ApprovalStatus::Revoked) => Some(ApprovalStatus::Revoked),
+        Err(_) => {
+            return Err(Error::invalid(
+                "status",
+                format!("unknown status {}", request.status),
+            ));
+        }
+    };
+    let page_size = match request.page_size {
+        0 => DEFAULT_PAGE_SIZE,
+        size if size <= MAX_PAGE_SIZE => size,
+        size => {
+            return Err(Error::invalid(
+                "page_size",
+                format!("must be at most {MAX_PAGE_SIZE}, got {size}"),
+            ));
+        }
+    };
+    let after = if request.page_token.is_empty() {
+        None
+    } else {
+        Some(parse_page_token(&request.page_token)?)
+    };
+    let non_empty = |text: String| (!text.is_empty()).then_some(text);
+    Ok(ListQuery {
+        status,
+        actor: non_empty(request.actor),
+        tool: non_empty(request.tool),
+        after,
+        page_size: page_size as usize,
+    })
+}
+
+/// Page tokens are `<requested_at millis>.<approval id>`: opaque to clients,
+/// stable across inserts.
+pub fn page_token(key: PageKey) -> String {
+    format!("{}.{}", key.0.0, key.1)
+}
+
+fn parse_page_token(token: &str) -> Result<PageKey> {
+    let invalid = || {
+        Error::invalid(
+            "page_token",
+            "is not a token from a previous ListApprovals answer",
+        )
+    };
+    let (millis, id) = token.split_once('.').ok_or_else(invalid)?;
+    let millis = millis.parse::<u64>().map_err(|_| invalid())?;
+    let id = Uuid::parse_str(id).map_err(|_| invalid())?;
+    Ok((Timestamp(millis), id))
 }

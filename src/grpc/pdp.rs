@@ -2,11 +2,23 @@
 
 use tonic::{Request, Response, Status};
 
+use crate::auth::Caller;
 use crate::engine::Engine;
-use crate::grpc::convert::required;
+use crate::grpc::convert::{decide_response, required, session_and_proposal, session_info};
 use crate::manifest::Manifest;
 use crate::pb;
 use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
+use crate::policy::CredentialKind;
+
+fn may_assert(caller: &Caller, actor: &str) -> Result<(), Status> {
+    if caller.may_assert(actor) {
+        return Ok(());
+    }
+    Err(Status::permission_denied(format!(
+        "host {:?} may not act for actor {actor:?}",
+        caller.identity
+    )))
+}
 
 #[derive(Debug, Clone)]
 pub struct PdpService {
@@ -21,11 +33,17 @@ impl PdpService {
 
 #[tonic::async_trait]
 impl PolicyDecisionPoint for PdpService {
+    #[tracing::instrument(skip_all)]
     async fn decide(
         &self,
-        _request: Request<pb::DecideRequest>,
+        request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        Err(Status::unimplemented("Decide is not implemented yet"))
+        let caller = Caller::require(&request, CredentialKind::Host)?;
+        let message = request.into_inner();
+        let (session, proposal) = session_and_proposal(message.session, message.proposal)?;
+        may_assert(&caller, &session.actor)?;
+        let (decision, policy_revision) = self.engine.decide(&session, &proposal)?;
+        Ok(Response::new(decide_response(decision, policy_revision)))
     }
 
     async fn dispatch(
@@ -40,16 +58,23 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::AssessManifestRequest>,
     ) -> Result<Response<pb::AssessManifestResponse>, Status> {
+        Caller::require(&request, CredentialKind::Host)?;
         let message = required(request.into_inner().manifest, "manifest")?;
         let manifest = Manifest::try_from(message).map_err(|error| error.under("manifest"))?;
         let assessment = self.engine.assess_manifest(&manifest)?;
         Ok(Response::new(assessment.into()))
     }
 
+    #[tracing::instrument(skip_all)]
     async fn get_session(
         &self,
-        _request: Request<pb::GetSessionRequest>,
+        request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
-        Err(Status::unimplemented("GetSession is not implemented yet"))
+        let caller = Caller::require(&request, CredentialKind::Host)?;
+        let session_id = request.into_inner().session_id;
+        crate::ids::check_identifier("session_id", &session_id)?;
+        let (session, decision_cost) = self.engine.session(&session_id)?;
+        may_assert(&caller, &session.actor)?;
+        Ok(Response::new(session_info(session, decision_cost)))
     }
 }

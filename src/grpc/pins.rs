@@ -8,6 +8,7 @@ use crate::grpc::convert::{optional_fingerprint, required};
 use crate::manifest::Manifest;
 use crate::pb;
 use crate::pb::manifest_pins_server::ManifestPins;
+use crate::policy::CredentialKind;
 
 #[derive(Debug, Clone)]
 pub struct PinsService {
@@ -27,7 +28,7 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::PinManifestRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        let caller = Caller::of(&request);
+        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
         let message = request.into_inner();
         let expected = optional_fingerprint(&message.expected_fingerprint, "expected_fingerprint")?;
         let manifest = Manifest::try_from(required(message.manifest, "manifest")?)
@@ -41,8 +42,9 @@ impl ManifestPins for PinsService {
     #[tracing::instrument(skip_all)]
     async fn list_pins(
         &self,
-        _request: Request<pb::ListPinsRequest>,
+        request: Request<pb::ListPinsRequest>,
     ) -> Result<Response<pb::ListPinsResponse>, Status> {
+        Caller::require(&request, CredentialKind::Reviewer)?;
         let pins = self
             .engine
             .list_pins()?
@@ -57,7 +59,7 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::RemovePinRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        let caller = Caller::of(&request);
+        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
         let server_id = request.into_inner().server_id;
         crate::ids::check_server_id("server_id", &server_id)?;
         let record = self.engine.remove_pin(&caller.identity, &server_id)?;

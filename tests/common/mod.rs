@@ -14,6 +14,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use toolgate::clock::{ManualClock, Timestamp};
 use toolgate::engine::Engine;
+use toolgate::pb;
+use toolgate::pb::approvals_client::ApprovalsClient;
 use toolgate::pb::manifest_pins_client::ManifestPinsClient;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 use toolgate::policy::Policy;
@@ -40,6 +42,12 @@ impl TestServer {
     pub async fn start(policy_toml: &str) -> TestServer {
         let policy = Policy::parse(policy_toml, "test-policy.toml", Some(&repo_path("")))
             .expect("test policy is valid");
+        TestServer::start_with(policy).await
+    }
+
+    /// Starts a server on a policy file of the repository (`tests/fixtures/…`).
+    pub async fn start_file(relative: &str) -> TestServer {
+        let policy = Policy::load(&repo_path(relative)).expect("test policy file is valid");
         TestServer::start_with(policy).await
     }
 
@@ -82,6 +90,92 @@ impl TestServer {
         ManifestPinsClient::new(self.channel.clone())
     }
 
+    pub fn approvals(&self) -> ApprovalsClient<Channel> {
+        ApprovalsClient::new(self.channel.clone())
+    }
+
+    /// Decide as host `token` for a session and proposal.
+    pub async fn decide(
+        &self,
+        token: &str,
+        session: &pb::Session,
+        proposal: &pb::Proposal,
+    ) -> Result<pb::DecideResponse, tonic::Status> {
+        let request = pb::DecideRequest {
+            session: Some(session.clone()),
+            proposal: Some(proposal.clone()),
+        };
+        self.pdp()
+            .decide(authed(request, token))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Decide that must answer OK (refusals included).
+    pub async fn decide_ok(
+        &self,
+        token: &str,
+        session: &pb::Session,
+        proposal: &pb::Proposal,
+    ) -> pb::DecideResponse {
+        self.decide(token, session, proposal)
+            .await
+            .expect("Decide answers")
+    }
+
+    pub async fn grant(
+        &self,
+        token: &str,
+        approval_id: &str,
+    ) -> Result<pb::Approval, tonic::Status> {
+        let request = pb::GrantApprovalRequest {
+            approval_id: approval_id.to_string(),
+            comment: "looks right".to_string(),
+        };
+        self.approvals()
+            .grant_approval(authed(request, token))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    pub async fn get_approval(
+        &self,
+        token: &str,
+        approval_id: &str,
+    ) -> Result<pb::Approval, tonic::Status> {
+        let request = pb::GetApprovalRequest {
+            approval_id: approval_id.to_string(),
+        };
+        self.approvals()
+            .get_approval(authed(request, token))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Every approval, all pages.
+    pub async fn all_approvals(&self, token: &str) -> Vec<pb::Approval> {
+        let mut approvals = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let request = pb::ListApprovalsRequest {
+                page_size: 500,
+                page_token: page_token.clone(),
+                ..Default::default()
+            };
+            let page = self
+                .approvals()
+                .list_approvals(authed(request, token))
+                .await
+                .expect("list approvals")
+                .into_inner();
+            approvals.extend(page.approvals);
+            if page.next_page_token.is_empty() {
+                return approvals;
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
     /// Stops the server and waits for it to finish.
     pub async fn stop(mut self) {
         if let Some(shutdown) = self.shutdown.take() {
@@ -105,4 +199,38 @@ pub fn violation_field(status: &tonic::Status) -> String {
                 .map(|violation| violation.field.clone())
         })
         .unwrap_or_default()
+}
+
+/// A request carrying `authorization: Bearer <token>` (none when empty).
+pub fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if !token.is_empty() {
+        let value = format!("Bearer {token}").parse().expect("ascii token");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+pub fn session(actor: &str, session_id: &str, workspace: &str) -> pb::Session {
+    pb::Session {
+        actor: actor.to_string(),
+        session_id: session_id.to_string(),
+        workspace: workspace.to_string(),
+    }
+}
+
+pub fn proposal(
+    call_id: &str,
+    actor: &str,
+    name: &str,
+    version: u64,
+    arguments_json: &str,
+) -> pb::Proposal {
+    pb::Proposal {
+        call_id: call_id.to_string(),
+        actor: actor.to_string(),
+        name: name.to_string(),
+        version,
+        arguments_json: arguments_json.to_string(),
+    }
 }

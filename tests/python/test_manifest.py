@@ -1,5 +1,6 @@
 """SPEC §7 over gRPC from Python: AssessManifest against a pinned manifest."""
 
+import hashlib
 import json
 
 import grpc
@@ -25,8 +26,16 @@ def load_manifest(pb2):
     return pb2.Manifest(server_id=data["server_id"], revision=data["revision"], tools=tools)
 
 
+REVIEWER_TOKEN = "alice-secret"
+
+
 def policy_for_example():
-    return f'[[pins]]\nserver = "docs-search"\nmanifest = "{EXAMPLE}"\n'
+    digest = hashlib.sha256(REVIEWER_TOKEN.encode()).hexdigest()
+    return (
+        f'[reviewers.alice]\nroles = ["manifest-reviewer"]\nworkspaces = ["*"]\n'
+        f'[[credentials]]\nkind = "reviewer"\nidentity = "alice"\nsha256 = "{digest}"\n'
+        f'[[pins]]\nserver = "docs-search"\nmanifest = "{EXAMPLE}"\n'
+    )
 
 
 def test_manifest_scenario(pb, start_server):
@@ -58,7 +67,8 @@ def test_manifest_scenario(pb, start_server):
         assert answer.pinned_fingerprint == pinned
         assert [d.tool for d in answer.diffs] == [changed.tools[0].name]
         assert answer.diffs[0].description_changed
-        listed = pins.ListPins(pb2.ListPinsRequest()).pins
+        listed = pins.ListPins(pb2.ListPinsRequest(),
+                               metadata=[("authorization", f"Bearer {REVIEWER_TOKEN}")]).pins
         assert [(p.server_id, p.fingerprint) for p in listed] == [("docs-search", pinned)]
 
         unknown = load_manifest(pb2)
@@ -71,7 +81,6 @@ def test_manifest_scenario(pb, start_server):
 
 def test_fingerprint_matches_cli_and_python_canonical_form(pb, start_server):
     """The manifest fingerprint is reproducible from SPEC §1 in Python."""
-    import hashlib
     import subprocess
 
     from conftest import toolgate_bin

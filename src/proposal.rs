@@ -1,0 +1,243 @@
+//! The proposal envelope and the trusted session (SPEC §2), and the policy
+//! checks that Decide and Dispatch share (SPEC §4 steps 2–5, §6 steps 2–3).
+
+use crate::canonical::{self, Fingerprint, Number, Object, Value};
+use crate::error::{Error, Result};
+use crate::ids::check_identifier;
+use crate::policy::{ActorProfile, ApprovalRule, Mode, Policy, Tool};
+
+/// Largest `version` a proposal may carry (2^53, exactly representable in
+/// every JSON implementation).
+pub const MAX_VERSION: u64 = 1 << 53;
+
+/// Largest `arguments` JSON text accepted.
+pub const MAX_ARGUMENTS_BYTES: usize = 256 * 1024;
+
+/// The trusted session, asserted by the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRef {
+    pub actor: String,
+    pub session_id: String,
+    pub workspace: String,
+}
+
+impl SessionRef {
+    /// Field paths are relative to the session (`actor`); the edge adds `session.`.
+    pub fn new(actor: String, session_id: String, workspace: String) -> Result<Self> {
+        check_identifier("actor", &actor)?;
+        check_identifier("session_id", &session_id)?;
+        check_identifier("workspace", &workspace)?;
+        Ok(SessionRef {
+            actor,
+            session_id,
+            workspace,
+        })
+    }
+}
+
+/// A validated proposal with its fingerprint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    pub call_id: String,
+    pub actor: String,
+    pub name: String,
+    pub version: u64,
+    pub arguments: Object,
+    pub fingerprint: Fingerprint,
+}
+
+impl Proposal {
+    /// Validates the envelope and computes the fingerprint of exactly the
+    /// five keys. Field paths are relative to the proposal.
+    pub fn new(
+        call_id: String,
+        actor: String,
+        name: String,
+        version: u64,
+        arguments_json: &str,
+    ) -> Result<Self> {
+        check_identifier("call_id", &call_id)?;
+        check_identifier("actor", &actor)?;
+        check_identifier("name", &name)?;
+        if version > MAX_VERSION {
+            return Err(Error::invalid(
+                "version",
+                format!("must be at most 2^53 ({MAX_VERSION})"),
+            ));
+        }
+        if arguments_json.len() > MAX_ARGUMENTS_BYTES {
+            return Err(Error::invalid(
+                "arguments_json",
+                format!("must be at most {MAX_ARGUMENTS_BYTES} bytes"),
+            ));
+        }
+        let arguments = match canonical::parse_str(arguments_json) {
+            Ok(Value::Object(arguments)) => arguments,
+            Ok(other) => {
+                return Err(Error::invalid(
+                    "arguments_json",
+                    format!("must be a JSON object, got {}", other.kind_name()),
+                ));
+            }
+            Err(error) => return Err(Error::invalid("arguments_json", error.to_string())),
+        };
+        let mut envelope = Object::new();
+        envelope.insert("call_id", Value::from(call_id.as_str()));
+        envelope.insert("actor", Value::from(actor.as_str()));
+        envelope.insert("name", Value::from(name.as_str()));
+        envelope.insert("version", Value::Number(Number::Int(i128::from(version))));
+        envelope.insert("arguments", Value::Object(arguments));
+        let fingerprint = canonical::fingerprint(&Value::Object(envelope.clone()));
+        let Some(Value::Object(arguments)) = envelope.remove("arguments") else {
+            return Err(Error::Internal("proposal arguments vanished".into()));
+        };
+        Ok(Proposal {
+            call_id,
+            actor,
+            name,
+            version,
+            arguments,
+            fingerprint,
+        })
+    }
+}
+
+/// Why the policy refuses a proposal before any state is consulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The claimed actor is not the session's.
+    Forbidden,
+    UnknownTool,
+    ForbiddenTool,
+    NotAuthorized,
+    ManifestUnverified,
+}
+
+impl Refusal {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::Forbidden => "forbidden",
+            Refusal::UnknownTool => "unknown-tool",
+            Refusal::ForbiddenTool => "forbidden-tool",
+            Refusal::NotAuthorized => "not-authorized",
+            Refusal::ManifestUnverified => "manifest-unverified",
+        }
+    }
+
+    pub fn message(self, proposal: &Proposal, session: &SessionRef) -> String {
+        match self {
+            Refusal::Forbidden => format!(
+                "the proposal claims actor {:?} but the session runs as {:?}",
+                proposal.actor, session.actor
+            ),
+            Refusal::UnknownTool => format!("no tool {:?} in the policy", proposal.name),
+            Refusal::ForbiddenTool => format!("tool {:?} is forbidden by policy", proposal.name),
+            Refusal::NotAuthorized => format!(
+                "actor {:?} holds no role that may call {:?}",
+                session.actor, proposal.name
+            ),
+            Refusal::ManifestUnverified => format!(
+                "the manifest server of {:?} is unpinned or its latest assessment did not match; re-review first",
+                proposal.name
+            ),
+        }
+    }
+}
+
+/// A proposal that passed SPEC §4 steps 2–3: the tool and the caller's profile.
+#[derive(Debug)]
+pub struct Admitted<'p> {
+    pub tool: &'p Tool,
+    pub profile: &'p ActorProfile,
+}
+
+/// SPEC §4 steps 2–3 (and §6 steps 2–3): actor, tool, mode, roles.
+pub fn admit<'p>(
+    policy: &'p Policy,
+    session: &SessionRef,
+    proposal: &Proposal,
+) -> Result<Admitted<'p>, Refusal> {
+    if proposal.actor != session.actor {
+        return Err(Refusal::Forbidden);
+    }
+    let tool = policy
+        .tools
+        .get(&proposal.name)
+        .ok_or(Refusal::UnknownTool)?;
+    if tool.mode == Mode::Forbidden {
+        return Err(Refusal::ForbiddenTool);
+    }
+    let profile = policy
+        .actors
+        .get(&session.actor)
+        .ok_or(Refusal::NotAuthorized)?;
+    if !tool.roles.iter().any(|role| profile.roles.contains(role)) {
+        return Err(Refusal::NotAuthorized);
+    }
+    Ok(Admitted { tool, profile })
+}
+
+/// SPEC §4 step 5: arguments against the tool's input schema. The error
+/// names the argument path (`proposal.arguments.amount`) and the rule.
+pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {
+    let instance = canonical::to_serde_json(&Value::Object(arguments.clone()));
+    match tool.input_schema.iter_errors(&instance).next() {
+        None => Ok(()),
+        Some(error) => {
+            let mut field = String::from("proposal.arguments");
+            for segment in error.instance_path().as_str().split('/').skip(1) {
+                let segment = segment.replace("~1", "/").replace("~0", "~");
+                if !segment.is_empty() && segment.bytes().all(|byte| byte.is_ascii_digit()) {
+                    field.push_str(&format!("[{segment}]"));
+                } else {
+                    field.push('.');
+                    field.push_str(&segment);
+                }
+            }
+            Err(Error::invalid(
+                field,
+                format!("fails the input schema of {:?}: {error}", tool.name),
+            ))
+        }
+    }
+}
+
+/// Why a tool call needs approval, if it does (SPEC §3 approval rule).
+pub fn approval_reason(
+    tool: &Tool,
+    profile: &ActorProfile,
+    arguments: &Object,
+) -> Option<&'static str> {
+    match &tool.approval {
+        ApprovalRule::Never => None,
+        ApprovalRule::Always => Some("approval-required"),
+        ApprovalRule::Threshold { argument } => {
+            let amount = arguments.get(argument).and_then(Value::as_f64);
+            match (amount, profile.approval_threshold) {
+                (Some(amount), Some(threshold)) if amount <= threshold => None,
+                // Over the threshold, no threshold in the profile, or the
+                // argument missing or not a number: fail closed.
+                _ => Some("approval-threshold-exceeded"),
+            }
+        }
+    }
+}
+
+/// The arguments as a reviewer sees them: top-level keys the tool marks
+/// sensitive replaced by `"[redacted]"`, as canonical JSON.
+pub fn redacted_arguments(tool: &Tool, arguments: &Object) -> String {
+    if tool
+        .sensitive
+        .iter()
+        .all(|key| arguments.get(key).is_none())
+    {
+        return canonical::to_canonical(&Value::Object(arguments.clone()));
+    }
+    let mut shown = arguments.clone();
+    for key in &tool.sensitive {
+        if shown.get(key).is_some() {
+            shown.insert(key.clone(), Value::from("[redacted]"));
+        }
+    }
+    canonical::to_canonical(&Value::Object(shown))
+}

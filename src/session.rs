@@ -1,0 +1,181 @@
+//! Agent sessions and their budgets (SPEC §4 step 6): the bounded agent loop.
+//!
+//! A session is created by the first Decide for its id. A new call id costs
+//! one decision (and one tool call for an `execute` tool); asking again about
+//! the same call id with the same fingerprint costs nothing; the same call id
+//! with another fingerprint is `call-id-conflict`. An approval never refills
+//! a budget. Idle sessions are evicted after the policy's TTL and the table
+//! is capped.
+
+use std::collections::HashMap;
+
+use crate::canonical::Fingerprint;
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::policy::{ActorProfile, Limits};
+use crate::proposal::SessionRef;
+
+/// Call ids remembered per session when the profile sets no decision budget.
+pub const MAX_CALLS_PER_SESSION: u64 = 100_000;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    pub session_id: String,
+    pub actor: String,
+    pub workspace: String,
+    pub started_at: Timestamp,
+    pub last_seen: Timestamp,
+    /// Fingerprint of every call id decided in this session.
+    pub decided: HashMap<String, Fingerprint>,
+    pub decisions: u64,
+    pub tool_attempts: u64,
+    pub executed_tools: u64,
+    /// Σ cost of the tools Dispatch committed.
+    pub executed_cost: u64,
+    pub stopped_reason: Option<&'static str>,
+}
+
+impl Session {
+    pub fn work_units(&self, decision_cost: u64) -> u64 {
+        self.decisions
+            .saturating_mul(decision_cost)
+            .saturating_add(self.executed_cost)
+    }
+}
+
+/// What the budget check decided for one call (SPEC §4 step 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetCheck {
+    /// A call id not seen before in this session: charge it on success.
+    NewCall,
+    /// The same call id and fingerprint again: costs nothing.
+    Repeat,
+    /// Refused with this reason.
+    Refused(&'static str),
+}
+
+#[derive(Debug, Default)]
+pub struct Sessions {
+    sessions: HashMap<String, Session>,
+}
+
+impl Sessions {
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+
+    pub fn get(&self, session_id: &str) -> Option<&Session> {
+        self.sessions.get(session_id)
+    }
+
+    /// The session for `session`, created if new. A session id is bound to
+    /// the actor and workspace it started with.
+    pub fn open(
+        &mut self,
+        session: &SessionRef,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> Result<&mut Session> {
+        if let Some(existing) = self.sessions.get(&session.session_id) {
+            if existing.actor != session.actor {
+                return Err(Error::invalid(
+                    "session.actor",
+                    format!("session {:?} runs as another actor", session.session_id),
+                ));
+            }
+            if existing.workspace != session.workspace {
+                return Err(Error::invalid(
+                    "session.workspace",
+                    format!("session {:?} runs in another workspace", session.session_id),
+                ));
+            }
+        } else {
+            if self.sessions.len() >= limits.max_sessions {
+                self.evict_idle(now, limits);
+            }
+            if self.sessions.len() >= limits.max_sessions {
+                return Err(Error::ResourceExhausted(format!(
+                    "the session table holds its maximum of {} sessions",
+                    limits.max_sessions
+                )));
+            }
+        }
+        let entry = self
+            .sessions
+            .entry(session.session_id.clone())
+            .or_insert_with(|| Session {
+                session_id: session.session_id.clone(),
+                actor: session.actor.clone(),
+                workspace: session.workspace.clone(),
+                started_at: now,
+                last_seen: now,
+                decided: HashMap::new(),
+                decisions: 0,
+                tool_attempts: 0,
+                executed_tools: 0,
+                executed_cost: 0,
+                stopped_reason: None,
+            });
+        entry.last_seen = now;
+        Ok(entry)
+    }
+
+    /// Drops sessions idle for longer than the policy's TTL.
+    pub fn evict_idle(&mut self, now: Timestamp, limits: &Limits) {
+        let idle_millis = u64::try_from(limits.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        self.sessions
+            .retain(|_, session| now.millis_since(session.last_seen) < idle_millis);
+    }
+}
+
+/// SPEC §4 step 6, in order: call-id conflict, decision budget, tool budget,
+/// session age. Changes nothing; the caller charges a `NewCall` once the
+/// whole decision succeeds.
+pub fn check_budget(
+    session: &Session,
+    profile: &ActorProfile,
+    call_id: &str,
+    fingerprint: Fingerprint,
+    is_tool_call: bool,
+    now: Timestamp,
+) -> BudgetCheck {
+    let check = match session.decided.get(call_id) {
+        Some(decided) if *decided != fingerprint => {
+            return BudgetCheck::Refused("call-id-conflict");
+        }
+        Some(_) => BudgetCheck::Repeat,
+        None => {
+            let max_decisions = profile.max_decisions.unwrap_or(MAX_CALLS_PER_SESSION);
+            if session.decisions >= max_decisions {
+                return BudgetCheck::Refused("decision-budget");
+            }
+            if is_tool_call
+                && profile
+                    .max_tool_calls
+                    .is_some_and(|max| session.tool_attempts >= max)
+            {
+                return BudgetCheck::Refused("tool-budget");
+            }
+            BudgetCheck::NewCall
+        }
+    };
+    if let Some(max_seconds) = profile.max_session_seconds
+        && now.millis_since(session.started_at) >= max_seconds.saturating_mul(1000)
+    {
+        return BudgetCheck::Refused("session-expired");
+    }
+    check
+}
+
+/// Charges a new call id to the session.
+pub fn charge(session: &mut Session, call_id: &str, fingerprint: Fingerprint, is_tool_call: bool) {
+    session.decided.insert(call_id.to_string(), fingerprint);
+    session.decisions += 1;
+    if is_tool_call {
+        session.tool_attempts += 1;
+    }
+}

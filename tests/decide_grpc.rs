@@ -1,0 +1,801 @@
+//! Decide, sessions and budgets, the approval ledger and the reviewer API
+//! over real gRPC (SPEC §4, §5), on `tests/fixtures/decide.toml`.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{TestServer, authed, proposal, session, violation_field};
+use tonic::Code;
+use toolgate::pb;
+
+const POLICY: &str = "tests/fixtures/decide.toml";
+const HOST: &str = "host-secret";
+const ALICE: &str = "alice-secret";
+const BOB: &str = "bob-secret";
+const CAROL: &str = "carol-secret";
+const DAVE: &str = "dave-secret";
+
+fn payment(call_id: &str, actor: &str, amount: u64) -> pb::Proposal {
+    proposal(
+        call_id,
+        actor,
+        "payment_execute",
+        0,
+        &format!(r#"{{"amount": {amount}, "account_number": "12345678"}}"#),
+    )
+}
+
+#[tokio::test]
+async fn threshold_flow_from_request_to_grant() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+
+    let small = server
+        .decide_ok(HOST, &payer, &payment("c1", "payer", 5000))
+        .await;
+    assert_eq!(
+        (small.outcome(), small.reason.as_str()),
+        (pb::Outcome::Allow, "allowed")
+    );
+    assert!(small.approval_id.is_empty());
+    assert_eq!(small.fingerprint.len(), 64);
+    assert_eq!(small.policy_revision.len(), 12);
+
+    let large = payment("c2", "payer", 15000);
+    let first = server.decide_ok(HOST, &payer, &large).await;
+    assert_eq!(first.outcome(), pb::Outcome::RequireApproval);
+    assert_eq!(first.reason, "approval-threshold-exceeded");
+    assert!(!first.approval_id.is_empty());
+    assert!(first.approval_expires_at.is_some());
+
+    // The same proposal again: the same approval, no new request.
+    let again = server.decide_ok(HOST, &payer, &large).await;
+    assert_eq!(again.outcome(), pb::Outcome::RequireApproval);
+    assert_eq!(again.approval_id, first.approval_id);
+    assert_eq!(server.all_approvals(ALICE).await.len(), 1);
+
+    // The reviewer sees the request bound to the fingerprint, sensitive fields redacted.
+    let pending = server
+        .get_approval(ALICE, &first.approval_id)
+        .await
+        .expect("get");
+    assert_eq!(pending.status(), pb::ApprovalStatus::Pending);
+    assert_eq!(pending.fingerprint, first.fingerprint);
+    assert_eq!(
+        pending.arguments_json,
+        r#"{"account_number":"[redacted]","amount":15000}"#
+    );
+    assert_eq!(
+        (pending.actor.as_str(), pending.tool.as_str()),
+        ("payer", "payment_execute")
+    );
+
+    // A reviewer without the approver role cannot grant.
+    let status = server
+        .grant(BOB, &first.approval_id)
+        .await
+        .expect_err("bob lacks the role");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    // A reviewer outside the workspace cannot grant.
+    let status = server
+        .grant(DAVE, &first.approval_id)
+        .await
+        .expect_err("dave is in globex");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    // An unknown id is NOT_FOUND, a malformed one INVALID_ARGUMENT.
+    let status = server
+        .grant(ALICE, "6f1e2a9c-57f5-4c8e-9a55-0d3a1c2b4e5f")
+        .await
+        .expect_err("unknown");
+    assert_eq!(status.code(), Code::NotFound);
+    let status = server
+        .grant(ALICE, "not-a-uuid")
+        .await
+        .expect_err("malformed");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(violation_field(&status), "approval_id");
+
+    let granted = server
+        .grant(ALICE, &first.approval_id)
+        .await
+        .expect("alice grants");
+    assert_eq!(granted.status(), pb::ApprovalStatus::Granted);
+    assert_eq!(granted.decided_by, "alice");
+    let status = server
+        .grant(ALICE, &first.approval_id)
+        .await
+        .expect_err("not pending any more");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+
+    let approved = server.decide_ok(HOST, &payer, &large).await;
+    assert_eq!(
+        (approved.outcome(), approved.reason.as_str()),
+        (pb::Outcome::Allow, "approved")
+    );
+    assert_eq!(approved.approval_id, first.approval_id);
+    // Decide never consumes: asking again is still approved.
+    let still = server.decide_ok(HOST, &payer, &large).await;
+    assert_eq!(still.reason, "approved");
+
+    // A changed amount is another proposal: a new fingerprint, a new request.
+    let changed = server
+        .decide_ok(HOST, &payer, &payment("c3", "payer", 15001))
+        .await;
+    assert_eq!(changed.outcome(), pb::Outcome::RequireApproval);
+    assert_ne!(changed.fingerprint, first.fingerprint);
+    assert_ne!(changed.approval_id, first.approval_id);
+
+    // A denial sticks for that fingerprint.
+    let denied = server
+        .approvals()
+        .deny_approval(authed(
+            pb::DenyApprovalRequest {
+                approval_id: changed.approval_id.clone(),
+                reason: "amount looks wrong".into(),
+            },
+            ALICE,
+        ))
+        .await
+        .expect("deny")
+        .into_inner();
+    assert_eq!(denied.status(), pb::ApprovalStatus::Denied);
+    assert_eq!(denied.decision_note, "amount looks wrong");
+    for _ in 0..2 {
+        let answer = server
+            .decide_ok(HOST, &payer, &payment("c3", "payer", 15001))
+            .await;
+        assert_eq!(
+            (answer.outcome(), answer.reason.as_str()),
+            (pb::Outcome::Deny, "approval-denied")
+        );
+        assert_eq!(answer.approval_id, changed.approval_id);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_reviewer_never_approves_its_own_actors_request() {
+    let server = TestServer::start_file(POLICY).await;
+    let carol = session("carol", "s-carol", "acme");
+    let answer = server
+        .decide_ok(HOST, &carol, &payment("c1", "carol", 20000))
+        .await;
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    let status = server
+        .grant(CAROL, &answer.approval_id)
+        .await
+        .expect_err("self approval");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains("own actor"),
+        "{}",
+        status.message()
+    );
+    server
+        .grant(ALICE, &answer.approval_id)
+        .await
+        .expect("another reviewer may");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn pending_and_granted_approvals_expire_on_the_injected_clock() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let large = payment("c1", "payer", 50000);
+    let first = server.decide_ok(HOST, &payer, &large).await;
+
+    server.clock.advance(Duration::from_secs(299));
+    assert_eq!(
+        server
+            .get_approval(ALICE, &first.approval_id)
+            .await
+            .expect("get")
+            .status(),
+        pb::ApprovalStatus::Pending
+    );
+    server.clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        server
+            .get_approval(ALICE, &first.approval_id)
+            .await
+            .expect("get")
+            .status(),
+        pb::ApprovalStatus::Expired
+    );
+    let status = server
+        .grant(ALICE, &first.approval_id)
+        .await
+        .expect_err("expired");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+
+    // The same proposal after expiry: a new request.
+    let second = server.decide_ok(HOST, &payer, &large).await;
+    assert_eq!(second.outcome(), pb::Outcome::RequireApproval);
+    assert_ne!(second.approval_id, first.approval_id);
+
+    // A grant is honoured until the grant TTL, not after.
+    server
+        .grant(ALICE, &second.approval_id)
+        .await
+        .expect("grant");
+    server.clock.advance(Duration::from_secs(599));
+    assert_eq!(
+        server.decide_ok(HOST, &payer, &large).await.reason,
+        "approved"
+    );
+    server.clock.advance(Duration::from_secs(1));
+    let after = server.decide_ok(HOST, &payer, &large).await;
+    assert_eq!(after.outcome(), pb::Outcome::RequireApproval);
+    assert_ne!(after.approval_id, second.approval_id);
+    assert_eq!(
+        server
+            .get_approval(ALICE, &second.approval_id)
+            .await
+            .expect("get")
+            .status(),
+        pb::ApprovalStatus::Expired
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_grant_is_not_honoured() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let wire = proposal("w1", "payer", "wire_transfer", 0, r#"{"to": "acct-9"}"#);
+    let first = server.decide_ok(HOST, &payer, &wire).await;
+    assert_eq!(first.reason, "approval-required");
+    let revoke = |token: &'static str, id: String| {
+        let mut approvals = server.approvals();
+        async move {
+            approvals
+                .revoke_approval(authed(
+                    pb::RevokeApprovalRequest {
+                        approval_id: id,
+                        reason: "changed my mind".into(),
+                    },
+                    token,
+                ))
+                .await
+        }
+    };
+    let status = revoke(ALICE, first.approval_id.clone())
+        .await
+        .expect_err("pending cannot be revoked");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    server
+        .grant(ALICE, &first.approval_id)
+        .await
+        .expect("grant");
+    let status = revoke(BOB, first.approval_id.clone())
+        .await
+        .expect_err("bob lacks the role");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    let revoked = revoke(ALICE, first.approval_id.clone())
+        .await
+        .expect("revoke")
+        .into_inner();
+    assert_eq!(revoked.status(), pb::ApprovalStatus::Revoked);
+    let after = server.decide_ok(HOST, &payer, &wire).await;
+    assert_eq!(after.outcome(), pb::Outcome::RequireApproval);
+    assert_ne!(after.approval_id, first.approval_id);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_grant_is_honoured_only_in_its_workspace() {
+    let server = TestServer::start_file(POLICY).await;
+    let wire = proposal("w1", "payer", "wire_transfer", 0, r#"{"to": "acct-9"}"#);
+    let in_acme = server
+        .decide_ok(HOST, &session("payer", "s1", "acme"), &wire)
+        .await;
+    server
+        .grant(ALICE, &in_acme.approval_id)
+        .await
+        .expect("grant");
+    let in_globex = server
+        .decide_ok(HOST, &session("payer", "s2", "globex"), &wire)
+        .await;
+    assert_eq!(in_globex.outcome(), pb::Outcome::RequireApproval);
+    assert_ne!(in_globex.approval_id, in_acme.approval_id);
+    assert_eq!(in_globex.fingerprint, in_acme.fingerprint);
+    let status = server
+        .grant(ALICE, &in_globex.approval_id)
+        .await
+        .expect_err("alice is acme only");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    server
+        .grant(DAVE, &in_globex.approval_id)
+        .await
+        .expect("dave covers globex");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn budgets_bound_the_agent_loop() {
+    let server = TestServer::start_file(POLICY).await;
+    let tight = session("tight", "s-tight", "acme");
+    // max_tool_calls = 1: the second new call id of an execute tool is refused.
+    let first = server
+        .decide_ok(HOST, &tight, &payment("c1", "tight", 10))
+        .await;
+    assert_eq!(first.reason, "allowed");
+    // Re-asking about the same call id with the same proposal costs nothing.
+    for _ in 0..3 {
+        assert_eq!(
+            server
+                .decide_ok(HOST, &tight, &payment("c1", "tight", 10))
+                .await
+                .reason,
+            "allowed"
+        );
+    }
+    let second = server
+        .decide_ok(HOST, &tight, &payment("c2", "tight", 10))
+        .await;
+    assert_eq!(
+        (second.outcome(), second.reason.as_str()),
+        (pb::Outcome::Deny, "tool-budget")
+    );
+    // The same call id with other arguments is a conflict.
+    let conflict = server
+        .decide_ok(HOST, &tight, &payment("c1", "tight", 11))
+        .await;
+    assert_eq!(conflict.reason, "call-id-conflict");
+    // Read tools still run until max_decisions = 3 is spent.
+    let read = proposal("r1", "tight", "read_balance", 0, "{}");
+    assert_eq!(
+        server.decide_ok(HOST, &tight, &read).await.reason,
+        "allowed"
+    );
+    let read2 = proposal("r2", "tight", "read_balance", 0, "{}");
+    assert_eq!(
+        server.decide_ok(HOST, &tight, &read2).await.reason,
+        "allowed"
+    );
+    let read3 = proposal("r3", "tight", "read_balance", 0, "{}");
+    assert_eq!(
+        server.decide_ok(HOST, &tight, &read3).await.reason,
+        "decision-budget"
+    );
+
+    let info = server
+        .pdp()
+        .get_session(authed(
+            pb::GetSessionRequest {
+                session_id: "s-tight".into(),
+            },
+            HOST,
+        ))
+        .await
+        .expect("session")
+        .into_inner();
+    assert_eq!(info.decisions, 3);
+    assert_eq!(info.tool_attempts, 1);
+    assert_eq!(info.executed_tools, 0);
+    assert_eq!(info.work_units, 3); // 3 decisions × decision_cost 1, nothing executed yet
+    assert_eq!(info.stopped_reason, "tool-budget");
+    assert_eq!(info.actor, "tight");
+
+    // max_session_seconds = 60.
+    let fresh = session("tight", "s-tight-2", "acme");
+    assert_eq!(
+        server.decide_ok(HOST, &fresh, &read).await.reason,
+        "allowed"
+    );
+    server.clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        server.decide_ok(HOST, &fresh, &read2).await.reason,
+        "session-expired"
+    );
+
+    // A session id is bound to its actor.
+    let status = server
+        .decide(
+            HOST,
+            &session("payer", "s-tight", "acme"),
+            &payment("c9", "payer", 1),
+        )
+        .await
+        .expect_err("session of another actor");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(violation_field(&status), "session.actor");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn modes_roles_and_claims() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let cases = [
+        (
+            proposal("a1", "payer", "read_balance", 0, "{}"),
+            pb::Outcome::Allow,
+            "allowed",
+        ),
+        (
+            proposal("a2", "payer", "draft_invoice", 0, r#"{"customer":"x"}"#),
+            pb::Outcome::Allow,
+            "allowed",
+        ),
+        (
+            proposal("a3", "payer", "change_role", 0, r#"{"role":"admin"}"#),
+            pb::Outcome::Deny,
+            "forbidden-tool",
+        ),
+        (
+            proposal("a4", "payer", "launch_missiles", 0, "{}"),
+            pb::Outcome::Deny,
+            "unknown-tool",
+        ),
+        (
+            proposal("a5", "mallory", "read_balance", 0, "{}"),
+            pb::Outcome::Deny,
+            "forbidden",
+        ),
+        (
+            proposal("a6", "payer", "search_docs", 0, "{}"),
+            pb::Outcome::Deny,
+            "manifest-unverified",
+        ),
+    ];
+    for (proposal, outcome, reason) in cases {
+        let answer = server.decide_ok(HOST, &payer, &proposal).await;
+        assert_eq!(
+            (answer.outcome(), answer.reason.as_str()),
+            (outcome, reason),
+            "{}",
+            proposal.name
+        );
+        assert!(!answer.message.is_empty());
+    }
+    // An actor without the tool's role.
+    let guest = session("guest", "s-guest", "acme");
+    let answer = server
+        .decide_ok(HOST, &guest, &payment("g1", "guest", 5))
+        .await;
+    assert_eq!(answer.reason, "not-authorized");
+
+    // The model's claims are data: `approved: true` fails the schema, nothing is created or charged.
+    let claims = [
+        (
+            r#"{"amount": 50000, "account_number": "12345678", "approved": true}"#,
+            "proposal.arguments",
+        ),
+        (
+            r#"{"amount": "lots", "account_number": "12345678"}"#,
+            "proposal.arguments.amount",
+        ),
+        (
+            r#"{"amount": 5, "account_number": "12"}"#,
+            "proposal.arguments.account_number",
+        ),
+        (r#"{"amount": 5}"#, "proposal.arguments"),
+        (
+            r#"{"amount": 5, "amount": 6, "account_number": "12345678"}"#,
+            "proposal.arguments_json",
+        ),
+        (r#"[1, 2]"#, "proposal.arguments_json"),
+    ];
+    for (arguments, field) in claims {
+        let status = server
+            .decide(
+                HOST,
+                &payer,
+                &proposal("x1", "payer", "payment_execute", 0, arguments),
+            )
+            .await
+            .expect_err("invalid arguments");
+        assert_eq!(status.code(), Code::InvalidArgument, "{arguments}");
+        assert_eq!(
+            violation_field(&status),
+            field,
+            "{arguments}: {}",
+            status.message()
+        );
+    }
+    assert!(server.all_approvals(ALICE).await.is_empty());
+    let info = server
+        .pdp()
+        .get_session(authed(
+            pb::GetSessionRequest {
+                session_id: "s1".into(),
+            },
+            HOST,
+        ))
+        .await
+        .expect("session")
+        .into_inner();
+    assert_eq!(info.decisions, 2, "only the two allowed calls were charged");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn envelope_errors_name_the_field() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let mut too_new = payment("c1", "payer", 5);
+    too_new.version = (1 << 53) + 1;
+    let cases = [
+        (
+            Some(session("", "s1", "acme")),
+            Some(payment("c1", "payer", 5)),
+            "session.actor",
+        ),
+        (
+            Some(session("payer", "s 1", "acme")),
+            Some(payment("c1", "payer", 5)),
+            "session.session_id",
+        ),
+        (
+            Some(session("payer", "s1", "ac.me")),
+            Some(payment("c1", "payer", 5)),
+            "session.workspace",
+        ),
+        (None, Some(payment("c1", "payer", 5)), "session"),
+        (Some(payer.clone()), None, "proposal"),
+        (
+            Some(payer.clone()),
+            Some(payment("1c", "payer", 5)),
+            "proposal.call_id",
+        ),
+        (
+            Some(payer.clone()),
+            Some(payment("c1", "pаyer", 5)),
+            "proposal.actor",
+        ),
+        (Some(payer.clone()), Some(too_new), "proposal.version"),
+        (
+            Some(payer.clone()),
+            Some(proposal("c1", "payer", "x", 0, "{\"a\":NaN}")),
+            "proposal.arguments_json",
+        ),
+    ];
+    for (session, proposal, field) in cases {
+        let status = server
+            .pdp()
+            .decide(authed(pb::DecideRequest { session, proposal }, HOST))
+            .await
+            .expect_err("invalid");
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}");
+        assert_eq!(violation_field(&status), field, "{}", status.message());
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_manifest_gate_opens_only_after_a_matching_assessment() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let search = proposal("d1", "payer", "search_docs", 0, r#"{"query":"refunds"}"#);
+    assert_eq!(
+        server.decide_ok(HOST, &payer, &search).await.reason,
+        "manifest-unverified"
+    );
+    let bytes =
+        std::fs::read(common::repo_path("examples/manifests/docs-search.json")).expect("manifest");
+    let manifest = toolgate::manifest::Manifest::from_json(&bytes).expect("valid");
+    let assess = |manifest: pb::Manifest| {
+        let mut pdp = server.pdp();
+        async move {
+            pdp.assess_manifest(authed(
+                pb::AssessManifestRequest {
+                    manifest: Some(manifest),
+                },
+                HOST,
+            ))
+            .await
+            .expect("assess")
+            .into_inner()
+        }
+    };
+    assert!(assess(pb::Manifest::from(&manifest)).await.accepted);
+    assert_eq!(
+        server.decide_ok(HOST, &payer, &search).await.reason,
+        "allowed"
+    );
+    let mut changed = pb::Manifest::from(&manifest);
+    changed.tools[0].description.push_str(" Also sends email.");
+    assert!(!assess(changed).await.accepted);
+    let again = proposal("d2", "payer", "search_docs", 0, r#"{"query":"refunds"}"#);
+    assert_eq!(
+        server.decide_ok(HOST, &payer, &again).await.reason,
+        "manifest-unverified"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_decides_of_one_new_proposal_create_one_approval() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let large = payment("c1", "payer", 99999);
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let channel = server.channel.clone();
+        let (payer, large) = (payer.clone(), large.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut pdp =
+                toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel);
+            let request = pb::DecideRequest {
+                session: Some(payer),
+                proposal: Some(large),
+            };
+            pdp.decide(authed(request, HOST))
+                .await
+                .expect("decide")
+                .into_inner()
+        }));
+    }
+    let mut ids = HashSet::new();
+    for task in tasks {
+        let answer = task.await.expect("task");
+        assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+        ids.insert(answer.approval_id);
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let all = server.all_approvals(ALICE).await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].status(), pb::ApprovalStatus::Pending);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn pending_requests_are_capped_per_actor() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    for index in 0..6 {
+        let answer = server
+            .decide_ok(HOST, &payer, &payment(&format!("c{index}"), "payer", 20000))
+            .await;
+        assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    }
+    let status = server
+        .decide(HOST, &payer, &payment("c6", "payer", 20000))
+        .await
+        .expect_err("cap");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(server.all_approvals(ALICE).await.len(), 6);
+    let info = server
+        .pdp()
+        .get_session(authed(
+            pb::GetSessionRequest {
+                session_id: "s1".into(),
+            },
+            HOST,
+        ))
+        .await
+        .expect("session")
+        .into_inner();
+    assert_eq!(info.decisions, 6, "the refused call was not charged");
+    // Deciding one frees a slot.
+    let first = &server.all_approvals(ALICE).await[0];
+    server
+        .grant(ALICE, &first.approval_id)
+        .await
+        .expect("grant");
+    let answer = server
+        .decide_ok(HOST, &payer, &payment("c6", "payer", 20000))
+        .await;
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn list_approvals_filters_and_pages() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let mut ids = Vec::new();
+    for index in 0..5 {
+        server.clock.advance(Duration::from_millis(5));
+        let answer = server
+            .decide_ok(HOST, &payer, &payment(&format!("c{index}"), "payer", 20000))
+            .await;
+        ids.push(answer.approval_id);
+    }
+    server.grant(ALICE, &ids[1]).await.expect("grant");
+    let list = |request: pb::ListApprovalsRequest| {
+        let mut approvals = server.approvals();
+        async move { approvals.list_approvals(authed(request, ALICE)).await }
+    };
+    let first_page = list(pb::ListApprovalsRequest {
+        page_size: 2,
+        ..Default::default()
+    })
+    .await
+    .expect("list")
+    .into_inner();
+    let listed: Vec<&str> = first_page
+        .approvals
+        .iter()
+        .map(|a| a.approval_id.as_str())
+        .collect();
+    assert_eq!(listed, vec![ids[0].as_str(), ids[1].as_str()]);
+    let second_page = list(pb::ListApprovalsRequest {
+        page_size: 2,
+        page_token: first_page.next_page_token.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("list")
+    .into_inner();
+    let listed: Vec<&str> = second_page
+        .approvals
+        .iter()
+        .map(|a| a.approval_id.as_str())
+        .collect();
+    assert_eq!(listed, vec![ids[2].as_str(), ids[3].as_str()]);
+    let granted = list(pb::ListApprovalsRequest {
+        status: pb::ApprovalStatus::Granted.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("list")
+    .into_inner();
+    assert_eq!(granted.approvals.len(), 1);
+    assert_eq!(granted.approvals[0].approval_id, ids[1]);
+    assert!(granted.next_page_token.is_empty());
+    let none = list(pb::ListApprovalsRequest {
+        actor: "tight".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("list")
+    .into_inner();
+    assert!(none.approvals.is_empty());
+    for (request, field) in [
+        (
+            pb::ListApprovalsRequest {
+                page_token: "garbage".into(),
+                ..Default::default()
+            },
+            "page_token",
+        ),
+        (
+            pb::ListApprovalsRequest {
+                page_size: 501,
+                ..Default::default()
+            },
+            "page_size",
+        ),
+        (
+            pb::ListApprovalsRequest {
+                status: 42,
+                ..Default::default()
+            },
+            "status",
+        ),
+    ] {
+        let status = list(request).await.expect_err("invalid");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(violation_field(&status), field);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn approvals_survive_a_policy_reload() {
+    let server = TestServer::start_file(POLICY).await;
+    let payer = session("payer", "s1", "acme");
+    let answer = server
+        .decide_ok(HOST, &payer, &payment("c1", "payer", 20000))
+        .await;
+    let reloaded = toolgate::policy::Policy::load(&common::repo_path(POLICY)).expect("policy");
+    server.engine.replace_policy(reloaded);
+    server
+        .grant(ALICE, &answer.approval_id)
+        .await
+        .expect("grant after reload");
+    assert_eq!(
+        server
+            .decide_ok(HOST, &payer, &payment("c1", "payer", 20000))
+            .await
+            .reason,
+        "approved"
+    );
+    server.stop().await;
+}
