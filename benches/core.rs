@@ -4,8 +4,16 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
+use std::sync::Arc;
+
 use toolgate::canonical;
+use toolgate::clock::{ManualClock, Timestamp};
+use toolgate::engine::Engine;
+use toolgate::ledger::Verdict;
 use toolgate::manifest::Manifest;
+use toolgate::policy::Policy;
+use toolgate::proposal::{Proposal, SessionRef};
+use toolgate::state::Outcome;
 
 /// A typical proposal envelope, about 200 bytes.
 const PROPOSAL: &str = r#"{"call_id":"c-20261129-0042","actor":"Finance-Payments","name":"payment_execute","version":17,"arguments":{"amount":15000.5,"currency":"BRL","payee":"ACME Ltda","memo":"invoice 2026/11 \u00e9"}}"#;
@@ -59,5 +67,104 @@ fn canonical_benches(criterion: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, canonical_benches);
+/// The embedded default policy with the docs-search manifest assessed (so
+/// its read tool is open) and one warm session per actor.
+fn warm_engine() -> Engine {
+    let policy = Policy::embedded_default().expect("embedded policy");
+    let engine = Engine::new(
+        policy,
+        Arc::new(ManualClock::starting_at(Timestamp(1_795_910_400_000))),
+    );
+    let manifest_json = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/manifests/docs-search.json"
+    ))
+    .expect("example manifest");
+    let manifest = Manifest::from_json(&manifest_json).expect("valid manifest");
+    assert!(engine.assess_manifest(&manifest).expect("assess").accepted);
+    engine
+}
+
+fn decide_benches(criterion: &mut Criterion) {
+    let engine = warm_engine();
+    let support =
+        SessionRef::new("support-agent".into(), "bench-s1".into(), "acme".into()).expect("session");
+    let payments = SessionRef::new("payments-agent".into(), "bench-s2".into(), "acme".into())
+        .expect("session");
+    let decide = |session: &SessionRef, call_id: &str, actor: &str, tool: &str, arguments: &str| {
+        let proposal =
+            Proposal::new(call_id.into(), actor.into(), tool.into(), 0, arguments).expect("valid");
+        engine.decide(session, &proposal).expect("decide").0
+    };
+    let read_args = r#"{"query":"how do I reset the sensor on a lamp that keeps blinking after a firmware update?","limit":10}"#;
+    let pay_args = r#"{"amount":15000,"currency":"BRL","account_number":"00123456789","memo":"invoice 2026/11"}"#;
+    assert_eq!(
+        decide(
+            &support,
+            "read-1",
+            "support-agent",
+            "search_docs",
+            read_args
+        )
+        .outcome,
+        Outcome::Allow
+    );
+    let pending = decide(
+        &payments,
+        "pay-1",
+        "payments-agent",
+        "payment_execute",
+        pay_args,
+    );
+    assert_eq!(pending.outcome, Outcome::RequireApproval);
+    let granted_call = decide(
+        &payments,
+        "pay-2",
+        "payments-agent",
+        "payment_execute",
+        pay_args,
+    );
+    let (granted_id, _) = granted_call.approval.expect("approval");
+    engine
+        .review(granted_id, Verdict::Grant, "admin", String::new())
+        .expect("grant");
+
+    criterion.bench_function("decide/read_tool_warm_session", |bench| {
+        bench.iter(|| {
+            black_box(decide(
+                &support,
+                "read-1",
+                "support-agent",
+                "search_docs",
+                black_box(read_args),
+            ))
+        })
+    });
+    criterion.bench_function("decide/threshold_existing_pending", |bench| {
+        bench.iter(|| {
+            black_box(decide(
+                &payments,
+                "pay-1",
+                "payments-agent",
+                "payment_execute",
+                black_box(pay_args),
+            ))
+        })
+    });
+    criterion.bench_function("decide/approved", |bench| {
+        bench.iter(|| {
+            let decision = decide(
+                &payments,
+                "pay-2",
+                "payments-agent",
+                "payment_execute",
+                black_box(pay_args),
+            );
+            assert_eq!(decision.reason, "approved");
+            black_box(decision)
+        })
+    });
+}
+
+criterion_group!(benches, canonical_benches, decide_benches);
 criterion_main!(benches);
