@@ -16,14 +16,16 @@ use uuid::Uuid;
 
 use crate::audit;
 use crate::canonical::Fingerprint;
+use crate::canonical::Value;
 use crate::clock::{Clock, Timestamp};
+use crate::dispatch::{DispatchStatus, Dispatched};
 use crate::error::{Error, Result};
 use crate::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
 use crate::manifest::{Assessment, Manifest};
 use crate::policy::{Credential, CredentialKind, Policy};
 use crate::proposal::{self, Proposal, SessionRef};
 use crate::session::Session;
-use crate::state::{Decision, Outcome, PinRecord, State};
+use crate::state::{Decision, Outcome, PinRecord, State, Stats};
 
 /// Ledger transitions buffered per watcher before it is told it lagged.
 pub const WATCH_BUFFER: usize = 1024;
@@ -51,11 +53,12 @@ struct Shared {
 impl Engine {
     pub fn new(policy: Policy, clock: Arc<dyn Clock>) -> Self {
         let (events, _) = broadcast::channel(WATCH_BUFFER);
+        let state = State::new(&policy);
         Engine {
             shared: Arc::new(Shared {
                 policy: RwLock::new(Arc::new(policy)),
                 clock,
-                state: Mutex::new(State::default()),
+                state: Mutex::new(state),
                 events,
                 runtime_credentials: RwLock::new(HashMap::new()),
                 closing: tokio::sync::watch::Sender::new(false),
@@ -148,31 +151,11 @@ impl Engine {
     /// arguments, exhausted capacity or an internal failure (fail closed).
     pub fn decide(&self, session: &SessionRef, proposal: &Proposal) -> Result<(Decision, String)> {
         let policy = self.policy();
-        let decision = match proposal::admit(&policy, session, proposal) {
-            Err(refusal) => Decision::deny(
-                proposal,
-                refusal.reason(),
-                refusal.message(proposal, session),
-            ),
-            Ok(admitted) => {
-                let schema = proposal::check_arguments(admitted.tool, &proposal.arguments);
-                if admitted.tool.server.is_none() {
-                    // No manifest gate (step 4) stands between steps 3 and 5.
-                    schema.clone()?;
-                }
-                let now = self.now();
-                let (expired, outcome) = {
-                    let mut state = self.state()?;
-                    let expired = state.expire_due(&policy, now);
-                    let outcome = state.decide(&policy, now, session, proposal, &admitted, schema);
-                    (expired, outcome)
-                };
-                self.publish(expired);
-                let (decision, created) = outcome?;
-                self.publish(created);
-                decision
-            }
-        };
+        let screened = proposal::screen(&policy, session, proposal);
+        let (decision, created) = self.with_expiry(|state, policy, now| {
+            state.decide(policy, now, session, proposal, screened)
+        })?;
+        self.publish(created);
         audit!(
             "decision",
             outcome = match decision.outcome {
@@ -191,6 +174,60 @@ impl Engine {
             policy_revision = %policy.revision,
         );
         Ok((decision, policy.revision.clone()))
+    }
+
+    /// Dispatch (SPEC §6): commit one approved change exactly once.
+    pub fn dispatch(
+        &self,
+        session: &SessionRef,
+        proposal: &Proposal,
+    ) -> Result<(Dispatched, String)> {
+        let policy = self.policy();
+        let screened = proposal::screen(&policy, session, proposal);
+        let (dispatched, events) = self.with_expiry(|state, policy, now| {
+            state.dispatch(policy, now, session, proposal, screened)
+        })?;
+        self.publish(events);
+        let result = dispatched.result.as_ref();
+        if dispatched.status == DispatchStatus::Ok {
+            audit!(
+                "tool_call_dispatched",
+                replayed = dispatched.replayed,
+                fingerprint = %dispatched.fingerprint,
+                receipt_id = %dispatched.receipt_id.map(|id| id.to_string()).unwrap_or_default(),
+                version = result.map_or(0, |result| result.version),
+                resource = result.and_then(|result| result.resource.as_deref()).unwrap_or(""),
+                actor = %session.actor,
+                session_id = %session.session_id,
+                tool = %proposal.name,
+                call_id = %proposal.call_id,
+                approval_id = %dispatched.approval_id.map(|id| id.to_string()).unwrap_or_default(),
+                policy_revision = %policy.revision,
+            );
+        } else {
+            audit!(
+                "dispatch_refused",
+                status = dispatched.status.as_str(),
+                reason = dispatched.reason,
+                fingerprint = %dispatched.fingerprint,
+                actor = %session.actor,
+                session_id = %session.session_id,
+                tool = %proposal.name,
+                call_id = %proposal.call_id,
+                approval_id = %dispatched.approval_id.map(|id| id.to_string()).unwrap_or_default(),
+                policy_revision = %policy.revision,
+            );
+        }
+        Ok((dispatched, policy.revision.clone()))
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        Ok(self.state()?.stats())
+    }
+
+    /// A resource's current value and version.
+    pub fn resource(&self, name: &str) -> Result<(Value, u64)> {
+        self.state()?.resource(name)
     }
 
     pub fn session(&self, session_id: &str) -> Result<(Session, u64)> {
@@ -262,6 +299,9 @@ impl Engine {
     /// approvals, receipts) is kept.
     pub fn replace_policy(&self, policy: Policy) {
         let revision = policy.revision.clone();
+        if let Ok(mut state) = self.state() {
+            state.adopt_policy(&policy);
+        }
         let new_policy = Arc::new(policy);
         match self.shared.policy.write() {
             Ok(mut guard) => *guard = new_policy,

@@ -112,12 +112,31 @@ pub struct ApprovalEvent {
     pub approval: Approval,
 }
 
+/// The few facts of an approval that Decide and Dispatch answer with
+/// (cheap to copy, unlike the whole record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApprovalRef {
+    pub id: Uuid,
+    pub expires_at: Timestamp,
+    pub reason: &'static str,
+}
+
+impl From<&Approval> for ApprovalRef {
+    fn from(approval: &Approval) -> Self {
+        ApprovalRef {
+            id: approval.id,
+            expires_at: approval.expires_at,
+            reason: approval.reason,
+        }
+    }
+}
+
 /// What the ledger holds for one proposal in one workspace (SPEC §4 step 8).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
-    Granted(Approval),
-    Denied(Approval),
-    Pending(Approval),
+    Granted(ApprovalRef),
+    Denied(ApprovalRef),
+    Pending(ApprovalRef),
     /// Nothing usable: none yet, or expired, consumed or revoked.
     None,
 }
@@ -217,10 +236,11 @@ impl Ledger {
         else {
             return Standing::None;
         };
+        let found = ApprovalRef::from(approval);
         match approval.status {
-            ApprovalStatus::Granted => Standing::Granted(approval.clone()),
-            ApprovalStatus::Denied => Standing::Denied(approval.clone()),
-            ApprovalStatus::Pending => Standing::Pending(approval.clone()),
+            ApprovalStatus::Granted => Standing::Granted(found),
+            ApprovalStatus::Denied => Standing::Denied(found),
+            ApprovalStatus::Pending => Standing::Pending(found),
             _ => Standing::None,
         }
     }

@@ -5,6 +5,10 @@
 //! - [`ids`]: identifier rules shared by proposals, sessions and manifests.
 //! - [`manifest`]: tool-server manifests: fingerprint, diff, assessment (SPEC §7).
 //! - [`policy`]: the TOML policy file parsed into an immutable snapshot (SPEC §3).
+//! - [`proposal`]: the proposal envelope, the trusted session, the policy-only checks.
+//! - [`session`]: agent sessions and their budgets.
+//! - [`ledger`]: the approval ledger and its lifecycle (SPEC §5).
+//! - [`dispatch`]: versioned resources, effects and the receipt log (SPEC §6).
 //! - [`state`]: `State`, everything remembered between calls; one method per operation.
 //! - [`engine`]: `Engine`, the clone handle holding policy snapshot, clock and state.
 //! - [`clock`]: injectable time.
@@ -24,6 +28,7 @@ pub mod auth;
 pub mod canonical;
 pub mod cli;
 pub mod clock;
+pub mod dispatch;
 pub mod engine;
 pub mod error;
 pub mod grpc;

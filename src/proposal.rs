@@ -177,6 +177,17 @@ pub fn admit<'p>(
     Ok(Admitted { tool, profile })
 }
 
+/// SPEC §4 steps 2–3 and the schema check of step 5, all of which depend
+/// only on the policy: computed before the state lock is taken, and reported
+/// in the contract's order under it.
+pub type Screened<'p> = Result<(Admitted<'p>, Result<()>), Refusal>;
+
+pub fn screen<'p>(policy: &'p Policy, session: &SessionRef, proposal: &Proposal) -> Screened<'p> {
+    let admitted = admit(policy, session, proposal)?;
+    let schema = check_arguments(admitted.tool, &proposal.arguments);
+    Ok((admitted, schema))
+}
+
 /// SPEC §4 step 5: arguments against the tool's input schema. The error
 /// names the argument path (`proposal.arguments.amount`) and the rule.
 pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {

@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::grpc::approvals::ApprovalsService;
 use crate::grpc::pdp::PdpService;
 use crate::grpc::pins::PinsService;
-use crate::grpc::unimplemented::PendingServices;
+use crate::grpc::resources::ResourcesService;
 use crate::pb;
 use crate::pb::approvals_server::ApprovalsServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
@@ -39,13 +39,13 @@ pub async fn serve(
         .set_serving::<PolicyDecisionPointServer<PdpService>>()
         .await;
     health_reporter
-        .set_serving::<ApprovalsServer<PendingServices>>()
+        .set_serving::<ApprovalsServer<ApprovalsService>>()
         .await;
     health_reporter
         .set_serving::<ManifestPinsServer<PinsService>>()
         .await;
     health_reporter
-        .set_serving::<ResourcesServer<PendingServices>>()
+        .set_serving::<ResourcesServer<ResourcesService>>()
         .await;
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -80,8 +80,8 @@ pub async fn serve(
             engine.clone(),
         )))
         .add_service(ManifestPinsServer::new(PinsService::new(engine.clone())))
-        .add_service(ApprovalsServer::new(ApprovalsService::new(engine)))
-        .add_service(ResourcesServer::new(PendingServices))
+        .add_service(ApprovalsServer::new(ApprovalsService::new(engine.clone())))
+        .add_service(ResourcesServer::new(ResourcesService::new(engine)))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     sweeper.abort();

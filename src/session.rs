@@ -72,28 +72,36 @@ impl Sessions {
         self.sessions.get(session_id)
     }
 
-    /// The session for `session`, created if new. A session id is bound to
-    /// the actor and workspace it started with.
+    /// A session id is bound to the actor and workspace it started with
+    /// (part of SPEC §4 step 1: the session must be valid).
+    pub fn check_binding(&self, session: &SessionRef) -> Result<()> {
+        let Some(existing) = self.sessions.get(&session.session_id) else {
+            return Ok(());
+        };
+        if existing.actor != session.actor {
+            return Err(Error::invalid(
+                "session.actor",
+                format!("session {:?} runs as another actor", session.session_id),
+            ));
+        }
+        if existing.workspace != session.workspace {
+            return Err(Error::invalid(
+                "session.workspace",
+                format!("session {:?} runs in another workspace", session.session_id),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The session for `session`, created if new.
     pub fn open(
         &mut self,
         session: &SessionRef,
         now: Timestamp,
         limits: &Limits,
     ) -> Result<&mut Session> {
-        if let Some(existing) = self.sessions.get(&session.session_id) {
-            if existing.actor != session.actor {
-                return Err(Error::invalid(
-                    "session.actor",
-                    format!("session {:?} runs as another actor", session.session_id),
-                ));
-            }
-            if existing.workspace != session.workspace {
-                return Err(Error::invalid(
-                    "session.workspace",
-                    format!("session {:?} runs in another workspace", session.session_id),
-                ));
-            }
-        } else {
+        self.check_binding(session)?;
+        if !self.sessions.contains_key(&session.session_id) {
             if self.sessions.len() >= limits.max_sessions {
                 self.evict_idle(now, limits);
             }

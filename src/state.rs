@@ -8,14 +8,18 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::canonical::Fingerprint;
+use crate::canonical::Value;
 use crate::clock::Timestamp;
+use crate::dispatch::{
+    self, CommitResult, DispatchStatus, Dispatched, Receipt, ReceiptLog, Resources, Target,
+};
 use crate::error::{Error, Result};
 use crate::ledger::{
-    Approval, ApprovalEvent, Ledger, ListQuery, NewApproval, Page, Standing, Verdict,
+    Approval, ApprovalEvent, ApprovalRef, Ledger, ListQuery, NewApproval, Page, Standing, Verdict,
 };
 use crate::manifest::{self, Assessment, Manifest, PinReference};
-use crate::policy::{Mode, Policy};
-use crate::proposal::{self, Admitted, Proposal, Refusal, SessionRef};
+use crate::policy::{Mode, Policy, Tool};
+use crate::proposal::{self, Proposal, Refusal, Screened, SessionRef};
 use crate::session::{self, BudgetCheck, Session, Sessions};
 
 /// Most pins that may be made through the API.
@@ -97,38 +101,140 @@ impl Decision {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct State {
     api_pins: HashMap<String, ApiPin>,
     /// Fingerprint of the latest assessment per pinned server.
     last_assessed: HashMap<String, Fingerprint>,
     ledger: Ledger,
     sessions: Sessions,
+    resources: Resources,
+    receipts: ReceiptLog,
+}
+
+/// Sizes of the state, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub sessions: usize,
+    pub approvals: usize,
+    pub pending_approvals: usize,
+    pub receipts: usize,
+    pub api_pins: usize,
+}
+
+/// What the ledger holds for a proposal that needs approval, after making
+/// a request if there was none usable.
+enum Gate {
+    Granted(ApprovalRef),
+    Denied(ApprovalRef),
+    /// With the request event when this call made the request.
+    Pending(ApprovalRef, Option<Box<ApprovalEvent>>),
 }
 
 impl State {
-    /// Decide (SPEC §4) from step 4 on; steps 1–3 and the schema check ran
-    /// without the lock (`admitted`, `schema`), and their answers are used
-    /// here in the contract's order. Returns the decision and the approval
-    /// request it created, if any. The engine expires due approvals first.
+    pub fn new(policy: &Policy) -> Self {
+        State {
+            api_pins: HashMap::new(),
+            last_assessed: HashMap::new(),
+            ledger: Ledger::default(),
+            sessions: Sessions::default(),
+            resources: Resources::new(&policy.state),
+            receipts: ReceiptLog::default(),
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            sessions: self.sessions.len(),
+            approvals: self.ledger.len(),
+            pending_approvals: self.ledger.pending_total(),
+            receipts: self.receipts.len(),
+            api_pins: self.api_pins.len(),
+        }
+    }
+
+    /// After a policy reload: keeps everything made at run time and adds
+    /// the resources the new policy declares.
+    pub fn adopt_policy(&mut self, policy: &Policy) {
+        self.resources.adopt(&policy.state);
+    }
+
+    /// The approval standing of a proposal that needs approval; a new pending
+    /// request is made when there is none usable (SPEC §4 step 8, §6 step 6).
+    fn approval_gate(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        tool: &Tool,
+        reason: &'static str,
+    ) -> Result<Gate> {
+        Ok(
+            match self
+                .ledger
+                .standing(&session_ref.workspace, proposal.fingerprint)
+            {
+                Standing::Granted(approval) => Gate::Granted(approval),
+                Standing::Denied(approval) => Gate::Denied(approval),
+                Standing::Pending(approval) => Gate::Pending(approval, None),
+                Standing::None => {
+                    self.ledger
+                        .check_capacity(&session_ref.actor, &policy.limits)?;
+                    let event = self.ledger.create(
+                        NewApproval {
+                            fingerprint: proposal.fingerprint,
+                            actor: session_ref.actor.clone(),
+                            session_id: session_ref.session_id.clone(),
+                            workspace: session_ref.workspace.clone(),
+                            tool: tool.name.clone(),
+                            call_id: proposal.call_id.clone(),
+                            version: proposal.version,
+                            arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
+                            reason,
+                        },
+                        now,
+                        &policy.limits,
+                    );
+                    Gate::Pending(ApprovalRef::from(&event.approval), Some(Box::new(event)))
+                }
+            },
+        )
+    }
+
+    /// SPEC §4 step 4: a tool of a manifest server needs a matching assessment.
+    fn manifest_gate(&self, policy: &Policy, tool: &Tool) -> Result<(), Refusal> {
+        match &tool.server {
+            Some(server) if !self.manifest_verified(policy, server) => {
+                Err(Refusal::ManifestUnverified)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Decide (SPEC §4). The policy-only steps (2, 3 and the schema check of
+    /// 5) were screened without the lock; their answers are reported here in
+    /// the contract's order. Returns the decision and the approval request it
+    /// created, if any. The engine expires due approvals first.
     pub fn decide(
         &mut self,
         policy: &Policy,
         now: Timestamp,
         session_ref: &SessionRef,
         proposal: &Proposal,
-        admitted: &Admitted<'_>,
-        schema: Result<()>,
+        screened: Screened<'_>,
     ) -> Result<(Decision, Option<ApprovalEvent>)> {
+        // Step 1 (the part that needs state): the session id's binding.
+        self.sessions.check_binding(session_ref)?;
+        // Steps 2–3.
+        let (admitted, schema) = match screened {
+            Ok(screened) => screened,
+            Err(refusal) => return Ok((Decision::refused(refusal, proposal, session_ref), None)),
+        };
         let tool = admitted.tool;
         // Step 4: the manifest gate.
-        if let Some(server) = &tool.server
-            && !self.manifest_verified(policy, server)
-        {
-            return Ok((
-                Decision::refused(Refusal::ManifestUnverified, proposal, session_ref),
-                None,
-            ));
+        if let Err(refusal) = self.manifest_gate(policy, tool) {
+            return Ok((Decision::refused(refusal, proposal, session_ref), None));
         }
         // Step 5: the input schema.
         schema?;
@@ -157,78 +263,57 @@ impl State {
             };
             return Ok((Decision::deny(proposal, reason, message), None));
         }
-        // Step 7: no approval needed.
+        // Step 7: no approval needed; step 8: the ledger.
         let approval_reason = match tool.mode {
             Mode::Execute => proposal::approval_reason(tool, admitted.profile, &proposal.arguments),
             _ => None,
         };
-        let mut created = None;
-        let decision = match approval_reason {
-            None => Decision {
-                outcome: Outcome::Allow,
-                reason: "allowed",
-                message: format!("{:?} may run", proposal.name),
-                fingerprint: proposal.fingerprint,
-                approval: None,
-            },
-            // Step 8: the ledger.
-            Some(reason) => match self
-                .ledger
-                .standing(&session_ref.workspace, proposal.fingerprint)
-            {
-                Standing::Granted(approval) => Decision {
+        let (decision, created) = match approval_reason {
+            None => (
+                Decision {
                     outcome: Outcome::Allow,
-                    reason: "approved",
-                    message: format!(
-                        "approved by {}",
-                        approval.decided_by.as_deref().unwrap_or("a reviewer")
-                    ),
+                    reason: "allowed",
+                    message: format!("{:?} may run", proposal.name),
                     fingerprint: proposal.fingerprint,
-                    approval: Some((approval.id, approval.expires_at)),
+                    approval: None,
                 },
-                Standing::Denied(approval) => Decision {
-                    outcome: Outcome::Deny,
-                    reason: "approval-denied",
-                    message: "a reviewer denied this exact proposal".to_string(),
-                    fingerprint: proposal.fingerprint,
-                    approval: Some((approval.id, approval.expires_at)),
-                },
-                Standing::Pending(approval) => Decision {
-                    outcome: Outcome::RequireApproval,
-                    reason: approval.reason,
-                    message: "waiting for a reviewer".to_string(),
-                    fingerprint: proposal.fingerprint,
-                    approval: Some((approval.id, approval.expires_at)),
-                },
-                Standing::None => {
-                    self.ledger
-                        .check_capacity(&session_ref.actor, &policy.limits)?;
-                    let event = self.ledger.create(
-                        NewApproval {
+                None,
+            ),
+            Some(reason) => {
+                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
+                    Gate::Granted(approval) => (
+                        Decision {
+                            outcome: Outcome::Allow,
+                            reason: "approved",
+                            message: "approved by a reviewer; Dispatch consumes the grant"
+                                .to_string(),
                             fingerprint: proposal.fingerprint,
-                            actor: session_ref.actor.clone(),
-                            session_id: session_ref.session_id.clone(),
-                            workspace: session_ref.workspace.clone(),
-                            tool: tool.name.clone(),
-                            call_id: proposal.call_id.clone(),
-                            version: proposal.version,
-                            arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
-                            reason,
+                            approval: Some((approval.id, approval.expires_at)),
                         },
-                        now,
-                        &policy.limits,
-                    );
-                    let decision = Decision {
-                        outcome: Outcome::RequireApproval,
-                        reason,
-                        message: "a reviewer must approve this exact proposal".to_string(),
-                        fingerprint: proposal.fingerprint,
-                        approval: Some((event.approval.id, event.approval.expires_at)),
-                    };
-                    created = Some(event);
-                    decision
+                        None,
+                    ),
+                    Gate::Denied(approval) => (
+                        Decision {
+                            outcome: Outcome::Deny,
+                            reason: "approval-denied",
+                            message: "a reviewer denied this exact proposal".to_string(),
+                            fingerprint: proposal.fingerprint,
+                            approval: Some((approval.id, approval.expires_at)),
+                        },
+                        None,
+                    ),
+                    Gate::Pending(approval, created) => (
+                        Decision {
+                            outcome: Outcome::RequireApproval,
+                            reason: approval.reason,
+                            message: "a reviewer must approve this exact proposal".to_string(),
+                            fingerprint: proposal.fingerprint,
+                            approval: Some((approval.id, approval.expires_at)),
+                        },
+                        created,
+                    ),
                 }
-            },
+            }
         };
         if budget == BudgetCheck::NewCall {
             let session = self.sessions.open(session_ref, now, &policy.limits)?;
@@ -239,7 +324,204 @@ impl State {
                 is_tool_call,
             );
         }
-        Ok((decision, created))
+        Ok((decision, created.map(|event| *event)))
+    }
+
+    /// Dispatch (SPEC §6), in the contract's order, in one critical section:
+    /// a refusal changes no resource, version, grant or receipt; a commit
+    /// applies the effect, bumps the version, consumes the grant and stores
+    /// the receipt together. Returns the answer and the ledger transitions
+    /// (a request made, a grant consumed).
+    pub fn dispatch(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        screened: Screened<'_>,
+    ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
+        let fingerprint = proposal.fingerprint;
+        let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
+            Ok((
+                Dispatched::refused(status, reason, message, fingerprint),
+                Vec::new(),
+            ))
+        };
+        // 1. The session id's binding (the envelope was checked at the edge).
+        self.sessions.check_binding(session_ref)?;
+        // 2–3. Actor, tool, policy refusals, schema.
+        let (admitted, schema) = match screened {
+            Ok(screened) => screened,
+            Err(refusal) => {
+                let status = match refusal {
+                    Refusal::Forbidden => DispatchStatus::Forbidden,
+                    Refusal::UnknownTool => DispatchStatus::UnknownTool,
+                    _ => DispatchStatus::Denied,
+                };
+                return refuse(
+                    status,
+                    refusal.reason(),
+                    refusal.message(proposal, session_ref),
+                );
+            }
+        };
+        let tool = admitted.tool;
+        if let Err(refusal) = self.manifest_gate(policy, tool) {
+            return refuse(
+                DispatchStatus::Denied,
+                refusal.reason(),
+                refusal.message(proposal, session_ref),
+            );
+        }
+        if tool.mode != Mode::Execute {
+            return refuse(
+                DispatchStatus::Denied,
+                "not-dispatchable",
+                format!(
+                    "{:?} is a {:?} tool; only execute tools are committed through Dispatch",
+                    tool.name, tool.mode
+                ),
+            );
+        }
+        schema?;
+        // 4. A receipt for this call id.
+        if let Some(receipt) = self.receipts.get(&proposal.actor, &proposal.call_id) {
+            if receipt.fingerprint != fingerprint {
+                return refuse(
+                    DispatchStatus::CallIdConflict,
+                    "call-id-conflict",
+                    format!(
+                        "call id {:?} was committed for a different proposal",
+                        proposal.call_id
+                    ),
+                );
+            }
+            return Ok((
+                Dispatched {
+                    status: DispatchStatus::Ok,
+                    reason: "replayed",
+                    message: "the stored receipt of the earlier commit".to_string(),
+                    fingerprint,
+                    result: Some(receipt.result.clone()),
+                    receipt_id: Some(receipt.id),
+                    replayed: true,
+                    approval_id: None,
+                },
+                Vec::new(),
+            ));
+        }
+        // 5. The version the proposal was made against.
+        let target = dispatch::target(&tool.effect, &proposal.arguments);
+        let current = match &target {
+            Ok(target) => self.resources.version_for(target),
+            Err(_) => self.resources.version_for(&Target::Nothing),
+        };
+        if proposal.version != current {
+            let mut stale = Dispatched::refused(
+                DispatchStatus::StaleVersion,
+                "stale-version",
+                format!(
+                    "the proposal was made against version {}, the state is at {current}",
+                    proposal.version
+                ),
+                fingerprint,
+            );
+            stale.result = Some(CommitResult {
+                version: current,
+                resource: None,
+                value: None,
+            });
+            return Ok((stale, Vec::new()));
+        }
+        // 6. The approval.
+        let mut events = Vec::new();
+        let grant = match proposal::approval_reason(tool, admitted.profile, &proposal.arguments) {
+            None => None,
+            Some(reason) => {
+                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
+                    Gate::Granted(approval) => Some(approval.id),
+                    Gate::Denied(approval) => {
+                        let mut refused = Dispatched::refused(
+                            DispatchStatus::ApprovalRequired,
+                            "approval-denied",
+                            "a reviewer denied this exact proposal".to_string(),
+                            fingerprint,
+                        );
+                        refused.approval_id = Some(approval.id);
+                        return Ok((refused, events));
+                    }
+                    Gate::Pending(approval, created) => {
+                        let mut refused = Dispatched::refused(
+                            DispatchStatus::ApprovalRequired,
+                            approval.reason,
+                            "a reviewer must grant this exact proposal before it is committed"
+                                .to_string(),
+                            fingerprint,
+                        );
+                        refused.approval_id = Some(approval.id);
+                        events.extend(created.map(|event| *event));
+                        return Ok((refused, events));
+                    }
+                }
+            }
+        };
+        // 7. The target resource.
+        let target = match target.and_then(|target| self.resources.check(&target).map(|()| target))
+        {
+            Ok(target) => target,
+            Err(message) => {
+                return refuse(DispatchStatus::MissingResource, "missing-resource", message);
+            }
+        };
+        // 8. Room in the receipt log.
+        if !self.receipts.make_room(now, &policy.limits) {
+            return refuse(
+                DispatchStatus::LogFull,
+                "log-full",
+                format!(
+                    "the receipt log holds {} receipts, none past retention",
+                    policy.limits.receipt_capacity
+                ),
+            );
+        }
+        // 9. Commit: all of it, under this one lock, with nothing left that can fail.
+        let session = self.sessions.open(session_ref, now, &policy.limits)?;
+        session.executed_tools += 1;
+        session.executed_cost = session.executed_cost.saturating_add(tool.cost);
+        if let Some(grant) = grant {
+            events.push(self.ledger.consume(grant, now)?);
+        }
+        let result = self.resources.apply(target);
+        let receipt = Receipt {
+            id: Uuid::new_v4(),
+            fingerprint,
+            result: result.clone(),
+            created_at: now,
+        };
+        let receipt_id = receipt.id;
+        self.receipts
+            .insert(&proposal.actor, &proposal.call_id, receipt);
+        Ok((
+            Dispatched {
+                status: DispatchStatus::Ok,
+                reason: "committed",
+                message: format!("{:?} committed", tool.name),
+                fingerprint,
+                result: Some(result),
+                receipt_id: Some(receipt_id),
+                replayed: false,
+                approval_id: grant,
+            },
+            events,
+        ))
+    }
+
+    /// A resource's value and version (GetResource).
+    pub fn resource(&self, name: &str) -> Result<(Value, u64)> {
+        self.resources
+            .get(name)
+            .map(|(value, version)| (value.clone(), version))
+            .ok_or_else(|| Error::NotFound(format!("no resource {name:?}")))
     }
 
     pub fn session(&self, session_id: &str) -> Result<Session> {

@@ -5,6 +5,7 @@ use uuid::Uuid;
 
 use crate::canonical::{self, Fingerprint, Value};
 use crate::clock::Timestamp;
+use crate::dispatch::{CommitResult, DispatchStatus, Dispatched};
 use crate::error::{Error, Result};
 use crate::ledger::{Approval, ApprovalEvent, ApprovalStatus, EventKind, ListQuery, PageKey};
 use crate::manifest::{
@@ -355,4 +356,46 @@ fn parse_page_token(token: &str) -> Result<PageKey> {
     let millis = millis.parse::<u64>().map_err(|_| invalid())?;
     let id = Uuid::parse_str(id).map_err(|_| invalid())?;
     Ok((Timestamp(millis), id))
+}
+
+pub fn dispatch_response(dispatched: Dispatched, policy_revision: String) -> pb::DispatchResponse {
+    let status = match dispatched.status {
+        DispatchStatus::Ok => pb::DispatchStatus::Ok,
+        DispatchStatus::Forbidden => pb::DispatchStatus::Forbidden,
+        DispatchStatus::UnknownTool => pb::DispatchStatus::UnknownTool,
+        DispatchStatus::Denied => pb::DispatchStatus::Denied,
+        DispatchStatus::CallIdConflict => pb::DispatchStatus::CallIdConflict,
+        DispatchStatus::StaleVersion => pb::DispatchStatus::StaleVersion,
+        DispatchStatus::ApprovalRequired => pb::DispatchStatus::ApprovalRequired,
+        DispatchStatus::MissingResource => pb::DispatchStatus::MissingResource,
+        DispatchStatus::LogFull => pb::DispatchStatus::LogFull,
+    };
+    let result = dispatched.result.unwrap_or(CommitResult {
+        version: 0,
+        resource: None,
+        value: None,
+    });
+    pb::DispatchResponse {
+        status: status.into(),
+        reason: dispatched.reason.to_string(),
+        message: dispatched.message,
+        fingerprint: dispatched.fingerprint.to_hex(),
+        version: result.version,
+        resource: result.resource.unwrap_or_default(),
+        value_json: result
+            .value
+            .as_ref()
+            .map(canonical::to_canonical)
+            .unwrap_or_default(),
+        receipt_id: dispatched
+            .receipt_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+        replayed: dispatched.replayed,
+        approval_id: dispatched
+            .approval_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+        policy_revision,
+    }
 }

@@ -5,5 +5,5 @@ pub mod approvals;
 pub mod convert;
 pub mod pdp;
 pub mod pins;
+pub mod resources;
 pub mod status;
-pub mod unimplemented;

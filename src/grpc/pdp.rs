@@ -4,7 +4,9 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::engine::Engine;
-use crate::grpc::convert::{decide_response, required, session_and_proposal, session_info};
+use crate::grpc::convert::{
+    decide_response, dispatch_response, required, session_and_proposal, session_info,
+};
 use crate::manifest::Manifest;
 use crate::pb;
 use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
@@ -46,11 +48,20 @@ impl PolicyDecisionPoint for PdpService {
         Ok(Response::new(decide_response(decision, policy_revision)))
     }
 
+    #[tracing::instrument(skip_all)]
     async fn dispatch(
         &self,
-        _request: Request<pb::DispatchRequest>,
+        request: Request<pb::DispatchRequest>,
     ) -> Result<Response<pb::DispatchResponse>, Status> {
-        Err(Status::unimplemented("Dispatch is not implemented yet"))
+        let caller = Caller::require(&request, CredentialKind::Host)?;
+        let message = request.into_inner();
+        let (session, proposal) = session_and_proposal(message.session, message.proposal)?;
+        may_assert(&caller, &session.actor)?;
+        let (dispatched, policy_revision) = self.engine.dispatch(&session, &proposal)?;
+        Ok(Response::new(dispatch_response(
+            dispatched,
+            policy_revision,
+        )))
     }
 
     #[tracing::instrument(skip_all)]
