@@ -2,12 +2,13 @@
 
 use std::hint::black_box;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
 use std::sync::Arc;
 
 use toolgate::canonical;
 use toolgate::clock::{ManualClock, Timestamp};
+use toolgate::dispatch::DispatchStatus;
 use toolgate::engine::Engine;
 use toolgate::ledger::Verdict;
 use toolgate::manifest::Manifest;
@@ -166,5 +167,81 @@ fn decide_benches(criterion: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, canonical_benches, decide_benches);
+/// The tickets policy with room for a long benchmark run.
+fn tickets_engine() -> Engine {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tickets.toml"))
+        .expect("tickets policy")
+        .replace("receipt_capacity = 1000", "receipt_capacity = 100000000\nmax_approval_records = 100000000\nmax_pending_total = 100000000")
+        .replace("max_decisions = 1000", "max_decisions = 100000000")
+        .replace("max_tool_calls = 1000", "max_tool_calls = 100000000");
+    let policy = Policy::parse(&text, "tickets-bench.toml", None).expect("policy");
+    Engine::new(
+        policy,
+        Arc::new(ManualClock::starting_at(Timestamp(1_795_910_400_000))),
+    )
+}
+
+fn dispatch_benches(criterion: &mut Criterion) {
+    let engine = tickets_engine();
+    let learner =
+        SessionRef::new("learner".into(), "bench".into(), "desk".into()).expect("session");
+    let mut counter = 0u64;
+    let mut version = 0u64;
+    // Setup (not timed): a fresh proposal against the current version, decided and granted.
+    let mut approved_proposal = || {
+        counter += 1;
+        let status = if counter.is_multiple_of(2) {
+            "open"
+        } else {
+            "done"
+        };
+        let arguments = format!(r#"{{"ticket":"lamp","status":"{status}"}}"#);
+        let proposal = Proposal::new(
+            format!("c{counter}"),
+            "learner".into(),
+            "set_ticket".into(),
+            version,
+            &arguments,
+        )
+        .expect("valid");
+        let (decision, _) = engine.decide(&learner, &proposal).expect("decide");
+        let (approval, _) = decision.approval.expect("approval requested");
+        engine
+            .review(approval, Verdict::Grant, "reviewer", String::new())
+            .expect("grant");
+        version += 1;
+        proposal
+    };
+    criterion.bench_function("dispatch/commit_approved", |bench| {
+        bench.iter_batched(
+            &mut approved_proposal,
+            |proposal| {
+                let (dispatched, _) = engine.dispatch(&learner, &proposal).expect("dispatch");
+                assert_eq!(dispatched.status, DispatchStatus::Ok);
+                assert!(!dispatched.replayed);
+                dispatched
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let replay = Proposal::new(
+        "c1".into(),
+        "learner".into(),
+        "set_ticket".into(),
+        0,
+        r#"{"ticket":"lamp","status":"done"}"#,
+    )
+    .expect("valid");
+    criterion.bench_function("dispatch/replay", |bench| {
+        bench.iter(|| {
+            let (dispatched, _) = engine
+                .dispatch(&learner, black_box(&replay))
+                .expect("dispatch");
+            assert!(dispatched.replayed);
+            black_box(dispatched)
+        })
+    });
+}
+
+criterion_group!(benches, canonical_benches, decide_benches, dispatch_benches);
 criterion_main!(benches);
