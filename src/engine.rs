@@ -22,6 +22,7 @@ use crate::dispatch::{DispatchStatus, Dispatched};
 use crate::error::{Error, Result};
 use crate::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
 use crate::manifest::{Assessment, Manifest};
+use crate::metrics::Metrics;
 use crate::policy::{Credential, CredentialKind, Policy};
 use crate::proposal::{self, Proposal, SessionRef};
 use crate::session::Session;
@@ -46,6 +47,8 @@ struct Shared {
     /// Credentials made at start (the embedded default's reviewer token),
     /// kept across policy reloads.
     runtime_credentials: RwLock<HashMap<Fingerprint, Credential>>,
+    /// Counters, when a server attached them (lock-free to read).
+    metrics: std::sync::OnceLock<Arc<Metrics>>,
     /// Set once when the server begins to shut down; ends watch streams.
     closing: tokio::sync::watch::Sender<bool>,
 }
@@ -61,6 +64,7 @@ impl Engine {
                 state: Mutex::new(state),
                 events,
                 runtime_credentials: RwLock::new(HashMap::new()),
+                metrics: std::sync::OnceLock::new(),
                 closing: tokio::sync::watch::Sender::new(false),
             }),
         }
@@ -108,6 +112,16 @@ impl Engine {
         runtime.values().any(|credential| credential.kind == kind)
     }
 
+    /// Attaches the metrics that decisions, dispatches and ledger
+    /// transitions are counted in (once; later calls are ignored).
+    pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
+        let _ = self.shared.metrics.set(metrics);
+    }
+
+    fn metrics(&self) -> Option<&Metrics> {
+        self.shared.metrics.get().map(Arc::as_ref)
+    }
+
     /// Marks the engine as shutting down: long-lived streams end.
     pub fn begin_shutdown(&self) {
         self.shared.closing.send_replace(true);
@@ -142,6 +156,9 @@ impl Engine {
                 status = approval.status.as_str(),
                 reviewer = approval.decided_by.as_deref().unwrap_or(""),
             );
+            if let Some(metrics) = self.metrics() {
+                metrics.transition(event.kind.audit_name());
+            }
             // No receivers is fine: nobody is watching.
             let _ = self.shared.events.send(event);
         }
@@ -156,13 +173,17 @@ impl Engine {
             state.decide(policy, now, session, proposal, screened)
         })?;
         self.publish(created);
+        let outcome = match decision.outcome {
+            Outcome::Allow => "allow",
+            Outcome::Deny => "deny",
+            Outcome::RequireApproval => "require_approval",
+        };
+        if let Some(metrics) = self.metrics() {
+            metrics.decision(outcome, decision.reason);
+        }
         audit!(
             "decision",
-            outcome = match decision.outcome {
-                Outcome::Allow => "allow",
-                Outcome::Deny => "deny",
-                Outcome::RequireApproval => "require_approval",
-            },
+            outcome,
             reason = decision.reason,
             fingerprint = %decision.fingerprint,
             actor = %session.actor,
@@ -189,6 +210,9 @@ impl Engine {
         })?;
         self.publish(events);
         let result = dispatched.result.as_ref();
+        if let Some(metrics) = self.metrics() {
+            metrics.dispatch(dispatched.status.as_str());
+        }
         if dispatched.status == DispatchStatus::Ok {
             audit!(
                 "tool_call_dispatched",

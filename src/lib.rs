@@ -16,13 +16,17 @@
 //! - [`auth`]: the authenticated caller of a request.
 //! - [`error`]: the domain error enum.
 //! - [`grpc`]: the edge: conversions, handlers, the error-to-status map.
+//! - [`metrics`]: Prometheus metrics and the latency layer.
+//! - [`overload`]: load shedding, request timeout and message-size status layer.
 //! - [`server`]: assembles services, health and reflection; `serve`.
 //! - [`cli`]: the command line (`serve`, `canonical`, `fingerprint`, `manifest`).
+//! - [`admin`]: the reviewer/operator clients (`approvals`, `pins`, `resource`) and `check-config`.
 //! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
 #![forbid(unsafe_code)]
 // Server code never unwraps what a client can influence; tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod admin;
 pub mod audit;
 pub mod auth;
 pub mod canonical;
@@ -35,6 +39,8 @@ pub mod grpc;
 pub mod ids;
 pub mod ledger;
 pub mod manifest;
+pub mod metrics;
+pub mod overload;
 pub mod policy;
 pub mod proposal;
 pub mod server;

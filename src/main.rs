@@ -27,6 +27,10 @@ fn main() -> ExitCode {
         Command::Canonical(input) => toolgate::cli::run_json_tool(&input, false),
         Command::Fingerprint(input) => toolgate::cli::run_json_tool(&input, true),
         Command::Manifest(command) => toolgate::cli::run_manifest(&command),
+        Command::Approvals(args) => toolgate::admin::run_approvals(args),
+        Command::Pins(args) => toolgate::admin::run_pins(args),
+        Command::Resource(args) => toolgate::admin::run_resource(args),
+        Command::CheckConfig(args) => toolgate::admin::run_check_config(&args),
     }
 }
 
@@ -100,7 +104,26 @@ fn serve(args: ServeArgs) -> ExitCode {
         if let Some(path) = args.config.clone() {
             tokio::spawn(reload_on_hangup(engine.clone(), path));
         }
-        match toolgate::server::serve(listener, engine, shutdown_signal()).await {
+        let metrics = match args.metrics_listen {
+            None => None,
+            Some(address) => match TcpListener::bind(address).await {
+                Ok(listener) => {
+                    let local = listener.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
+                    tracing::info!(metrics_listen = %local, "serving /metrics");
+                    println!("toolgate metrics on {local}");
+                    Some(listener)
+                }
+                Err(error) => {
+                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        let listeners = toolgate::server::Listeners {
+            grpc: listener,
+            metrics,
+        };
+        match toolgate::server::serve_with(listeners, engine, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!(%error, "server failed");

@@ -41,6 +41,43 @@ pub struct Policy {
     pub pins: HashMap<String, PolicyPin>,
     pub limits: Limits,
     pub state: StatePolicy,
+    /// Listener settings; applied at start (a reload does not change them).
+    pub server: ServerSettings,
+}
+
+/// The `[server]` section: overload protection and HTTP/2 settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// Calls served at once; more fail fast with RESOURCE_EXHAUSTED.
+    pub max_concurrent_requests: usize,
+    pub request_timeout: Duration,
+    /// Largest decoded request message.
+    pub max_message_bytes: usize,
+    pub http2_keepalive_interval: Duration,
+    pub http2_keepalive_timeout: Duration,
+    pub max_concurrent_streams: u32,
+    /// How long in-flight calls may take to finish after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings::from(RawServer::default())
+    }
+}
+
+impl From<RawServer> for ServerSettings {
+    fn from(raw: RawServer) -> Self {
+        ServerSettings {
+            max_concurrent_requests: raw.max_concurrent_requests,
+            request_timeout: Duration::from_millis(raw.request_timeout_ms),
+            max_message_bytes: raw.max_message_bytes,
+            http2_keepalive_interval: Duration::from_secs(raw.http2_keepalive_interval_seconds),
+            http2_keepalive_timeout: Duration::from_secs(raw.http2_keepalive_timeout_seconds),
+            max_concurrent_streams: raw.max_concurrent_streams,
+            shutdown_grace: Duration::from_secs(raw.shutdown_grace_seconds),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -237,6 +274,34 @@ struct RawPolicy {
     pins: Vec<RawPin>,
     #[serde(default)]
     state: RawState,
+    #[serde(default)]
+    server: RawServer,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawServer {
+    max_concurrent_requests: usize,
+    request_timeout_ms: u64,
+    max_message_bytes: usize,
+    http2_keepalive_interval_seconds: u64,
+    http2_keepalive_timeout_seconds: u64,
+    max_concurrent_streams: u32,
+    shutdown_grace_seconds: u64,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            max_concurrent_requests: 1024,
+            request_timeout_ms: 10_000,
+            max_message_bytes: 1024 * 1024,
+            http2_keepalive_interval_seconds: 30,
+            http2_keepalive_timeout_seconds: 10,
+            max_concurrent_streams: 1024,
+            shutdown_grace_seconds: 10,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -536,6 +601,7 @@ impl Policy {
             }
         }
         let pins = pins(&loader, raw.pins)?;
+        let server = server_settings(&loader, raw.server)?;
         Ok(Policy {
             revision: revision_of(text),
             tools,
@@ -545,8 +611,41 @@ impl Policy {
             pins,
             limits,
             state,
+            server,
         })
     }
+}
+
+fn server_settings(loader: &Loader<'_>, raw: RawServer) -> Result<ServerSettings, PolicyError> {
+    let positive = [
+        (
+            "max_concurrent_requests",
+            raw.max_concurrent_requests as u64,
+        ),
+        ("request_timeout_ms", raw.request_timeout_ms),
+        ("max_message_bytes", raw.max_message_bytes as u64),
+        (
+            "http2_keepalive_interval_seconds",
+            raw.http2_keepalive_interval_seconds,
+        ),
+        (
+            "http2_keepalive_timeout_seconds",
+            raw.http2_keepalive_timeout_seconds,
+        ),
+        (
+            "max_concurrent_streams",
+            u64::from(raw.max_concurrent_streams),
+        ),
+    ];
+    for (key, value) in positive {
+        if value == 0 {
+            return Err(loader.error(format!("server.{key}"), "must be greater than 0"));
+        }
+    }
+    if raw.max_message_bytes > 64 * 1024 * 1024 {
+        return Err(loader.error("server.max_message_bytes", "must be at most 64 MiB"));
+    }
+    Ok(ServerSettings::from(raw))
 }
 
 fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {

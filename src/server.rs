@@ -1,10 +1,17 @@
-//! Assembles the gRPC server: toolgate's services, health and reflection.
+//! Assembles the gRPC server: toolgate's services behind the metrics,
+//! overload and authentication layers, plus health and reflection; and the
+//! optional metrics listener.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tower::ServiceBuilder;
 
 use crate::auth::AuthLayer;
 use crate::engine::Engine;
@@ -12,6 +19,8 @@ use crate::grpc::approvals::ApprovalsService;
 use crate::grpc::pdp::PdpService;
 use crate::grpc::pins::PinsService;
 use crate::grpc::resources::ResourcesService;
+use crate::metrics::{Metrics, MetricsLayer, serve_metrics};
+use crate::overload::OverloadLayer;
 use crate::pb;
 use crate::pb::approvals_server::ApprovalsServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
@@ -24,7 +33,19 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("metrics listener: {0}")]
+    Metrics(#[from] std::io::Error),
 }
+
+/// The gRPC listener and, optionally, the Prometheus one.
+#[derive(Debug)]
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub metrics: Option<TcpListener>,
+}
+
+/// How often expired approvals are swept when nothing else touches them.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Serves toolgate on an already-bound listener until `shutdown` resolves.
 /// Tests bind `127.0.0.1:0` and hand the listener in, so there is no race
@@ -32,8 +53,31 @@ pub enum ServeError {
 pub async fn serve(
     listener: TcpListener,
     engine: Engine,
-    shutdown: impl Future<Output = ()> + Send,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_with(
+        Listeners {
+            grpc: listener,
+            metrics: None,
+        },
+        engine,
+        shutdown,
+    )
+    .await
+}
+
+/// Serves until `shutdown` resolves, then shuts down gracefully: health turns
+/// NOT_SERVING first, watch streams end with a final status, no new calls are
+/// accepted, and in-flight calls get the policy's grace period to finish.
+pub async fn serve_with(
+    listeners: Listeners,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let settings = engine.policy().server.clone();
+    let metrics = Metrics::new();
+    engine.attach_metrics(Arc::clone(&metrics));
+
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<PolicyDecisionPointServer<PdpService>>()
@@ -57,40 +101,100 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let sweeper = tokio::spawn(sweep_periodically(engine.clone()));
-    let closing_engine = engine.clone();
-    let shutdown = async move {
-        shutdown.await;
-        // Health turns NOT_SERVING first, then long-lived streams end so
-        // that in-flight calls can drain.
-        health_reporter
-            .set_not_serving::<PolicyDecisionPointServer<PdpService>>()
-            .await;
-        health_reporter
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
-        closing_engine.begin_shutdown();
+    // One signal, watched by the gRPC server, the metrics listener and the
+    // grace timer.
+    let (stopping, stop_signal) = watch::channel(false);
+    let stopped = move || {
+        let mut stop_signal = stop_signal.clone();
+        async move {
+            let _ = stop_signal.wait_for(|stopping| *stopping).await;
+        }
     };
+    let closing_engine = engine.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: health NOT_SERVING, watch streams closing");
+        for service in [
+            "",
+            "toolgate.v1.PolicyDecisionPoint",
+            "toolgate.v1.Approvals",
+            "toolgate.v1.ManifestPins",
+            "toolgate.v1.Resources",
+        ] {
+            health_reporter
+                .set_service_status(service, ServingStatus::NotServing)
+                .await;
+        }
+        closing_engine.begin_shutdown();
+        let _ = stopping.send(true);
+    });
+
+    let metrics_server = listeners.metrics.map(|listener| {
+        tokio::spawn(serve_metrics(
+            listener,
+            engine.clone(),
+            Arc::clone(&metrics),
+            stopped(),
+        ))
+    });
+    let sweeper = tokio::spawn(sweep_periodically(engine.clone()));
+
+    let limit = settings.max_message_bytes;
+    let layers = ServiceBuilder::new()
+        .layer(MetricsLayer::new(Arc::clone(&metrics)))
+        .layer(OverloadLayer::new(
+            settings.max_concurrent_requests,
+            settings.request_timeout,
+            Arc::clone(&metrics),
+        ))
+        .layer(AuthLayer::new(engine.clone()));
     let served = Server::builder()
-        .layer(AuthLayer::new(engine.clone()))
+        .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
+        .max_concurrent_streams(Some(settings.max_concurrent_streams))
+        .layer(layers)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(PolicyDecisionPointServer::new(PdpService::new(
-            engine.clone(),
-        )))
-        .add_service(ManifestPinsServer::new(PinsService::new(engine.clone())))
-        .add_service(ApprovalsServer::new(ApprovalsService::new(engine.clone())))
-        .add_service(ResourcesServer::new(ResourcesService::new(engine)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await;
+        .add_service(
+            PolicyDecisionPointServer::new(PdpService::new(engine.clone()))
+                .max_decoding_message_size(limit),
+        )
+        .add_service(
+            ManifestPinsServer::new(PinsService::new(engine.clone()))
+                .max_decoding_message_size(limit),
+        )
+        .add_service(
+            ApprovalsServer::new(ApprovalsService::new(engine.clone()))
+                .max_decoding_message_size(limit),
+        )
+        .add_service(
+            ResourcesServer::new(ResourcesService::new(engine)).max_decoding_message_size(limit),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stopped());
+    let grace = settings.shutdown_grace;
+    let grace_over = {
+        let stopped = stopped();
+        async move {
+            stopped.await;
+            tokio::time::sleep(grace).await;
+        }
+    };
+    let result = tokio::select! {
+        result = served => result.map_err(ServeError::from),
+        () = grace_over => {
+            tracing::warn!(grace_seconds = grace.as_secs(), "grace period over; closing the calls still open");
+            Ok(())
+        }
+    };
     sweeper.abort();
-    served?;
-    Ok(())
+    if let Some(metrics_server) = metrics_server
+        && let Ok(Err(error)) = metrics_server.await
+    {
+        tracing::warn!(%error, "metrics listener failed");
+    }
+    result
 }
-
-/// How often expired approvals are swept when nothing else touches them.
-pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn sweep_periodically(engine: Engine) {
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);

@@ -29,6 +29,7 @@ pub fn repo_path(relative: &str) -> PathBuf {
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
     pub channel: Channel,
     pub clock: ManualClock,
     pub engine: Engine,
@@ -52,16 +53,36 @@ impl TestServer {
     }
 
     pub async fn start_with(policy: Policy) -> TestServer {
+        TestServer::start_with_options(policy, false).await
+    }
+
+    /// Starts a server, with a metrics listener on `127.0.0.1:0` when asked.
+    pub async fn start_with_options(policy: Policy, with_metrics: bool) -> TestServer {
         let clock = ManualClock::starting_at(EPOCH);
         let engine = Engine::new(policy, Arc::new(clock.clone()));
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
+        let metrics_listener = match with_metrics {
+            true => Some(
+                TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind loopback"),
+            ),
+            false => None,
+        };
+        let metrics_addr = metrics_listener
+            .as_ref()
+            .map(|listener| listener.local_addr().expect("local addr"));
         let (shutdown, shutdown_signal) = oneshot::channel::<()>();
         let server_engine = engine.clone();
+        let listeners = toolgate::server::Listeners {
+            grpc: listener,
+            metrics: metrics_listener,
+        };
         let handle = tokio::spawn(async move {
-            toolgate::server::serve(listener, server_engine, async {
+            toolgate::server::serve_with(listeners, server_engine, async {
                 let _ = shutdown_signal.await;
             })
             .await
@@ -74,6 +95,7 @@ impl TestServer {
             .expect("connect to test server");
         TestServer {
             addr,
+            metrics_addr,
             channel,
             clock,
             engine,

@@ -1,0 +1,164 @@
+// A toolgate host in Node.js: Decide, wait for a reviewer, Dispatch.
+//
+//   cd examples/node && npm ci
+//   node examples/node/host.mjs --server 127.0.0.1:50051 [--session node-s1] [--timeout 30]
+//
+// against `toolgate serve --config examples/tickets.toml`. The host proposes
+// set_ticket lamp -> done at version 0, asks Decide; on REQUIRE_APPROVAL it
+// prints `waiting approval_id=<id>` and asks Decide again with the same
+// proposal every 100 ms (same call id and fingerprint: it costs nothing) until
+// a reviewer granted it (ALLOW `approved`) or denied it, then commits it with
+// Dispatch and prints the receipt. Output lines and exit status are those of
+// examples/python/host.py: 0 when committed, 1 on any other outcome, 2 on bad
+// usage.
+//
+// The .proto is loaded at run time with @grpc/proto-loader from ../../proto;
+// google/protobuf/timestamp.proto resolves from the well-known types bundled
+// with protobufjs. keepCase keeps the proto field names (`call_id`), enums
+// arrive as their names, and every 64-bit integer (`version`) is a decimal
+// string both ways.
+
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+
+import grpc from "@grpc/grpc-js";
+import protoLoader from "@grpc/proto-loader";
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const PROTO_ROOT = path.resolve(HERE, "..", "..", "proto");
+const ACTOR = "learner";
+const WORKSPACE = "desk";
+const POLL_MS = 100;
+const RPC_TIMEOUT_MS = 5000;
+const ID_PATTERN = /^[A-Za-z][A-Za-z0-9_-]{0,36}$/;
+
+class HostError extends Error {}
+
+function usage(message) {
+  process.stderr.write(
+    `usage: node host.mjs --server HOST:PORT [--session SESSION_ID] [--timeout SECONDS]\nhost.mjs: ${message}\n`,
+  );
+  process.exit(2);
+}
+
+function parse() {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      options: {
+        server: { type: "string" },
+        session: { type: "string", default: "node-s1" },
+        timeout: { type: "string", default: "30" },
+      },
+      strict: true,
+    }));
+  } catch (error) {
+    usage(error.message);
+  }
+  if (!values.server) usage("--server is required");
+  // Call ids are `<session>-<n>` and must fit the 40-character id pattern.
+  if (!ID_PATTERN.test(values.session)) {
+    usage("--session must match [A-Za-z][A-Za-z0-9_-]* and have at most 37 characters");
+  }
+  const timeout = Number(values.timeout);
+  if (!(timeout > 0)) usage("--timeout must be a positive number of seconds");
+  return { server: values.server, session: values.session, timeoutMs: timeout * 1000 };
+}
+
+function loadPdp(server) {
+  const definition = protoLoader.loadSync("toolgate/v1/toolgate.proto", {
+    includeDirs: [PROTO_ROOT],
+    keepCase: true,
+    longs: String,
+    enums: String,
+    defaults: true,
+  });
+  const { toolgate } = grpc.loadPackageDefinition(definition);
+  return new toolgate.v1.PolicyDecisionPoint(server, grpc.credentials.createInsecure());
+}
+
+function unary(client, method, request) {
+  return new Promise((resolve, reject) => {
+    client[method](request, { deadline: Date.now() + RPC_TIMEOUT_MS }, (error, response) =>
+      error ? reject(error) : resolve(response),
+    );
+  });
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const emit = (line) => process.stdout.write(`${line}\n`);
+const outcomeName = (outcome) => outcome.replace(/^OUTCOME_/, "");
+
+async function waitUntilDecided(pdp, request, first, timeoutMs) {
+  emit(`waiting approval_id=${first.approval_id}`);
+  const deadline = Date.now() + timeoutMs;
+  let waitingFor = first.approval_id;
+  let answer = first;
+  while (answer.outcome === "OUTCOME_REQUIRE_APPROVAL") {
+    if (answer.approval_id !== waitingFor) {
+      // The request expired and Decide opened a new one: a reviewer must look again.
+      waitingFor = answer.approval_id;
+      emit(`waiting approval_id=${waitingFor}`);
+    }
+    if (Date.now() >= deadline) {
+      throw new HostError(`no reviewer decided approval ${waitingFor} within ${timeoutMs / 1000} s`);
+    }
+    await sleep(POLL_MS);
+    answer = await unary(pdp, "Decide", request);
+  }
+  return answer;
+}
+
+async function run({ server, session: sessionId, timeoutMs }) {
+  const pdp = loadPdp(server);
+  try {
+    const session = { actor: ACTOR, session_id: sessionId, workspace: WORKSPACE };
+    const callId = `${sessionId}-1`;
+    const argumentsJson = JSON.stringify({ ticket: "lamp", status: "done" });
+    const proposal = {
+      call_id: callId,
+      actor: ACTOR,
+      name: "set_ticket",
+      version: "0",
+      arguments_json: argumentsJson,
+    };
+    emit(`propose call_id=${callId} tool=set_ticket version=${proposal.version} arguments=${argumentsJson}`);
+    const request = { session, proposal };
+    let answer = await unary(pdp, "Decide", request);
+    emit(`decide call_id=${callId} outcome=${outcomeName(answer.outcome)} reason=${answer.reason}`);
+    if (answer.outcome === "OUTCOME_REQUIRE_APPROVAL") {
+      answer = await waitUntilDecided(pdp, request, answer, timeoutMs);
+      emit(`decide call_id=${callId} outcome=${outcomeName(answer.outcome)} reason=${answer.reason}`);
+    }
+    if (answer.outcome !== "OUTCOME_ALLOW") {
+      throw new HostError(`${callId} may not run: ${answer.reason} (${answer.message})`);
+    }
+
+    const result = await unary(pdp, "Dispatch", request);
+    if (result.status !== "DISPATCH_STATUS_OK") {
+      throw new HostError(`${callId} was not committed: ${result.status} ${result.reason} (${result.message})`);
+    }
+    emit(
+      `receipt call_id=${callId} resource=${result.resource} receipt_id=${result.receipt_id}` +
+        ` version=${result.version} replayed=${result.replayed} value=${result.value_json}`,
+    );
+  } finally {
+    pdp.close();
+  }
+}
+
+const options = parse();
+try {
+  await run(options);
+  emit("done");
+} catch (error) {
+  if (error instanceof HostError) {
+    process.stderr.write(`host: ${error.message}\n`);
+  } else if (error && typeof error.code === "number" && error.details !== undefined) {
+    process.stderr.write(`host: ${grpc.status[error.code]}: ${error.details}\n`);
+  } else {
+    process.stderr.write(`host: ${error && error.stack ? error.stack : error}\n`);
+  }
+  process.exitCode = 1;
+}

@@ -1,0 +1,392 @@
+//! Prometheus metrics: RPC latency by method and status code, decisions by
+//! outcome and reason, dispatches by status, ledger transitions, load shed,
+//! and, computed at scrape time, pending approvals, sessions, receipts and
+//! the policy revision.
+//!
+//! Each server owns its own recorder (nothing global), and every handle the
+//! hot path touches is registered up front, so recording is an atomic
+//! update on a handle found in an immutable map: no lock is taken.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use metrics::{Counter, Histogram, Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use tokio::net::TcpListener;
+use tower::{Layer, Service};
+
+use crate::engine::Engine;
+
+/// Every RPC toolgate serves, as `service/method` labels.
+pub const METHODS: [&str; 18] = [
+    "toolgate.v1.PolicyDecisionPoint/Decide",
+    "toolgate.v1.PolicyDecisionPoint/Dispatch",
+    "toolgate.v1.PolicyDecisionPoint/AssessManifest",
+    "toolgate.v1.PolicyDecisionPoint/GetSession",
+    "toolgate.v1.Approvals/GetApproval",
+    "toolgate.v1.Approvals/ListApprovals",
+    "toolgate.v1.Approvals/GrantApproval",
+    "toolgate.v1.Approvals/DenyApproval",
+    "toolgate.v1.Approvals/RevokeApproval",
+    "toolgate.v1.Approvals/WatchApprovals",
+    "toolgate.v1.ManifestPins/PinManifest",
+    "toolgate.v1.ManifestPins/ListPins",
+    "toolgate.v1.ManifestPins/RemovePin",
+    "toolgate.v1.Resources/GetResource",
+    "grpc.health.v1.Health/Check",
+    "grpc.health.v1.Health/Watch",
+    "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "other",
+];
+
+/// gRPC status code names, indexed by code.
+const CODES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// Every (outcome, reason) a decision can have.
+pub const DECISIONS: [(&str, &str); 15] = [
+    ("allow", "allowed"),
+    ("allow", "approved"),
+    ("deny", "forbidden"),
+    ("deny", "unknown-tool"),
+    ("deny", "forbidden-tool"),
+    ("deny", "not-authorized"),
+    ("deny", "manifest-unverified"),
+    ("deny", "call-id-conflict"),
+    ("deny", "decision-budget"),
+    ("deny", "tool-budget"),
+    ("deny", "session-expired"),
+    ("deny", "approval-denied"),
+    ("require_approval", "approval-required"),
+    ("require_approval", "approval-threshold-exceeded"),
+    ("deny", "other"),
+];
+
+/// Every Dispatch status (as `DispatchStatus::as_str`).
+pub const DISPATCH_STATUSES: [&str; 9] = [
+    "ok",
+    "forbidden",
+    "unknown-tool",
+    "denied",
+    "call-id-conflict",
+    "stale-version",
+    "approval-required",
+    "missing-resource",
+    "log-full",
+];
+
+/// Ledger transitions (audit event names).
+pub const TRANSITIONS: [&str; 6] = [
+    "tool_call_require_approval",
+    "approval_granted",
+    "approval_denied",
+    "approval_revoked",
+    "approval_expired",
+    "approval_consumed",
+];
+
+/// Latency buckets in seconds: 50 µs to 5 s.
+const BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0,
+];
+
+/// The registered handles.
+pub struct Metrics {
+    handle: PrometheusHandle,
+    rpc_latency: HashMap<(&'static str, i32), Histogram>,
+    decisions: HashMap<(&'static str, &'static str), Counter>,
+    dispatches: HashMap<&'static str, Counter>,
+    transitions: HashMap<&'static str, Counter>,
+    load_shed: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn key(name: &'static str, labels: &[(&'static str, &'static str)]) -> Key {
+    let labels: Vec<Label> = labels
+        .iter()
+        .map(|(key, value)| Label::new(*key, *value))
+        .collect();
+    Key::from_parts(name, labels)
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let builder = PrometheusBuilder::new();
+        // The buckets are valid constants; without them latency falls back to a summary.
+        let builder = match builder.set_buckets(&BUCKETS) {
+            Ok(with_buckets) => with_buckets,
+            Err(_) => PrometheusBuilder::new(),
+        };
+        let recorder: PrometheusRecorder = builder.build_recorder();
+        let metadata = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let mut rpc_latency = HashMap::new();
+        for method in METHODS {
+            for (code, name) in CODES.iter().enumerate() {
+                let histogram = recorder.register_histogram(
+                    &key(
+                        "toolgate_rpc_duration_seconds",
+                        &[("method", method), ("code", name)],
+                    ),
+                    &metadata,
+                );
+                rpc_latency.insert((method, code as i32), histogram);
+            }
+        }
+        let decisions = DECISIONS
+            .iter()
+            .map(|&(outcome, reason)| {
+                let counter = recorder.register_counter(
+                    &key(
+                        "toolgate_decisions_total",
+                        &[("outcome", outcome), ("reason", reason)],
+                    ),
+                    &metadata,
+                );
+                ((outcome, reason), counter)
+            })
+            .collect();
+        let dispatches = DISPATCH_STATUSES
+            .iter()
+            .map(|&status| {
+                let counter = recorder.register_counter(
+                    &key("toolgate_dispatches_total", &[("status", status)]),
+                    &metadata,
+                );
+                (status, counter)
+            })
+            .collect();
+        let transitions = TRANSITIONS
+            .iter()
+            .map(|&event| {
+                let counter = recorder.register_counter(
+                    &key("toolgate_approval_transitions_total", &[("event", event)]),
+                    &metadata,
+                );
+                (event, counter)
+            })
+            .collect();
+        let load_shed = recorder.register_counter(&key("toolgate_load_shed_total", &[]), &metadata);
+        Arc::new(Metrics {
+            handle: recorder.handle(),
+            rpc_latency,
+            decisions,
+            dispatches,
+            transitions,
+            load_shed,
+        })
+    }
+
+    pub fn decision(&self, outcome: &'static str, reason: &'static str) {
+        let counter = self
+            .decisions
+            .get(&(outcome, reason))
+            .or_else(|| self.decisions.get(&("deny", "other")));
+        if let Some(counter) = counter {
+            counter.increment(1);
+        }
+    }
+
+    pub fn dispatch(&self, status: &'static str) {
+        if let Some(counter) = self.dispatches.get(status) {
+            counter.increment(1);
+        }
+    }
+
+    pub fn transition(&self, event: &'static str) {
+        if let Some(counter) = self.transitions.get(event) {
+            counter.increment(1);
+        }
+    }
+
+    pub fn load_shed(&self) {
+        self.load_shed.increment(1);
+    }
+
+    fn rpc(&self, method: &'static str, code: i32, seconds: f64) {
+        let histogram = self
+            .rpc_latency
+            .get(&(method, code))
+            .or_else(|| self.rpc_latency.get(&("other", code)));
+        if let Some(histogram) = histogram {
+            histogram.record(seconds);
+        }
+    }
+
+    /// The exposition text: recorded metrics plus gauges read from the engine now.
+    pub fn render(&self, engine: &Engine) -> String {
+        let mut text = self.handle.render();
+        if let Ok(stats) = engine.stats() {
+            let gauges = [
+                (
+                    "toolgate_approvals_pending",
+                    "Pending approval requests.",
+                    stats.pending_approvals,
+                ),
+                (
+                    "toolgate_approvals",
+                    "Approval records held (all statuses).",
+                    stats.approvals,
+                ),
+                ("toolgate_sessions", "Agent sessions held.", stats.sessions),
+                (
+                    "toolgate_receipts",
+                    "Receipts in the receipt log.",
+                    stats.receipts,
+                ),
+                (
+                    "toolgate_api_pins",
+                    "Manifest pins made through the API.",
+                    stats.api_pins,
+                ),
+            ];
+            for (name, help, value) in gauges {
+                let _ = writeln!(
+                    text,
+                    "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+                );
+            }
+        }
+        let revision = engine.policy().revision.clone();
+        let _ = writeln!(
+            text,
+            "# HELP toolgate_policy_info The policy in force.\n# TYPE toolgate_policy_info gauge\ntoolgate_policy_info{{revision=\"{revision}\"}} 1"
+        );
+        text
+    }
+}
+
+/// Serves `GET /metrics` on its own listener until `shutdown` resolves.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let text = metrics.render(&engine);
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+            }
+        }),
+    );
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+fn method_label(path: &str) -> &'static str {
+    let trimmed = path.trim_start_matches('/');
+    METHODS
+        .iter()
+        .find(|method| **method == trimmed)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// The status code of a response: `grpc-status` in the headers (errors are
+/// trailers-only responses), OK otherwise (it then comes in the trailers).
+pub fn response_code<B>(response: &http::Response<B>) -> i32 {
+    response
+        .headers()
+        .get("grpc-status")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Records every call's latency (to its response headers) by method and code.
+#[derive(Debug, Clone)]
+pub struct MetricsLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl MetricsLayer {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        MetricsLayer { metrics }
+    }
+}
+
+impl<S> Layer<S> for MetricsLayer {
+    type Service = MetricsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        MetricsService {
+            inner,
+            metrics: Arc::clone(&self.metrics),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MetricsService<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for MetricsService<S>
+where
+    S: Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
+    S::Future: Send + 'static,
+    ResponseBody: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(context)
+    }
+
+    fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
+        let method = method_label(request.uri().path());
+        let metrics = Arc::clone(&self.metrics);
+        let started = Instant::now();
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let result = future.await;
+            let code = match &result {
+                Ok(response) => response_code(response),
+                Err(_) => 2,
+            };
+            metrics.rpc(method, code, started.elapsed().as_secs_f64());
+            result
+        })
+    }
+}
