@@ -859,7 +859,16 @@ fn effect_name(effect: &Effect) -> String {
         Effect::Set {
             resource_argument,
             value_argument,
+            resources: None,
         } => format!("set({resource_argument} = {value_argument})"),
+        Effect::Set {
+            resource_argument,
+            value_argument,
+            resources: Some(resources),
+        } => format!(
+            "set({resource_argument} = {value_argument}; only {})",
+            resources.join(", ")
+        ),
         Effect::Append { resource } => format!("append({resource})"),
     }
 }
@@ -870,10 +879,12 @@ fn effect_json(effect: &Effect) -> serde_json::Value {
         Effect::Set {
             resource_argument,
             value_argument,
+            resources,
         } => serde_json::json!({
             "kind": "set",
             "resource_argument": resource_argument,
             "value_argument": value_argument,
+            "resources": resources,
         }),
         Effect::Append { resource } => {
             serde_json::json!({ "kind": "append", "resource": resource })

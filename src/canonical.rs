@@ -654,19 +654,21 @@ fn write_value<S: Sink>(value: &Value, out: &mut S) {
             }
             out.put("]");
         }
-        Value::Object(obj) => {
-            out.put("{");
-            for (i, (k, v)) in obj.members.iter().enumerate() {
-                if i > 0 {
-                    out.put(",");
-                }
-                write_string(k, out);
-                out.put(":");
-                write_value(v, out);
-            }
-            out.put("}");
-        }
+        Value::Object(obj) => write_object(obj, out),
     }
+}
+
+fn write_object<S: Sink>(obj: &Object, out: &mut S) {
+    out.put("{");
+    for (i, (k, v)) in obj.members.iter().enumerate() {
+        if i > 0 {
+            out.put(",");
+        }
+        write_string(k, out);
+        out.put(":");
+        write_value(v, out);
+    }
+    out.put("}");
 }
 
 /// `true` for bytes printed verbatim inside a canonical string.
@@ -967,6 +969,77 @@ impl fmt::Display for Fingerprint {
     }
 }
 
+/// Fingerprints an object whose members the caller supplies one by one, in
+/// sorted key order, without building it: the canonical text goes straight
+/// into the hasher. Used for the proposal envelope on every call.
+pub struct ObjectHasher {
+    sink: HashSink,
+    members: usize,
+    #[cfg(debug_assertions)]
+    last_key: String,
+}
+
+impl Default for ObjectHasher {
+    fn default() -> Self {
+        ObjectHasher::new()
+    }
+}
+
+impl ObjectHasher {
+    pub fn new() -> Self {
+        let mut sink = HashSink(Sha256::new());
+        sink.put("{");
+        ObjectHasher {
+            sink,
+            members: 0,
+            #[cfg(debug_assertions)]
+            last_key: String::new(),
+        }
+    }
+
+    fn key(&mut self, key: &str) {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(
+                self.members == 0 || self.last_key.as_str() < key,
+                "members must come in sorted key order"
+            );
+            self.last_key = key.to_string();
+        }
+        if self.members > 0 {
+            self.sink.put(",");
+        }
+        self.members += 1;
+        write_string(key, &mut self.sink);
+        self.sink.put(":");
+    }
+
+    pub fn member(&mut self, key: &str, value: &Value) {
+        self.key(key);
+        write_value(value, &mut self.sink);
+    }
+
+    pub fn member_object(&mut self, key: &str, object: &Object) {
+        self.key(key);
+        write_object(object, &mut self.sink);
+    }
+
+    pub fn member_str(&mut self, key: &str, text: &str) {
+        self.key(key);
+        write_string(text, &mut self.sink);
+    }
+
+    pub fn member_u64(&mut self, key: &str, number: u64) {
+        self.key(key);
+        write_number(&Number::Int(i128::from(number)), &mut self.sink);
+    }
+
+    pub fn finish(mut self) -> Fingerprint {
+        self.sink.put("}");
+        Fingerprint(self.sink.0.finalize().into())
+    }
+}
+
 /// SHA-256 of the canonical form of `value`.
 pub fn fingerprint(value: &Value) -> Fingerprint {
     let mut sink = HashSink(Sha256::new());
@@ -1077,6 +1150,18 @@ impl From<Vec<Value>> for Value {
     fn from(items: Vec<Value>) -> Self {
         Value::Array(items)
     }
+}
+
+/// An object as a serde_json object (for JSON Schema validation), without
+/// cloning it into a `Value` first.
+pub fn object_to_serde_json(object: &Object) -> serde_json::Value {
+    serde_json::Value::Object(
+        object
+            .members
+            .iter()
+            .map(|(key, value)| (key.clone(), to_serde_json(value)))
+            .collect(),
+    )
 }
 
 /// For JSON Schema validation by another crate: exact conversion (Int -> serde_json integer, Float -> f64 number).

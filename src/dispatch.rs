@@ -186,6 +186,7 @@ pub fn target(effect: &Effect, arguments: &Object) -> Result<Target, String> {
         Effect::Set {
             resource_argument,
             value_argument,
+            resources,
         } => {
             let resource = match arguments.get(resource_argument) {
                 Some(Value::String(name)) => name.clone(),
@@ -196,6 +197,11 @@ pub fn target(effect: &Effect, arguments: &Object) -> Result<Target, String> {
                 }
                 None => return Err(format!("argument {resource_argument:?} is missing")),
             };
+            if let Some(allowed) = resources
+                && !allowed.contains(&resource)
+            {
+                return Err(format!("{resource:?} is not a resource this tool may set"));
+            }
             let value = arguments
                 .get(value_argument)
                 .cloned()

@@ -110,10 +110,12 @@ pub enum Effect {
     /// Receipt only: the host performs the side effect itself.
     None,
     /// The resource named by argument `resource_argument` becomes the value
-    /// of argument `value_argument`.
+    /// of argument `value_argument`; only the listed `resources` when the
+    /// policy lists them (so a ticket tool cannot overwrite the outbox).
     Set {
         resource_argument: String,
         value_argument: String,
+        resources: Option<Vec<String>>,
     },
     /// An object built from the arguments is pushed onto list `resource`.
     Append { resource: String },
@@ -388,6 +390,8 @@ struct RawEffect {
     resource_argument: Option<String>,
     value_argument: Option<String>,
     resource: Option<String>,
+    /// For `set`: the resources it may change (all when absent).
+    resources: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -792,6 +796,7 @@ fn effect(
             if raw.resource.is_some()
                 || raw.resource_argument.is_some()
                 || raw.value_argument.is_some()
+                || raw.resources.is_some()
             {
                 return Err(loader.error(key, "effect \"none\" takes no other keys"));
             }
@@ -812,9 +817,21 @@ fn effect(
                     "effect \"set\" names its resource by resource_argument",
                 ));
             }
+            if let Some(resources) = &raw.resources {
+                if let Some(unknown) = resources
+                    .iter()
+                    .find(|name| !state.resources.contains_key(*name))
+                {
+                    return Err(loader.error(
+                        format!("{key}.resources"),
+                        format!("no state resource {unknown:?}"),
+                    ));
+                }
+            }
             Ok(Effect::Set {
                 resource_argument,
                 value_argument,
+                resources: raw.resources,
             })
         }
         "append" => {
@@ -836,7 +853,10 @@ fn effect(
                     ));
                 }
             }
-            if raw.resource_argument.is_some() || raw.value_argument.is_some() {
+            if raw.resource_argument.is_some()
+                || raw.value_argument.is_some()
+                || raw.resources.is_some()
+            {
                 return Err(loader.error(key, "effect \"append\" takes only resource"));
             }
             Ok(Effect::Append { resource })

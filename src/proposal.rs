@@ -1,7 +1,7 @@
 //! The proposal envelope and the trusted session (SPEC §2), and the policy
 //! checks that Decide and Dispatch share (SPEC §4 steps 2–5, §6 steps 2–3).
 
-use crate::canonical::{self, Fingerprint, Number, Object, Value};
+use crate::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
 use crate::error::{Error, Result};
 use crate::ids::check_identifier;
 use crate::policy::{ActorProfile, ApprovalRule, Mode, Policy, Tool};
@@ -81,16 +81,14 @@ impl Proposal {
             }
             Err(error) => return Err(Error::invalid("arguments_json", error.to_string())),
         };
-        let mut envelope = Object::new();
-        envelope.insert("call_id", Value::from(call_id.as_str()));
-        envelope.insert("actor", Value::from(actor.as_str()));
-        envelope.insert("name", Value::from(name.as_str()));
-        envelope.insert("version", Value::Number(Number::Int(i128::from(version))));
-        envelope.insert("arguments", Value::Object(arguments));
-        let fingerprint = canonical::fingerprint(&Value::Object(envelope.clone()));
-        let Some(Value::Object(arguments)) = envelope.remove("arguments") else {
-            return Err(Error::Internal("proposal arguments vanished".into()));
-        };
+        // Exactly the five keys, in sorted order, hashed as they are written.
+        let mut envelope = ObjectHasher::new();
+        envelope.member_str("actor", &actor);
+        envelope.member_object("arguments", &arguments);
+        envelope.member_str("call_id", &call_id);
+        envelope.member_str("name", &name);
+        envelope.member_u64("version", version);
+        let fingerprint = envelope.finish();
         Ok(Proposal {
             call_id,
             actor,
@@ -191,7 +189,7 @@ pub fn screen<'p>(policy: &'p Policy, session: &SessionRef, proposal: &Proposal)
 /// SPEC §4 step 5: arguments against the tool's input schema. The error
 /// names the argument path (`proposal.arguments.amount`) and the rule.
 pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {
-    let instance = canonical::to_serde_json(&Value::Object(arguments.clone()));
+    let instance = canonical::object_to_serde_json(arguments);
     match tool.input_schema.iter_errors(&instance).next() {
         None => Ok(()),
         Some(error) => {

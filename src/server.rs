@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tower::ServiceBuilder;
 
@@ -171,7 +171,12 @@ pub async fn serve_with(
         .add_service(
             ResourcesServer::new(ResourcesService::new(engine)).max_decoding_message_size(limit),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stopped());
+        // TCP_NODELAY: replies are small; without it Nagle's algorithm and
+        // delayed ACKs hold many of them back for ~40 ms.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            stopped(),
+        );
     let grace = settings.shutdown_grace;
     let grace_over = {
         let stopped = stopped();
