@@ -11,6 +11,7 @@ use std::sync::Arc;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
 use toolgate::audit;
@@ -34,20 +35,27 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat) {
+/// Logs go to stderr through a background writer, so a Decide never waits
+/// for a `write` system call. It is not lossy: when its buffer is full,
+/// callers wait rather than drop audit events. The guard flushes at exit.
+fn init_tracing(format: LogFormat) -> WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    guard
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    init_tracing(args.log_format);
+    let _flush_logs_at_exit = init_tracing(args.log_format);
     let policy = match &args.config {
         Some(path) => Policy::load(path),
         None => Policy::embedded_default(),
