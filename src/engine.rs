@@ -213,35 +213,26 @@ impl Engine {
         if let Some(metrics) = self.metrics() {
             metrics.dispatch(dispatched.status.as_str());
         }
-        if dispatched.status == DispatchStatus::Ok {
-            audit!(
-                "tool_call_dispatched",
-                replayed = dispatched.replayed,
-                fingerprint = %dispatched.fingerprint,
-                receipt_id = %dispatched.receipt_id.map(|id| id.to_string()).unwrap_or_default(),
-                version = result.map_or(0, |result| result.version),
-                resource = result.and_then(|result| result.resource.as_deref()).unwrap_or(""),
-                actor = %session.actor,
-                session_id = %session.session_id,
-                tool = %proposal.name,
-                call_id = %proposal.call_id,
-                approval_id = %dispatched.approval_id.map(|id| id.to_string()).unwrap_or_default(),
-                policy_revision = %policy.revision,
-            );
-        } else {
-            audit!(
-                "dispatch_refused",
-                status = dispatched.status.as_str(),
-                reason = dispatched.reason,
-                fingerprint = %dispatched.fingerprint,
-                actor = %session.actor,
-                session_id = %session.session_id,
-                tool = %proposal.name,
-                call_id = %proposal.call_id,
-                approval_id = %dispatched.approval_id.map(|id| id.to_string()).unwrap_or_default(),
-                policy_revision = %policy.revision,
-            );
-        }
+        let event = match dispatched.status {
+            DispatchStatus::Ok => "tool_call_dispatched",
+            _ => "dispatch_refused",
+        };
+        audit!(
+            event,
+            status = dispatched.status.as_str(),
+            reason = dispatched.reason,
+            replayed = dispatched.replayed,
+            fingerprint = %dispatched.fingerprint,
+            receipt_id = %dispatched.receipt_id.map(|id| id.to_string()).unwrap_or_default(),
+            version = result.map_or(0, |result| result.version),
+            resource = result.and_then(|result| result.resource.as_deref()).unwrap_or(""),
+            actor = %session.actor,
+            session_id = %session.session_id,
+            tool = %proposal.name,
+            call_id = %proposal.call_id,
+            approval_id = %dispatched.approval_id.map(|id| id.to_string()).unwrap_or_default(),
+            policy_revision = %policy.revision,
+        );
         Ok((dispatched, policy.revision.clone()))
     }
 

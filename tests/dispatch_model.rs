@@ -12,22 +12,13 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::net::TcpSocket;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
 
-use common::{EPOCH, authed, session};
-use toolgate::clock::ManualClock;
-use toolgate::engine::Engine;
+use common::{EPOCH, TestServer, authed, session};
 use toolgate::pb;
-use toolgate::pb::approvals_client::ApprovalsClient;
-use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 use toolgate::policy::Policy;
 
 const TICKETS: &str = "examples/tickets.toml";
@@ -66,68 +57,6 @@ const INVALID_ARGUMENTS: [&str; 5] = [
     r#"{"ticket":"lamp"}"#,
     r#"{"recipient":"bob","text":"hi"}"#,
 ];
-
-/// A real toolgate server on `127.0.0.1:0`, like `common::TestServer`, but
-/// on a listening socket with `TCP_NODELAY`, which the accepted connection
-/// inherits. `serve` leaves Nagle's algorithm on for accepted connections,
-/// and with the client's delayed ACKs many replies then wait ~40 ms: this
-/// test's thousands of sequential calls would take minutes instead of
-/// seconds. Nothing else differs from the shared harness.
-struct Server {
-    channel: Channel,
-    clock: ManualClock,
-    engine: Engine,
-    shutdown: oneshot::Sender<()>,
-    handle: JoinHandle<()>,
-}
-
-impl Server {
-    async fn start(policy: Policy) -> Server {
-        let clock = ManualClock::starting_at(EPOCH);
-        let engine = Engine::new(policy, Arc::new(clock.clone()));
-        let socket = TcpSocket::new_v4().expect("socket");
-        socket.set_nodelay(true).expect("nodelay");
-        socket
-            .bind("127.0.0.1:0".parse().expect("loopback"))
-            .expect("bind loopback");
-        let listener = socket.listen(64).expect("listen");
-        let addr = listener.local_addr().expect("local addr");
-        let (shutdown, shutdown_signal) = oneshot::channel::<()>();
-        let server_engine = engine.clone();
-        let handle = tokio::spawn(async move {
-            toolgate::server::serve(listener, server_engine, async move {
-                let _ = shutdown_signal.await;
-            })
-            .await
-            .expect("server runs");
-        });
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect to test server");
-        Server {
-            channel,
-            clock,
-            engine,
-            shutdown,
-            handle,
-        }
-    }
-
-    fn pdp(&self) -> PolicyDecisionPointClient<Channel> {
-        PolicyDecisionPointClient::new(self.channel.clone())
-    }
-
-    fn approvals(&self) -> ApprovalsClient<Channel> {
-        ApprovalsClient::new(self.channel.clone())
-    }
-
-    async fn stop(self) {
-        let _ = self.shutdown.send(());
-        self.handle.await.expect("server task ends cleanly");
-    }
-}
 
 /// splitmix64: small, seedable and good enough to choose steps.
 struct Rng(u64);
@@ -871,7 +800,7 @@ struct Run {
     seed: u64,
     step: usize,
     rng: Rng,
-    server: Server,
+    server: TestServer,
     model: Model,
     pool: Vec<Entry>,
     committed: Vec<Call>,
@@ -1617,7 +1546,7 @@ async fn run(seed: u64, steps: usize, small_log: Option<(usize, u64)>) -> BTreeM
         seed,
         step: 0,
         rng: Rng(seed),
-        server: Server::start(policy).await,
+        server: TestServer::start_with(policy).await,
         model: Model::new(capacity, retention_seconds * 1000),
         pool: Vec::new(),
         committed: Vec::new(),
