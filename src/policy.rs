@@ -817,16 +817,16 @@ fn effect(
                     "effect \"set\" names its resource by resource_argument",
                 ));
             }
-            if let Some(resources) = &raw.resources {
-                if let Some(unknown) = resources
-                    .iter()
-                    .find(|name| !state.resources.contains_key(*name))
-                {
-                    return Err(loader.error(
-                        format!("{key}.resources"),
-                        format!("no state resource {unknown:?}"),
-                    ));
-                }
+            if let Some(unknown) = raw
+                .resources
+                .iter()
+                .flatten()
+                .find(|name| !state.resources.contains_key(*name))
+            {
+                return Err(loader.error(
+                    format!("{key}.resources"),
+                    format!("no state resource {unknown:?}"),
+                ));
             }
             Ok(Effect::Set {
                 resource_argument,

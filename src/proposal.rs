@@ -1,6 +1,8 @@
 //! The proposal envelope and the trusted session (SPEC §2), and the policy
 //! checks that Decide and Dispatch share (SPEC §4 steps 2–5, §6 steps 2–3).
 
+use jsonschema::error::ValidationErrorKind;
+
 use crate::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
 use crate::error::{Error, Result};
 use crate::ids::check_identifier;
@@ -190,24 +192,59 @@ pub fn screen<'p>(policy: &'p Policy, session: &SessionRef, proposal: &Proposal)
 /// names the argument path (`proposal.arguments.amount`) and the rule.
 pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {
     let instance = canonical::object_to_serde_json(arguments);
-    match tool.input_schema.iter_errors(&instance).next() {
-        None => Ok(()),
-        Some(error) => {
-            let mut field = String::from("proposal.arguments");
-            for segment in error.instance_path().as_str().split('/').skip(1) {
-                let segment = segment.replace("~1", "/").replace("~0", "~");
-                if !segment.is_empty() && segment.bytes().all(|byte| byte.is_ascii_digit()) {
-                    field.push_str(&format!("[{segment}]"));
-                } else {
-                    field.push('.');
-                    field.push_str(&segment);
-                }
-            }
-            Err(Error::invalid(
-                field,
-                format!("fails the input schema of {:?}: {error}", tool.name),
-            ))
+    let Some(error) = tool.input_schema.iter_errors(&instance).next() else {
+        return Ok(());
+    };
+    let mut field = String::from("proposal.arguments");
+    for segment in error.instance_path().as_str().split('/').skip(1) {
+        let segment = segment.replace("~1", "/").replace("~0", "~");
+        if !segment.is_empty() && segment.bytes().all(|byte| byte.is_ascii_digit()) {
+            field.push_str(&format!("[{segment}]"));
+        } else {
+            field.push('.');
+            field.push_str(&segment);
         }
+    }
+    // The message names the rule, never the offending value: values may be
+    // sensitive and arbitrarily large (the answer must fit in a header).
+    let mut rule = format!(
+        "fails the input schema of {:?}: `{}` at {}",
+        tool.name,
+        error.kind().keyword(),
+        error.schema_path().as_str()
+    );
+    match error.kind() {
+        ValidationErrorKind::AdditionalProperties { unexpected } => {
+            let shown: Vec<String> = unexpected
+                .iter()
+                .take(5)
+                .map(|name| truncated(name, 40))
+                .collect();
+            rule.push_str(&format!(" (unexpected: {}", shown.join(", ")));
+            if unexpected.len() > shown.len() {
+                rule.push_str(&format!(" and {} more", unexpected.len() - shown.len()));
+            }
+            rule.push(')');
+        }
+        ValidationErrorKind::Required { property } => {
+            rule.push_str(&format!(
+                " (missing: {})",
+                truncated(&property.to_string(), 40)
+            ));
+        }
+        _ => {}
+    }
+    Err(Error::invalid(truncated(&field, MAX_FIELD_PATH_LEN), rule))
+}
+
+/// Longest field path echoed in an error.
+const MAX_FIELD_PATH_LEN: usize = 200;
+
+/// At most `max` characters of `text`, marked when cut.
+fn truncated(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
     }
 }
 

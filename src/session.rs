@@ -36,6 +36,23 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session that has decided nothing yet.
+    pub fn new(session: &SessionRef, now: Timestamp) -> Self {
+        Session {
+            session_id: session.session_id.clone(),
+            actor: session.actor.clone(),
+            workspace: session.workspace.clone(),
+            started_at: now,
+            last_seen: now,
+            decided: HashMap::new(),
+            decisions: 0,
+            tool_attempts: 0,
+            executed_tools: 0,
+            executed_cost: 0,
+            stopped_reason: None,
+        }
+    }
+
     pub fn work_units(&self, decision_cost: u64) -> u64 {
         self.decisions
             .saturating_mul(decision_cost)
@@ -102,34 +119,33 @@ impl Sessions {
     ) -> Result<&mut Session> {
         self.check_binding(session)?;
         if !self.sessions.contains_key(&session.session_id) {
-            if self.sessions.len() >= limits.max_sessions {
-                self.evict_idle(now, limits);
-            }
-            if self.sessions.len() >= limits.max_sessions {
-                return Err(Error::ResourceExhausted(format!(
-                    "the session table holds its maximum of {} sessions",
-                    limits.max_sessions
-                )));
-            }
+            self.check_room(now, limits)?;
         }
         let entry = self
             .sessions
             .entry(session.session_id.clone())
-            .or_insert_with(|| Session {
-                session_id: session.session_id.clone(),
-                actor: session.actor.clone(),
-                workspace: session.workspace.clone(),
-                started_at: now,
-                last_seen: now,
-                decided: HashMap::new(),
-                decisions: 0,
-                tool_attempts: 0,
-                executed_tools: 0,
-                executed_cost: 0,
-                stopped_reason: None,
-            });
+            .or_insert_with(|| Session::new(session, now));
         entry.last_seen = now;
         Ok(entry)
+    }
+
+    /// Room for one more session: idle sessions are evicted when the table
+    /// is full; still full is RESOURCE_EXHAUSTED.
+    pub fn check_room(&mut self, now: Timestamp, limits: &Limits) -> Result<()> {
+        if self.sessions.len() >= limits.max_sessions {
+            self.evict_idle(now, limits);
+        }
+        if self.sessions.len() >= limits.max_sessions {
+            return Err(Error::ResourceExhausted(format!(
+                "the session table holds its maximum of {} sessions",
+                limits.max_sessions
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn get_mut(&mut self, session_id: &str) -> Option<&mut Session> {
+        self.sessions.get_mut(session_id)
     }
 
     /// Drops sessions idle for longer than the policy's TTL.

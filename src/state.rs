@@ -238,9 +238,18 @@ impl State {
         }
         // Step 5: the input schema.
         schema?;
-        // Step 6: the session budget.
+        // Step 6: the session budget. A new session is only checked here and
+        // made at the end, once nothing can refuse the call any more.
         let is_tool_call = tool.mode == Mode::Execute;
-        let session = self.sessions.open(session_ref, now, &policy.limits)?;
+        let fresh;
+        let session = match self.sessions.get(&session_ref.session_id) {
+            Some(existing) => existing,
+            None => {
+                self.sessions.check_room(now, &policy.limits)?;
+                fresh = Session::new(session_ref, now);
+                &fresh
+            }
+        };
         let budget = session::check_budget(
             session,
             admitted.profile,
@@ -250,7 +259,9 @@ impl State {
             now,
         );
         if let BudgetCheck::Refused(reason) = budget {
-            if reason != "call-id-conflict" {
+            if reason != "call-id-conflict"
+                && let Some(session) = self.sessions.get_mut(&session_ref.session_id)
+            {
                 session.stopped_reason.get_or_insert(reason);
             }
             let message = match reason {
@@ -315,8 +326,8 @@ impl State {
                 }
             }
         };
+        let session = self.sessions.open(session_ref, now, &policy.limits)?;
         if budget == BudgetCheck::NewCall {
-            let session = self.sessions.open(session_ref, now, &policy.limits)?;
             session::charge(
                 session,
                 &proposal.call_id,

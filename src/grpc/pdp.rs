@@ -84,8 +84,17 @@ impl PolicyDecisionPoint for PdpService {
         let caller = Caller::require(&request, CredentialKind::Host)?;
         let session_id = request.into_inner().session_id;
         crate::ids::check_identifier("session_id", &session_id)?;
-        let (session, decision_cost) = self.engine.session(&session_id)?;
-        may_assert(&caller, &session.actor)?;
+        // A session of an actor this host may not assert is reported exactly
+        // like a missing one: the answer must not reveal that it exists.
+        let not_found = || Status::not_found(format!("no session {session_id:?} for this host"));
+        let (session, decision_cost) = match self.engine.session(&session_id) {
+            Ok(found) => found,
+            Err(crate::error::Error::NotFound(_)) => return Err(not_found()),
+            Err(other) => return Err(other.into()),
+        };
+        if !caller.may_assert(&session.actor) {
+            return Err(not_found());
+        }
         Ok(Response::new(session_info(session, decision_cost)))
     }
 }

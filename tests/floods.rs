@@ -1,0 +1,961 @@
+//! Floods over real gRPC: many concurrent callers on several HTTP/2
+//! connections push sessions, pending approvals and receipts past their caps.
+//! The caps hold exactly (RESOURCE_EXHAUSTED, or the Dispatch status
+//! LOG_FULL for receipts), refused calls store nothing, and once the test
+//! clock passes the idle time, the pending TTL or the receipt retention,
+//! eviction and expiry make room again. Two memory bounds: a flood of 20,000
+//! refused requests with ~10 KB arguments, and a WatchApprovals client that
+//! never reads while thousands of ledger transitions happen, each grow the
+//! process's resident set (the server runs in this test process) by less
+//! than a stated budget.
+//!
+//! The tests of this file run one at a time (`SERIAL`) so that one test's
+//! allocations never show in another's RSS measurement.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::Duration;
+
+use common::{TestServer, authed, proposal, session};
+use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use toolgate::pb;
+use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
+
+const ALICE: &str = "alice-secret";
+
+const MAX_SESSIONS: usize = 50;
+const SESSION_IDLE_SECONDS: u64 = 600;
+const MAX_PENDING_PER_ACTOR: usize = 5;
+const MAX_PENDING_TOTAL: usize = 20;
+const MAX_APPROVAL_RECORDS: usize = 40;
+const PENDING_TTL_SECONDS: u64 = 300;
+const RECEIPT_CAPACITY: usize = 10;
+const RECEIPT_RETENTION_SECONDS: u64 = 120;
+const ACTORS: usize = 8;
+const RESOURCES: usize = 100;
+
+/// How much the resident set may grow during 20,000 refused requests with
+/// ~10 KB arguments (~200 MB of request data). Nothing of a refused request
+/// is kept, so the growth is allocator slack and connection buffers: a few
+/// MiB. 64 MiB is far below what keeping even a third of the arguments
+/// would cost, and far above the noise of glibc's per-thread arenas.
+const REFUSED_FLOOD_RSS_BUDGET: u64 = 64 * 1024 * 1024;
+
+/// How much the resident set may grow while a watcher that never reads sits
+/// through 12,000 ledger transitions of ~8 KB approvals (~100 MB if they
+/// were queued for it). What is legitimately held: the broadcast buffer
+/// (`WATCH_BUFFER` = 1024 events ≈ 9 MB), the ledger (40 records ≈ 0.4 MB),
+/// the session's decided call ids (~0.5 MB), HTTP/2 windows, allocator slack.
+const SLOW_WATCHER_RSS_BUDGET: u64 = 48 * 1024 * 1024;
+
+/// One test at a time: RSS is a property of the whole process.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn policy() -> String {
+    let mut text = format!(
+        r#"
+[limits]
+max_sessions = {MAX_SESSIONS}
+session_idle_seconds = {SESSION_IDLE_SECONDS}
+max_pending_per_actor = {MAX_PENDING_PER_ACTOR}
+max_pending_total = {MAX_PENDING_TOTAL}
+max_approval_records = {MAX_APPROVAL_RECORDS}
+approval_retention_seconds = 3600
+pending_ttl_seconds = {PENDING_TTL_SECONDS}
+receipt_capacity = {RECEIPT_CAPACITY}
+receipt_retention_seconds = {RECEIPT_RETENTION_SECONDS}
+
+[server]
+max_concurrent_requests = 4096
+
+[profiles.agent]
+roles = ["agent"]
+
+[tools.look]
+mode = "read"
+roles = ["agent"]
+input_schema = {{ type = "object", additionalProperties = false, properties = {{ q = {{ type = "string", maxLength = 64 }}, pad = {{ type = "string" }} }} }}
+
+[tools.ask]
+mode = "execute"
+roles = ["agent"]
+approval = "always"
+approvers = ["rev"]
+input_schema = {{ type = "object", additionalProperties = false, properties = {{ n = {{ type = "integer" }}, pad = {{ type = "string" }} }} }}
+
+[tools.commit]
+mode = "execute"
+roles = ["agent"]
+effect = {{ kind = "set", resource_argument = "target", value_argument = "value" }}
+input_schema = {{ type = "object", required = ["target", "value"], additionalProperties = false, properties = {{ target = {{ type = "string" }}, value = {{ type = "string" }} }} }}
+
+[reviewers.alice]
+roles = ["rev"]
+workspaces = ["*"]
+
+[[credentials]]
+kind = "reviewer"
+identity = "alice"
+sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
+
+[state]
+version_scope = "resource"
+
+[state.resources]
+"#
+    );
+    for index in 0..RESOURCES {
+        text.push_str(&format!("r{index:03} = \"v0\"\n"));
+    }
+    for index in 0..ACTORS {
+        text.push_str(&format!("[actors.a{index}]\nprofile = \"agent\"\n"));
+    }
+    text
+}
+
+fn actor(index: usize) -> String {
+    format!("a{}", index % ACTORS)
+}
+
+/// Several HTTP/2 connections, so that callers do not share one.
+async fn connections(server: &TestServer, count: usize) -> Vec<Channel> {
+    let mut channels = Vec::new();
+    for _ in 0..count {
+        channels.push(
+            Endpoint::from_shared(format!("http://{}", server.addr))
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect"),
+        );
+    }
+    channels
+}
+
+/// Runs every task at once and returns their results in order.
+async fn all<T, F>(tasks: Vec<F>) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let mut set = JoinSet::new();
+    for (index, task) in tasks.into_iter().enumerate() {
+        set.spawn(async move { (index, task.await) });
+    }
+    let mut results: Vec<(usize, T)> = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        results.push(joined.expect("task"));
+    }
+    results.sort_by_key(|(index, _)| *index);
+    results.into_iter().map(|(_, result)| result).collect()
+}
+
+async fn decide_on(
+    channel: Channel,
+    session: pb::Session,
+    proposal: pb::Proposal,
+) -> Result<pb::DecideResponse, tonic::Status> {
+    PolicyDecisionPointClient::new(channel)
+        .decide(pb::DecideRequest {
+            session: Some(session),
+            proposal: Some(proposal),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+async fn dispatch_on(
+    channel: Channel,
+    session: pb::Session,
+    proposal: pb::Proposal,
+) -> Result<pb::DispatchResponse, tonic::Status> {
+    PolicyDecisionPointClient::new(channel)
+        .dispatch(pb::DispatchRequest {
+            session: Some(session),
+            proposal: Some(proposal),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Counts results by gRPC code (OK for answers).
+fn codes<T>(results: &[Result<T, tonic::Status>]) -> HashMap<Code, usize> {
+    let mut counts = HashMap::new();
+    for result in results {
+        let code = match result {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        *counts.entry(code).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn stats(server: &TestServer) -> toolgate::state::Stats {
+    server.engine.stats().expect("stats")
+}
+
+/// The process's resident set, from /proc/self/status.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .expect("VmRSS line");
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("VmRSS in kB");
+    kib * 1024
+}
+
+fn look(call_id: &str, actor: &str) -> pb::Proposal {
+    proposal(call_id, actor, "look", 0, r#"{"q":"x"}"#)
+}
+
+fn ask(call_id: &str, actor: &str, n: usize) -> pb::Proposal {
+    proposal(call_id, actor, "ask", 0, &format!(r#"{{"n":{n}}}"#))
+}
+
+async fn session_exists(server: &TestServer, session_id: &str) -> bool {
+    match server
+        .pdp()
+        .get_session(pb::GetSessionRequest {
+            session_id: session_id.into(),
+        })
+        .await
+    {
+        Ok(_) => true,
+        Err(status) if status.code() == Code::NotFound => false,
+        Err(status) => panic!("GetSession: {status:?}"),
+    }
+}
+
+/// One Decide per new session id, all at once, on `channels`.
+async fn session_wave(
+    channels: &[Channel],
+    prefix: &str,
+    count: usize,
+) -> (Vec<String>, HashMap<Code, usize>) {
+    let tasks = (0..count)
+        .map(|index| {
+            let channel = channels[index % channels.len()].clone();
+            let session_id = format!("{prefix}{index}");
+            let actor = actor(index);
+            async move {
+                let answer = decide_on(
+                    channel,
+                    session(&actor, &session_id, "w"),
+                    look("c1", &actor),
+                )
+                .await;
+                (session_id, answer)
+            }
+        })
+        .collect();
+    let results: Vec<(String, Result<pb::DecideResponse, tonic::Status>)> = all(tasks).await;
+    let mut opened = Vec::new();
+    for (session_id, answer) in &results {
+        match answer {
+            Ok(answer) => {
+                assert_eq!(answer.reason, "allowed", "{answer:?}");
+                opened.push(session_id.clone());
+            }
+            Err(status) => assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}"),
+        }
+    }
+    let answers: Vec<_> = results.into_iter().map(|(_, answer)| answer).collect();
+    (opened, codes(&answers))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_cap_holds_under_a_flood_and_idle_sessions_make_room() {
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start(&policy()).await;
+    let channels = connections(&server, 4).await;
+
+    // 10× the cap, all at once, from 500 callers on 4 connections.
+    let (first, counts) = session_wave(&channels, "s", 10 * MAX_SESSIONS).await;
+    assert_eq!(first.len(), MAX_SESSIONS, "{counts:?}");
+    assert_eq!(counts[&Code::ResourceExhausted], 9 * MAX_SESSIONS);
+    assert_eq!(stats(&server).sessions, MAX_SESSIONS);
+
+    // One session stays active half-way through the idle time; the others
+    // go idle for the whole of it and are evicted to make room.
+    let keep = first[0].clone();
+    let keep_actor = server
+        .pdp()
+        .get_session(pb::GetSessionRequest {
+            session_id: keep.clone(),
+        })
+        .await
+        .expect("session")
+        .into_inner()
+        .actor;
+    server
+        .clock
+        .advance(Duration::from_secs(SESSION_IDLE_SECONDS / 2));
+    let again = server
+        .decide_ok(
+            "",
+            &session(&keep_actor, &keep, "w"),
+            &look("c1", &keep_actor),
+        )
+        .await;
+    assert_eq!(again.reason, "allowed");
+    server
+        .clock
+        .advance(Duration::from_secs(SESSION_IDLE_SECONDS / 2));
+
+    let (second, counts) = session_wave(&channels, "t", 10 * MAX_SESSIONS).await;
+    assert_eq!(second.len(), MAX_SESSIONS - 1, "{counts:?}");
+    assert_eq!(stats(&server).sessions, MAX_SESSIONS);
+    assert!(
+        session_exists(&server, &keep).await,
+        "an active session is kept"
+    );
+    assert!(
+        !session_exists(&server, &first[1]).await,
+        "an idle session is evicted"
+    );
+    server.stop().await;
+}
+
+/// A wave of approval requests: `per_actor` new proposals for each of
+/// `actors`, all at once. Returns the approval ids made and the codes.
+async fn pending_wave(
+    channels: &[Channel],
+    wave: &str,
+    actors: std::ops::Range<usize>,
+    per_actor: usize,
+) -> (Vec<(String, String)>, HashMap<Code, usize>) {
+    let mut tasks = Vec::new();
+    for actor_index in actors {
+        for index in 0..per_actor {
+            let channel = channels[(actor_index + index) % channels.len()].clone();
+            let actor = actor(actor_index);
+            let call_id = format!("{wave}-{index}");
+            tasks.push(async move {
+                let answer = decide_on(
+                    channel,
+                    session(&actor, &format!("p-{actor}"), "w"),
+                    ask(&call_id, &actor, index),
+                )
+                .await;
+                (actor, answer)
+            });
+        }
+    }
+    let results = all(tasks).await;
+    let mut made = Vec::new();
+    for (actor, answer) in &results {
+        match answer {
+            Ok(answer) => {
+                assert_eq!(
+                    (answer.outcome(), answer.reason.as_str()),
+                    (pb::Outcome::RequireApproval, "approval-required"),
+                    "{answer:?}"
+                );
+                made.push((actor.clone(), answer.approval_id.clone()));
+            }
+            Err(status) => assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}"),
+        }
+    }
+    let answers: Vec<_> = results.into_iter().map(|(_, answer)| answer).collect();
+    (made, codes(&answers))
+}
+
+fn per_actor(made: &[(String, String)]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for (actor, _) in made {
+        *counts.entry(actor.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pending_caps_hold_under_a_flood_and_expiry_and_eviction_make_room() {
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start(&policy()).await;
+    let channels = connections(&server, 4).await;
+
+    // One actor, 12× its cap at once: exactly its cap is made.
+    let (made, counts) = pending_wave(&channels, "w1", 0..1, 12 * MAX_PENDING_PER_ACTOR).await;
+    assert_eq!(made.len(), MAX_PENDING_PER_ACTOR, "{counts:?}");
+    let info = server
+        .pdp()
+        .get_session(pb::GetSessionRequest {
+            session_id: "p-a0".into(),
+        })
+        .await
+        .expect("session")
+        .into_inner();
+    assert_eq!(
+        info.decisions, MAX_PENDING_PER_ACTOR as u64,
+        "refused requests are not charged"
+    );
+
+    // Seven more actors, 20 each at once: the total cap binds.
+    let (more, counts) = pending_wave(&channels, "w1", 1..ACTORS, 20).await;
+    assert_eq!(
+        more.len(),
+        MAX_PENDING_TOTAL - MAX_PENDING_PER_ACTOR,
+        "{counts:?}"
+    );
+    assert!(
+        per_actor(&more)
+            .values()
+            .all(|count| *count <= MAX_PENDING_PER_ACTOR)
+    );
+    let after = stats(&server);
+    assert_eq!(after.pending_approvals, MAX_PENDING_TOTAL);
+    assert_eq!(after.approvals, MAX_PENDING_TOTAL, "refusals store nothing");
+    let first_wave: Vec<String> = made.iter().chain(&more).map(|(_, id)| id.clone()).collect();
+    assert_eq!(
+        first_wave.iter().collect::<HashSet<_>>().len(),
+        MAX_PENDING_TOTAL
+    );
+
+    // At the cap, a proposal that is already pending still gets its request.
+    let pending = server
+        .get_approval(ALICE, &made[0].1)
+        .await
+        .expect("pending");
+    let index: usize = pending
+        .call_id
+        .trim_start_matches("w1-")
+        .parse()
+        .expect("call id");
+    let repeat = server
+        .decide_ok(
+            "",
+            &session(&pending.actor, &pending.session_id, "w"),
+            &ask(&pending.call_id, &pending.actor, index),
+        )
+        .await;
+    assert_eq!(repeat.outcome(), pb::Outcome::RequireApproval);
+    assert_eq!(repeat.approval_id, made[0].1);
+
+    // Past the pending TTL every request expires and the caps free up.
+    server
+        .clock
+        .advance(Duration::from_secs(PENDING_TTL_SECONDS));
+    let (second, counts) = pending_wave(&channels, "w2", 0..ACTORS, 20).await;
+    assert_eq!(second.len(), MAX_PENDING_TOTAL, "{counts:?}");
+    assert!(
+        per_actor(&second)
+            .values()
+            .all(|count| *count <= MAX_PENDING_PER_ACTOR)
+    );
+    let after = stats(&server);
+    assert_eq!(after.pending_approvals, MAX_PENDING_TOTAL);
+    assert_eq!(after.approvals, MAX_APPROVAL_RECORDS);
+    let expired = server
+        .get_approval(ALICE, &first_wave[0])
+        .await
+        .expect("kept while there is room");
+    assert_eq!(expired.status(), pb::ApprovalStatus::Expired);
+
+    // Again: the record cap is reached, so the oldest finished records are
+    // evicted to make room; live ones never are.
+    server
+        .clock
+        .advance(Duration::from_secs(PENDING_TTL_SECONDS));
+    let (third, counts) = pending_wave(&channels, "w3", 0..ACTORS, 20).await;
+    assert_eq!(third.len(), MAX_PENDING_TOTAL, "{counts:?}");
+    let after = stats(&server);
+    assert_eq!(after.approvals, MAX_APPROVAL_RECORDS);
+    assert_eq!(after.pending_approvals, MAX_PENDING_TOTAL);
+    for id in &first_wave {
+        let status = server
+            .get_approval(ALICE, id)
+            .await
+            .expect_err("evicted for room");
+        assert_eq!(status.code(), Code::NotFound);
+    }
+    for (_, id) in &second {
+        assert_eq!(
+            server.get_approval(ALICE, id).await.expect("kept").status(),
+            pb::ApprovalStatus::Expired
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_at_the_pending_cap_opens_no_session() {
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start(&policy()).await;
+    for index in 0..MAX_PENDING_PER_ACTOR {
+        let answer = server
+            .decide_ok(
+                "",
+                &session("a0", "p-a0", "w"),
+                &ask(&format!("c{index}"), "a0", index),
+            )
+            .await;
+        assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    }
+    let before = stats(&server);
+    let status = server
+        .decide("", &session("a0", "fresh", "w"), &ask("c-new", "a0", 99))
+        .await
+        .expect_err("over the per-actor cap");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(
+        stats(&server),
+        before,
+        "README: past the caps Decide creates nothing"
+    );
+    assert!(!session_exists(&server, "fresh").await);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_receipt_log_cap_holds_under_a_flood_and_retention_makes_room() {
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start(&policy()).await;
+    let channels = connections(&server, 4).await;
+    let commit = |index: usize| {
+        let actor = actor(index);
+        (
+            session(&actor, &format!("d-{actor}"), "w"),
+            proposal(
+                &format!("d{index}"),
+                &actor,
+                "commit",
+                0,
+                &format!(r#"{{"target":"r{index:03}","value":"v{index}"}}"#),
+            ),
+        )
+    };
+    let wave = |indexes: Vec<usize>| {
+        let tasks: Vec<_> = indexes
+            .into_iter()
+            .map(|index| {
+                let channel = channels[index % channels.len()].clone();
+                let (session, proposal) = commit(index);
+                async move { (index, dispatch_on(channel, session, proposal).await) }
+            })
+            .collect();
+        all(tasks)
+    };
+    let split = |results: Vec<(usize, Result<pb::DispatchResponse, tonic::Status>)>| {
+        let mut committed = Vec::new();
+        let mut full = Vec::new();
+        for (index, result) in results {
+            let result = result.expect("Dispatch answers");
+            match result.status() {
+                pb::DispatchStatus::Ok => {
+                    assert!(!result.replayed);
+                    committed.push(index);
+                }
+                pb::DispatchStatus::LogFull => {
+                    assert_eq!(result.reason, "log-full");
+                    assert!(result.receipt_id.is_empty());
+                    full.push(index);
+                }
+                other => panic!("unexpected {other:?}: {result:?}"),
+            }
+        }
+        (committed, full)
+    };
+
+    // 10× the capacity at once, each to its own resource: exactly the
+    // capacity commits, the rest is LOG_FULL and changes nothing.
+    let (committed, full) = split(wave((0..RESOURCES).collect()).await);
+    assert_eq!(committed.len(), RECEIPT_CAPACITY);
+    assert_eq!(full.len(), RESOURCES - RECEIPT_CAPACITY);
+    assert_eq!(stats(&server).receipts, RECEIPT_CAPACITY);
+    let mut resources = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    for index in 0..RESOURCES {
+        let resource = resources
+            .get_resource(authed(
+                pb::GetResourceRequest {
+                    name: format!("r{index:03}"),
+                },
+                ALICE,
+            ))
+            .await
+            .expect("resource")
+            .into_inner();
+        let expected = match committed.contains(&index) {
+            true => (format!("\"v{index}\""), 1),
+            false => ("\"v0\"".to_string(), 0),
+        };
+        assert_eq!(
+            (resource.value_json, resource.version),
+            expected,
+            "r{index:03}"
+        );
+    }
+
+    // A full log still replays what it holds.
+    let (session0, proposal0) = commit(committed[0]);
+    let replay = dispatch_on(server.channel.clone(), session0, proposal0.clone())
+        .await
+        .expect("replay");
+    assert_eq!(
+        (replay.status(), replay.replayed),
+        (pb::DispatchStatus::Ok, true)
+    );
+
+    // Within retention nothing is evicted.
+    server
+        .clock
+        .advance(Duration::from_secs(RECEIPT_RETENTION_SECONDS - 1));
+    let (none, _) = split(wave(full.clone()).await);
+    assert!(none.is_empty(), "young receipts are never evicted");
+
+    // Past retention old receipts make room: again exactly the capacity.
+    server.clock.advance(Duration::from_secs(1));
+    let (later, still_full) = split(wave(full.clone()).await);
+    assert_eq!(later.len(), RECEIPT_CAPACITY);
+    assert_eq!(still_full.len(), full.len() - RECEIPT_CAPACITY);
+    assert_eq!(stats(&server).receipts, RECEIPT_CAPACITY);
+
+    // An evicted receipt does not allow a second commit: the resource moved on.
+    let (session0, _) = commit(committed[0]);
+    let again = dispatch_on(server.channel.clone(), session0, proposal0)
+        .await
+        .expect("answer");
+    assert_eq!(
+        again.status(),
+        pb::DispatchStatus::StaleVersion,
+        "{again:?}"
+    );
+    assert_eq!(again.version, 1);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_pin_cap_holds_under_a_flood() {
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start(&policy()).await;
+    let channels = connections(&server, 4).await;
+    let max = toolgate::state::MAX_API_PINS;
+    let pin = |channel: Channel, server_id: String| async move {
+        pb::manifest_pins_client::ManifestPinsClient::new(channel)
+            .pin_manifest(authed(
+                pb::PinManifestRequest {
+                    manifest: Some(pb::Manifest {
+                        server_id,
+                        revision: "1".into(),
+                        tools: vec![],
+                    }),
+                    expected_fingerprint: String::new(),
+                },
+                ALICE,
+            ))
+            .await
+            .map(tonic::Response::into_inner)
+    };
+    let tasks: Vec<_> = (0..max + max / 4)
+        .map(|index| {
+            let server_id = format!("srv-{index}");
+            let pinned = pin(channels[index % channels.len()].clone(), server_id.clone());
+            async move { (server_id, pinned.await) }
+        })
+        .collect();
+    let results = all(tasks).await;
+    let pinned: Vec<String> = results
+        .iter()
+        .filter(|(_, result)| result.is_ok())
+        .map(|(server_id, _)| server_id.clone())
+        .collect();
+    let answers: Vec<_> = results.into_iter().map(|(_, result)| result).collect();
+    let counts = codes(&answers);
+    assert_eq!(pinned.len(), max, "{counts:?}");
+    assert_eq!(counts.get(&Code::ResourceExhausted), Some(&(max / 4)));
+    assert_eq!(stats(&server).api_pins, max);
+
+    // At the cap: re-pinning a pinned server replaces its pin (no room
+    // needed); a new server is refused; removing a pin makes room.
+    pin(server.channel.clone(), pinned[0].clone())
+        .await
+        .expect("re-pin");
+    let status = pin(server.channel.clone(), "srv-new".into())
+        .await
+        .expect_err("no room");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    pb::manifest_pins_client::ManifestPinsClient::new(server.channel.clone())
+        .remove_pin(authed(
+            pb::RemovePinRequest {
+                server_id: pinned[1].clone(),
+            },
+            ALICE,
+        ))
+        .await
+        .expect("remove");
+    pin(server.channel.clone(), "srv-new".into())
+        .await
+        .expect("room again");
+    assert_eq!(stats(&server).api_pins, max);
+    server.stop().await;
+}
+
+/// ~10 KB of padding.
+fn pad() -> String {
+    "p".repeat(10 * 1024)
+}
+
+/// One refused request of kind `index % 5` with ~10 KB arguments and a
+/// call id never used before; returns the gRPC code and the DENY reason.
+async fn refused(channel: Channel, index: usize, pad: &str) -> (Code, String) {
+    let actor = actor(index);
+    let session = session(&actor, &format!("rss-{actor}"), "w");
+    let call_id = format!("x{index}");
+    let proposal = match index % 5 {
+        // Schema: `q` must be a string (small error message, big arguments).
+        0 => proposal(
+            &call_id,
+            &actor,
+            "look",
+            0,
+            &format!(r#"{{"q":{index},"pad":"{pad}"}}"#),
+        ),
+        // Unknown tool.
+        1 => proposal(
+            &call_id,
+            &actor,
+            "exfiltrate",
+            0,
+            &format!(r#"{{"pad":"{pad}"}}"#),
+        ),
+        // A new approval request at the full pending caps.
+        2 => proposal(
+            &call_id,
+            &actor,
+            "ask",
+            0,
+            &format!(r#"{{"n":{index},"pad":"{pad}"}}"#),
+        ),
+        // Duplicate keys.
+        3 => proposal(
+            &call_id,
+            &actor,
+            "look",
+            0,
+            &format!(r#"{{"pad":"{pad}","pad":"x"}}"#),
+        ),
+        // The proposal claims another actor.
+        _ => proposal(
+            &call_id,
+            "a-other",
+            "look",
+            0,
+            &format!(r#"{{"pad":"{pad}"}}"#),
+        ),
+    };
+    match decide_on(channel, session, proposal).await {
+        Ok(answer) => (Code::Ok, answer.reason),
+        Err(status) => (status.code(), String::new()),
+    }
+}
+
+async fn refused_flood(
+    channels: &[Channel],
+    start: usize,
+    count: usize,
+) -> HashMap<(Code, String), usize> {
+    const WORKERS: usize = 32;
+    let tasks: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            let channel = channels[worker % channels.len()].clone();
+            async move {
+                let pad = pad();
+                let mut counts: HashMap<(Code, String), usize> = HashMap::new();
+                let mut index = start + worker;
+                while index < start + count {
+                    *counts
+                        .entry(refused(channel.clone(), index, &pad).await)
+                        .or_insert(0) += 1;
+                    index += WORKERS;
+                }
+                counts
+            }
+        })
+        .collect();
+    let mut total = HashMap::new();
+    for counts in all(tasks).await {
+        for (key, count) in counts {
+            *total.entry(key).or_insert(0) += count;
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refused_requests_keeps_memory_bounded() {
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start(&policy()).await;
+    let channels = connections(&server, 4).await;
+    // Fill the pending caps (from the flood's own sessions, so that refused
+    // requests at the cap never need a new session).
+    for index in 0..MAX_PENDING_TOTAL {
+        let actor = actor(index);
+        let answer = server
+            .decide_ok(
+                "",
+                &session(&actor, &format!("rss-{actor}"), "w"),
+                &ask(&format!("fill{index}"), &actor, index),
+            )
+            .await;
+        assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    }
+    let before_stats = stats(&server);
+
+    // Warm up connections, buffers and allocator arenas, then measure.
+    refused_flood(&channels, 0, 2_000).await;
+    let baseline = rss_bytes();
+    let total = 20_000;
+    let counts = refused_flood(&channels, 1_000_000, total).await;
+    let grown = rss_bytes().saturating_sub(baseline);
+    eprintln!(
+        "refused flood: RSS {} MiB -> grew {:.1} MiB (budget {} MiB)",
+        baseline / (1024 * 1024),
+        grown as f64 / (1024.0 * 1024.0),
+        REFUSED_FLOOD_RSS_BUDGET / (1024 * 1024)
+    );
+
+    let fifth = total / 5;
+    let expected: HashMap<(Code, String), usize> = [
+        ((Code::InvalidArgument, String::new()), 2 * fifth),
+        ((Code::Ok, "unknown-tool".to_string()), fifth),
+        ((Code::ResourceExhausted, String::new()), fifth),
+        ((Code::Ok, "forbidden".to_string()), fifth),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(counts, expected);
+    assert_eq!(
+        stats(&server),
+        before_stats,
+        "refused requests store nothing"
+    );
+    assert!(
+        grown < REFUSED_FLOOD_RSS_BUDGET,
+        "RSS grew {grown} bytes over a flood of refused requests (budget {REFUSED_FLOOD_RSS_BUDGET})"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_never_reads_does_not_grow_memory() {
+    let _serial = SERIAL.lock().await;
+    let server = TestServer::start(&policy()).await;
+    // A watcher on a connection with small HTTP/2 windows that subscribes
+    // and then reads nothing until the end.
+    let small_windows = Endpoint::from_shared(format!("http://{}", server.addr))
+        .expect("endpoint")
+        .initial_stream_window_size(Some(16 * 1024))
+        .initial_connection_window_size(Some(16 * 1024))
+        .connect()
+        .await
+        .expect("connect");
+    let mut stalled = pb::approvals_client::ApprovalsClient::new(small_windows)
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
+        .await
+        .expect("watch")
+        .into_inner();
+    let channels = connections(&server, 4).await;
+
+    // Request + deny cycles: two ledger transitions each, ~8 KB approvals,
+    // the pending caps never reached (one cycle in flight per actor).
+    let cycles = |start: usize, count: usize| {
+        let tasks: Vec<_> = (0..ACTORS)
+            .map(|worker| {
+                let channel = channels[worker % channels.len()].clone();
+                async move {
+                    let actor = actor(worker);
+                    let pad = "q".repeat(8 * 1024);
+                    let session = session(&actor, &format!("watch-{actor}"), "w");
+                    let mut pdp = PolicyDecisionPointClient::new(channel.clone());
+                    let mut approvals = pb::approvals_client::ApprovalsClient::new(channel);
+                    let mut index = start + worker;
+                    while index < start + count {
+                        let answer = pdp
+                            .decide(pb::DecideRequest {
+                                session: Some(session.clone()),
+                                proposal: Some(proposal(
+                                    &format!("c{index}"),
+                                    &actor,
+                                    "ask",
+                                    0,
+                                    &format!(r#"{{"n":{index},"pad":"{pad}"}}"#),
+                                )),
+                            })
+                            .await
+                            .expect("decide")
+                            .into_inner();
+                        assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+                        approvals
+                            .deny_approval(authed(
+                                pb::DenyApprovalRequest {
+                                    approval_id: answer.approval_id,
+                                    reason: "flood".into(),
+                                },
+                                ALICE,
+                            ))
+                            .await
+                            .expect("deny");
+                        index += ACTORS;
+                    }
+                }
+            })
+            .collect();
+        all(tasks)
+    };
+
+    // Warm up: fills the broadcast buffer and the ledger to their caps.
+    let warm_up = 1_200;
+    cycles(0, warm_up).await;
+    let baseline = rss_bytes();
+    let measured = 6_000;
+    cycles(warm_up, measured).await;
+    let grown = rss_bytes().saturating_sub(baseline);
+    eprintln!(
+        "slow watcher: RSS {} MiB -> grew {:.1} MiB over {} transitions (budget {} MiB)",
+        baseline / (1024 * 1024),
+        grown as f64 / (1024.0 * 1024.0),
+        2 * measured,
+        SLOW_WATCHER_RSS_BUDGET / (1024 * 1024)
+    );
+    assert!(stats(&server).approvals <= MAX_APPROVAL_RECORDS);
+    assert!(
+        grown < SLOW_WATCHER_RSS_BUDGET,
+        "RSS grew {grown} bytes while a watcher did not read (budget {SLOW_WATCHER_RSS_BUDGET})"
+    );
+
+    // When it reads, the watcher learns that it fell behind, and by how much.
+    let total = 2 * (warm_up + measured) as u64;
+    let (mut seen, mut lagged) = (0u64, 0u64);
+    while seen + lagged < total {
+        let event = tokio::time::timeout(Duration::from_secs(30), stalled.next())
+            .await
+            .expect("the watcher gets its events")
+            .expect("stream open")
+            .expect("event");
+        if event.kind() == pb::ApprovalEventKind::Lagged {
+            assert!(event.approval.is_none());
+            lagged += event.lagged;
+        } else {
+            seen += 1;
+        }
+    }
+    assert_eq!(seen + lagged, total);
+    assert!(lagged > 0, "a watcher {total} events behind must be told");
+    assert!(
+        seen <= toolgate::engine::WATCH_BUFFER as u64 + 64,
+        "the watcher got {seen} events: more than the buffer was kept for it"
+    );
+    server.stop().await;
+}
