@@ -314,6 +314,12 @@ impl Engine {
     /// approvals, receipts) is kept.
     pub fn replace_policy(&self, policy: Policy) {
         let revision = policy.revision.clone();
+        if policy.server != self.policy().server {
+            tracing::warn!(
+                policy_revision = %revision,
+                "[server] settings changed; they apply at the next start, not on reload"
+            );
+        }
         if let Ok(mut state) = self.state() {
             state.adopt_policy(&policy);
         }
