@@ -21,6 +21,7 @@
 //! - [`server`]: assembles services, health and reflection; `serve`.
 //! - [`cli`]: the command line (`serve`, `canonical`, `fingerprint`, `manifest`).
 //! - [`admin`]: the reviewer/operator clients (`approvals`, `pins`, `resource`) and `check-config`.
+//! - `fuzzing` (hidden): the fuzz harnesses shared by `tests/fuzz/` and `tests/fuzz_regressions.rs`.
 //! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
 #![forbid(unsafe_code)]
 // Server code never unwraps what a client can influence; tests may.
@@ -35,6 +36,8 @@ pub mod clock;
 pub mod dispatch;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod ids;
 pub mod ledger;

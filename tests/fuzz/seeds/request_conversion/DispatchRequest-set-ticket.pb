@@ -1,0 +1,5 @@
+
+
+learners1desk<
+c1learner
+set_ticket*!{"ticket":"lamp","status":"done"}
