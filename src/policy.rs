@@ -749,7 +749,8 @@ fn tool(
         Some(toml::Value::String(text)) => serde_json::from_str(&text).map_err(|error| {
             loader.error(format!("{key}.input_schema"), format!("not JSON: {error}"))
         })?,
-        Some(value) => toml_to_json(&value),
+        Some(value) => toml_to_json(&value)
+            .map_err(|error| loader.error(format!("{key}.input_schema"), error))?,
     };
     if !schema_json.is_object() {
         return Err(loader.error(
@@ -875,7 +876,7 @@ fn state_policy(loader: &Loader<'_>, raw: RawState) -> Result<StatePolicy, Polic
         if name.is_empty() || name.len() > 64 {
             return Err(loader.error(key, "resource names are 1 to 64 characters"));
         }
-        let json = toml_to_json(&value);
+        let json = toml_to_json(&value).map_err(|error| loader.error(&key, error))?;
         let text =
             serde_json::to_string(&json).map_err(|error| loader.error(&key, error.to_string()))?;
         let value =
@@ -972,25 +973,42 @@ fn pins(
 }
 
 /// TOML has no null and distinguishes integers from floats like JSON does.
-fn toml_to_json(value: &toml::Value) -> serde_json::Value {
-    match value {
+/// `nan` and `inf` have no JSON form: refused (with the path below the key),
+/// never turned into something else.
+fn toml_to_json(value: &toml::Value) -> Result<serde_json::Value, String> {
+    Ok(match value {
         toml::Value::String(text) => serde_json::Value::String(text.clone()),
         toml::Value::Integer(number) => serde_json::Value::from(*number),
-        toml::Value::Float(number) => serde_json::Number::from_f64(*number)
-            .map(serde_json::Value::Number)
-            .unwrap_or(serde_json::Value::Null),
+        toml::Value::Float(number) => match serde_json::Number::from_f64(*number) {
+            Some(number) => serde_json::Value::Number(number),
+            None => {
+                return Err(format!(
+                    "{number} has no JSON form (nan and inf are refused)"
+                ));
+            }
+        },
         toml::Value::Boolean(flag) => serde_json::Value::Bool(*flag),
         toml::Value::Datetime(datetime) => serde_json::Value::String(datetime.to_string()),
-        toml::Value::Array(items) => {
-            serde_json::Value::Array(items.iter().map(toml_to_json).collect())
-        }
+        toml::Value::Array(items) => serde_json::Value::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(index, item)| {
+                    toml_to_json(item).map_err(|error| format!("[{index}]: {error}"))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
         toml::Value::Table(table) => serde_json::Value::Object(
             table
                 .iter()
-                .map(|(key, item)| (key.clone(), toml_to_json(item)))
-                .collect(),
+                .map(|(key, item)| {
+                    toml_to_json(item)
+                        .map(|json| (key.clone(), json))
+                        .map_err(|error| format!(".{key}: {error}"))
+                })
+                .collect::<Result<_, _>>()?,
         ),
-    }
+    })
 }
 
 /// First 12 hex digits of the SHA-256 of the policy text.

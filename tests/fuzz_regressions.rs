@@ -23,7 +23,7 @@ const TARGETS: [(&str, Harness); 3] = [
 /// replays skip them; each has its own `#[ignore = "bug: …"]` test below
 /// that asserts the correct behaviour. To close one: fix the bug, delete its
 /// line here and its test's `#[ignore]`.
-const OPEN_BUGS: &[&str] = &["policy_load/nan-resource.toml"];
+const OPEN_BUGS: &[&str] = &[];
 
 fn fuzz_dir(kind: &str, target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -334,9 +334,8 @@ fn open_bugs_have_inputs() {
 }
 
 /// SPEC §1/§3: `nan` (or `inf`) as a state resource must be refused with
-/// the key; `Policy::parse` loads it as `null`.
+/// the key (found by the policy_load fuzzer, which loaded it as `null`).
 #[test]
-#[ignore = "bug: a nan/inf state resource is silently loaded as null instead of refused"]
 fn policy_nan_resource_is_refused() {
     open_bug("policy_load/nan-resource.toml");
 }
