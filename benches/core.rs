@@ -243,5 +243,78 @@ fn dispatch_benches(criterion: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, canonical_benches, decide_benches, dispatch_benches);
+/// AssessManifest of a 20-tool manifest (the 10 KB one above) against an
+/// API pin of the same manifest: the RPC's core from the gRPC message on
+/// (validation, schema parsing, fingerprint, comparison), and the variant
+/// where one tool changed so a per-tool diff is computed.
+fn assess_manifest_benches(criterion: &mut Criterion) {
+    let engine = Engine::new(
+        Policy::embedded_default().expect("embedded policy"),
+        Arc::new(ManualClock::starting_at(Timestamp(1_795_910_400_000))),
+    );
+    let manifest_json = manifest_10kb();
+    let pinned = Manifest::from_json(manifest_json.as_bytes()).expect("valid");
+    assert_eq!(pinned.tools.len(), 20);
+    engine
+        .pin_manifest("admin", pinned.clone(), None)
+        .expect("pin");
+    let message = toolgate::pb::Manifest {
+        server_id: pinned.server_id.clone(),
+        revision: pinned.revision.clone(),
+        tools: pinned
+            .tools
+            .iter()
+            .map(|tool| toolgate::pb::ManifestTool {
+                name: tool.name.clone(),
+                description: tool.description.clone(),
+                parameters: tool.parameters.clone(),
+                read_only: tool.read_only,
+                scopes: tool.scopes.clone(),
+                input_schema_json: tool
+                    .input_schema
+                    .as_ref()
+                    .map(canonical::to_canonical)
+                    .unwrap_or_default(),
+            })
+            .collect(),
+    };
+    let mut changed = pinned.clone();
+    changed.tools[3].scopes.push("docs:write".into());
+    changed.tools[3].scopes.sort();
+
+    criterion.bench_function("assess_manifest/20_tools_matched_from_message", |bench| {
+        bench.iter_batched(
+            || message.clone(),
+            |message| {
+                let manifest = Manifest::try_from(message).expect("valid");
+                let assessment = engine.assess_manifest(&manifest).expect("assess");
+                assert!(assessment.accepted);
+                assessment
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    criterion.bench_function("assess_manifest/20_tools_matched", |bench| {
+        bench.iter(|| {
+            let assessment = engine.assess_manifest(black_box(&pinned)).expect("assess");
+            assert!(assessment.accepted);
+            assessment
+        })
+    });
+    criterion.bench_function("assess_manifest/20_tools_one_changed", |bench| {
+        bench.iter(|| {
+            let assessment = engine.assess_manifest(black_box(&changed)).expect("assess");
+            assert_eq!(assessment.diffs.len(), 1);
+            assessment
+        })
+    });
+}
+
+criterion_group!(
+    benches,
+    canonical_benches,
+    decide_benches,
+    dispatch_benches,
+    assess_manifest_benches
+);
 criterion_main!(benches);

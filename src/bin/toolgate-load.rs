@@ -1,0 +1,186 @@
+//! `toolgate-load`: the load generator of toolgate's benchmarks
+//! (BENCHMARKS.md).
+//!
+//! - `toolgate-load baseline-server --listen ADDR` serves the no-op
+//!   `PolicyDecisionPoint` (fixed answers): the ceiling for any gRPC PDP.
+//! - `toolgate-load run` starts `toolgate serve` and the baseline as child
+//!   processes on `127.0.0.1:0`, drives both over real gRPC (several
+//!   HTTP/2 connections, closed and open loop, alternating rounds), and
+//!   prints markdown tables: requests/s, latency percentiles, errors by gRPC
+//!   code, RSS, and the toolgate/baseline ratios; then the scaling figures
+//!   (memory per session and per pending approval, policy size, worker
+//!   threads).
+//!
+//! # Layout
+//! - `policies`: the generated policy files and the 20-tool manifest.
+//! - `servers`: child processes, their ports, RSS and CPU time.
+//! - `baseline`: the no-op server.
+//! - `load`: closed and open loop, and what a round measures.
+//! - `scenarios`: each scenario's requests and setup.
+//! - `run`: the throughput scenarios, alternating toolgate and baseline.
+//! - `scaling`: memory, tool count, worker threads.
+//! - `report`: markdown tables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+// A binary's root looks for modules beside it, not in a folder of its name.
+#[path = "toolgate-load/baseline.rs"]
+mod baseline;
+#[path = "toolgate-load/load.rs"]
+mod load;
+#[path = "toolgate-load/policies.rs"]
+mod policies;
+#[path = "toolgate-load/report.rs"]
+mod report;
+#[path = "toolgate-load/run.rs"]
+mod run;
+#[path = "toolgate-load/scaling.rs"]
+mod scaling;
+#[path = "toolgate-load/scenarios.rs"]
+mod scenarios;
+#[path = "toolgate-load/servers.rs"]
+mod servers;
+
+pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "toolgate-load",
+    about = "Load generator for toolgate's benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the no-op PolicyDecisionPoint (fixed answers).
+    BaselineServer {
+        #[arg(long, default_value = "127.0.0.1:50052")]
+        listen: SocketAddr,
+        /// Tokio worker threads (default: TOKIO_WORKER_THREADS, else one per CPU).
+        #[arg(long)]
+        workers: Option<usize>,
+    },
+    /// Run scenarios against toolgate and the baseline and print the tables.
+    Run(RunArgs),
+}
+
+/// Options of `run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Comma-separated: all, throughput (the seven load scenarios), scaling
+    /// (memory, tools, workers), or names: decide-allow, decide-pending,
+    /// decide-1000-sessions, dispatch-replay, dispatch-commit,
+    /// assess-manifest, mixed, memory, tools, workers.
+    #[arg(long, default_value = "all")]
+    pub scenario: String,
+    /// Measured seconds per round.
+    #[arg(long, default_value_t = 4.0)]
+    pub duration: f64,
+    /// Unmeasured warm-up seconds at the start of every round.
+    #[arg(long, default_value_t = 0.5)]
+    pub warmup: f64,
+    /// Rounds per server and load model, alternating toolgate and baseline.
+    #[arg(long, default_value_t = 3)]
+    pub alternations: usize,
+    /// HTTP/2 connections (tonic Channels) per server.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Closed-loop concurrent callers.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Open-loop rate in requests/s for every scenario (default: a fraction
+    /// of toolgate's closed-loop throughput in the same scenario).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// The open-loop rate as a fraction of toolgate's closed-loop throughput.
+    #[arg(long, default_value_t = 0.5)]
+    pub open_fraction: f64,
+    /// Tokio worker threads of both servers (TOKIO_WORKER_THREADS; default:
+    /// tokio's, one per CPU).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Tokio worker threads of the load generator itself.
+    #[arg(long, default_value_t = 2)]
+    pub client_threads: usize,
+    /// Pre-granted proposals per closed-loop dispatch-commit round (also the
+    /// number of resources in the bench policy).
+    #[arg(long, default_value_t = 80_000)]
+    pub commit_pool: usize,
+    /// Sessions and pending approvals created for the memory figures.
+    #[arg(long, default_value_t = 100_000)]
+    pub memory_count: usize,
+    /// Policy sizes (tools) for the tool-count figures, comma-separated.
+    #[arg(long, default_value = "10,1000,10000")]
+    pub tool_counts: String,
+    /// Worker-thread counts compared in the workers figures, comma-separated.
+    #[arg(long, default_value = "1,2")]
+    pub worker_counts: String,
+    /// The toolgate binary (default: `toolgate` next to this one).
+    #[arg(long)]
+    pub toolgate_bin: Option<PathBuf>,
+    /// Append the servers' stderr (logs, audit events) to this file
+    /// (default: discarded; the audit events are still formatted).
+    #[arg(long)]
+    pub server_log: Option<PathBuf>,
+    /// A round during which other processes used more than this many cores
+    /// (from /proc/stat) is run again (up to 3 times); rounds also wait for
+    /// the machine to be this idle before they start.
+    #[arg(long, default_value_t = 0.15)]
+    pub max_foreign_load: f64,
+    /// Longest wait for an idle machine before a round, in seconds.
+    #[arg(long, default_value_t = 120.0)]
+    pub quiet_wait: f64,
+    /// A smoke run: short rounds, one alternation, small pools.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl RunArgs {
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration.max(0.1))
+    }
+
+    pub fn warmup(&self) -> Duration {
+        Duration::from_secs_f64(self.warmup.max(0.0))
+    }
+
+    pub fn quiet_wait(&self) -> Duration {
+        Duration::from_secs_f64(self.quiet_wait.max(0.0))
+    }
+
+    fn apply_quick(&mut self) {
+        if self.quick {
+            self.duration = self.duration.min(1.0);
+            self.warmup = self.warmup.min(0.2);
+            self.alternations = 1;
+            self.commit_pool = self.commit_pool.min(20_000);
+            self.memory_count = self.memory_count.min(10_000);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::BaselineServer { listen, workers } => baseline::run(listen, workers),
+        Command::Run(mut args) => {
+            args.apply_quick();
+            run::run(args)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("toolgate-load: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

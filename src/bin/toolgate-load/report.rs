@@ -1,0 +1,130 @@
+//! Markdown tables of what the rounds measured.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::load::RoundStats;
+
+pub fn latency(duration: Duration) -> String {
+    let micros = duration.as_secs_f64() * 1e6;
+    if micros < 10.0 {
+        format!("{micros:.1} µs")
+    } else if micros < 1000.0 {
+        format!("{micros:.0} µs")
+    } else if micros < 1e6 {
+        format!("{:.2} ms", micros / 1e3)
+    } else {
+        format!("{:.2} s", micros / 1e6)
+    }
+}
+
+pub fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+pub fn rate(per_second: f64) -> String {
+    if per_second >= 100.0 {
+        format!("{per_second:.0}")
+    } else {
+        format!("{per_second:.1}")
+    }
+}
+
+pub fn ratio(numerator: f64, denominator: f64) -> String {
+    if denominator <= 0.0 {
+        return "–".into();
+    }
+    format!("{:.2}×", numerator / denominator)
+}
+
+fn errors(stats: &RoundStats) -> String {
+    if stats.errors.is_empty() {
+        return "0".into();
+    }
+    stats
+        .errors
+        .iter()
+        .map(|(code, count)| format!("{code} {count}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub const QUANTILES: [(f64, &str); 4] = [
+    (0.50, "p50"),
+    (0.90, "p90"),
+    (0.99, "p99"),
+    (0.999, "p99.9"),
+];
+
+/// The header of a latency table whose first column is `first`.
+pub fn header(first: &str) -> String {
+    format!(
+        "| {first} | req/s | p50 | p90 | p99 | p99.9 | max | errors | wrong answers | server CPU/req | client CPU/req |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n"
+    )
+}
+
+/// One row of a latency table.
+pub fn row(first: &str, stats: &RoundStats) -> String {
+    let mut line = format!("| {first} | {} |", rate(stats.throughput()));
+    for (quantile, _) in QUANTILES {
+        let _ = write!(line, " {} |", latency(stats.percentile(quantile)));
+    }
+    let _ = writeln!(
+        line,
+        " {} | {} | {} | {} | {} |",
+        latency(stats.max()),
+        errors(stats),
+        stats.wrong,
+        latency(stats.server_cpu_per_request()),
+        latency(stats.client_cpu_per_request()),
+    );
+    line
+}
+
+/// The toolgate/baseline row: throughput ratio (higher is better) and
+/// latency ratios (lower is better).
+pub fn ratio_row(toolgate: &RoundStats, baseline: &RoundStats) -> String {
+    let mut line = format!(
+        "| **toolgate/baseline** | **{}** |",
+        ratio(toolgate.throughput(), baseline.throughput())
+    );
+    for (quantile, name) in QUANTILES {
+        let text = ratio(
+            toolgate.percentile(quantile).as_secs_f64(),
+            baseline.percentile(quantile).as_secs_f64(),
+        );
+        if name == "p99" {
+            let _ = write!(line, " **{text}** |");
+        } else {
+            let _ = write!(line, " {text} |");
+        }
+    }
+    let _ = writeln!(
+        line,
+        " {} | | | {} | |",
+        ratio(toolgate.max().as_secs_f64(), baseline.max().as_secs_f64()),
+        ratio(
+            toolgate.server_cpu_per_request().as_secs_f64(),
+            baseline.server_cpu_per_request().as_secs_f64()
+        ),
+    );
+    line
+}
+
+/// Notes under a table: wrong answers and errors seen, pools run dry.
+pub fn notes(label: &str, stats: &RoundStats) -> String {
+    let mut text = String::new();
+    if let Some(wrong) = &stats.first_wrong {
+        let _ = writeln!(text, "- {label}: first wrong answer: {wrong}");
+    }
+    if let Some(error) = &stats.first_error {
+        let _ = writeln!(text, "- {label}: first error: {error}");
+    }
+    if stats.exhausted {
+        let _ = writeln!(
+            text,
+            "- {label}: the prepared requests ran out before the end of a round (the round was shorter)"
+        );
+    }
+    text
+}
