@@ -258,26 +258,7 @@ fn assess_manifest_benches(criterion: &mut Criterion) {
     engine
         .pin_manifest("admin", pinned.clone(), None)
         .expect("pin");
-    let message = toolgate::pb::Manifest {
-        server_id: pinned.server_id.clone(),
-        revision: pinned.revision.clone(),
-        tools: pinned
-            .tools
-            .iter()
-            .map(|tool| toolgate::pb::ManifestTool {
-                name: tool.name.clone(),
-                description: tool.description.clone(),
-                parameters: tool.parameters.clone(),
-                read_only: tool.read_only,
-                scopes: tool.scopes.clone(),
-                input_schema_json: tool
-                    .input_schema
-                    .as_ref()
-                    .map(canonical::to_canonical)
-                    .unwrap_or_default(),
-            })
-            .collect(),
-    };
+    let message = toolgate::pb::Manifest::from(&pinned);
     let mut changed = pinned.clone();
     changed.tools[3].scopes.push("docs:write".into());
     changed.tools[3].scopes.sort();
