@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use toolgate::pb;
 
-use crate::load::{Call, Expect, Generator, RoundStats, Window, closed_loop};
+use crate::load::{Call, Expect, Generator, RoundStats, Window, closed_loop, wait_for_quiet};
 use crate::policies::{
     Workdir, manifest_json, memory_policy, scaling_tool, throughput_policy, tools_policy,
 };
@@ -264,6 +264,7 @@ pub async fn tools(
                     ALLOWED,
                 ))
             });
+            wait_for_quiet(args.max_foreign_load, args.quiet_wait()).await;
             let stats = closed_loop(&server.target(), generator, args.concurrency, window).await;
             eprintln!(
                 "   round {round} {count:>6} tools {:>9} req/s  p50 {:>9}  p99 {:>9}",
@@ -354,6 +355,7 @@ pub async fn workers(
         for (index, (count, toolgate, baseline)) in pairs.iter().enumerate() {
             for (side, server) in [(0, toolgate), (1, baseline)] {
                 let generator = scenarios::generator(Scenario::DecideAllow, "w", None);
+                wait_for_quiet(args.max_foreign_load, args.quiet_wait()).await;
                 let stats =
                     closed_loop(&server.target(), generator, args.concurrency, window).await;
                 eprintln!(
