@@ -239,6 +239,12 @@ impl Metrics {
         }
     }
 
+    /// Moves the latency samples recorded so far into the histograms'
+    /// buckets, so that they stop taking memory.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
     /// The exposition text: recorded metrics plus gauges read from the engine now.
     pub fn render(&self, engine: &Engine) -> String {
         let mut text = self.handle.render();

@@ -137,7 +137,7 @@ pub async fn serve_with(
             stopped(),
         ))
     });
-    let sweeper = tokio::spawn(sweep_periodically(engine.clone()));
+    let sweeper = tokio::spawn(housekeeping(engine.clone(), Arc::clone(&metrics)));
 
     let limit = settings.max_message_bytes;
     let layers = ServiceBuilder::new()
@@ -201,7 +201,11 @@ pub async fn serve_with(
     result
 }
 
-async fn sweep_periodically(engine: Engine) {
+/// Periodic upkeep: expires approvals, and folds the latency samples
+/// recorded since the last tick into the histograms' buckets (the recorder
+/// keeps every sample until then: without this, memory would grow with every
+/// call when nobody scrapes `/metrics`).
+async fn housekeeping(engine: Engine, metrics: Arc<Metrics>) {
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -209,5 +213,6 @@ async fn sweep_periodically(engine: Engine) {
         if let Err(error) = engine.sweep() {
             tracing::error!(%error, "approval sweep failed");
         }
+        metrics.upkeep();
     }
 }
