@@ -196,10 +196,10 @@ pub fn parse(input: &[u8]) -> Result<Value, CanonicalError> {
 pub fn parse_str(input: &str) -> Result<Value, CanonicalError> {
     let mut p = Parser::new(input);
     p.skip_ws();
-    let value = p.parse_value()?;
+    let value = p.parse_value().map_err(|e| *e)?;
     p.skip_ws();
     if p.pos != p.bytes.len() {
-        return Err(p.invalid(p.pos, "trailing characters after json value"));
+        return Err(*p.invalid(p.pos, "trailing characters after json value"));
     }
     Ok(value)
 }
@@ -208,6 +208,10 @@ pub fn parse_str(input: &str) -> Result<Value, CanonicalError> {
 pub fn canonicalize(input: &[u8]) -> Result<String, CanonicalError> {
     parse(input).map(|v| to_canonical(&v))
 }
+
+/// Parser results: the error is boxed so the hot `Ok` path moves small
+/// values (errors are rare and leave through [`parse_str`] unboxed).
+type ParseResult<T> = Result<T, Box<CanonicalError>>;
 
 struct Parser<'a> {
     src: &'a str,
@@ -226,8 +230,8 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn invalid(&self, offset: usize, detail: &'static str) -> CanonicalError {
-        CanonicalError::new(ErrorKind::InvalidJson, offset, detail)
+    fn invalid(&self, offset: usize, detail: &'static str) -> Box<CanonicalError> {
+        Box::new(CanonicalError::new(ErrorKind::InvalidJson, offset, detail))
     }
 
     #[inline]
@@ -243,7 +247,11 @@ impl<'a> Parser<'a> {
     }
 
     /// Parses a value starting at `self.pos` (whitespace already skipped).
-    fn parse_value(&mut self) -> Result<Value, CanonicalError> {
+    ///
+    /// Inlined into the container loops so scalars are built in place;
+    /// only containers recurse through an out-of-line call.
+    #[inline(always)]
+    fn parse_value(&mut self) -> ParseResult<Value> {
         match self.peek() {
             None => Err(self.invalid(self.pos, "unexpected end of input")),
             Some(b'{') => self.parse_object(),
@@ -257,11 +265,7 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn parse_literal(
-        &mut self,
-        literal: &'static [u8],
-        value: Value,
-    ) -> Result<Value, CanonicalError> {
+    fn parse_literal(&mut self, literal: &'static [u8], value: Value) -> ParseResult<Value> {
         if self.bytes[self.pos..].starts_with(literal) {
             self.pos += literal.len();
             Ok(value)
@@ -270,19 +274,20 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn enter(&mut self) -> Result<(), CanonicalError> {
+    fn enter(&mut self) -> ParseResult<()> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(CanonicalError::new(
+            return Err(Box::new(CanonicalError::new(
                 ErrorKind::TooDeep,
                 self.pos,
                 "more than 64 nested containers",
-            ));
+            )));
         }
         Ok(())
     }
 
-    fn parse_array(&mut self) -> Result<Value, CanonicalError> {
+    #[inline(never)]
+    fn parse_array(&mut self) -> ParseResult<Value> {
         self.enter()?;
         self.pos += 1; // '['
         let mut items = Vec::new();
@@ -310,7 +315,8 @@ impl<'a> Parser<'a> {
         Ok(Value::Array(items))
     }
 
-    fn parse_object(&mut self) -> Result<Value, CanonicalError> {
+    #[inline(never)]
+    fn parse_object(&mut self) -> ParseResult<Value> {
         let start = self.pos;
         self.enter()?;
         self.pos += 1; // '{'
@@ -330,7 +336,7 @@ impl<'a> Parser<'a> {
                 }
                 let key = self.parse_string()?;
                 if sorted && let Some((prev, _)) = members.last() {
-                    match prev.as_str().cmp(key.as_str()) {
+                    match key_order(prev, &key) {
                         std::cmp::Ordering::Less => {}
                         std::cmp::Ordering::Equal => return Err(duplicate_error(key_pos, &key)),
                         std::cmp::Ordering::Greater => sorted = false,
@@ -359,7 +365,7 @@ impl<'a> Parser<'a> {
             }
         }
         if !sorted {
-            members.sort_by(|a, b| a.0.cmp(&b.0));
+            members.sort_by(|a, b| key_order(&a.0, &b.0));
             if members.windows(2).any(|w| w[0].0 == w[1].0) {
                 return Err(self.locate_duplicate(start));
             }
@@ -370,7 +376,7 @@ impl<'a> Parser<'a> {
 
     /// Error path only: re-scans the (otherwise valid) object starting at
     /// `start` to report the first key, in document order, that repeats.
-    fn locate_duplicate(&self, start: usize) -> CanonicalError {
+    fn locate_duplicate(&self, start: usize) -> Box<CanonicalError> {
         let mut p = Parser {
             src: self.src,
             bytes: self.bytes,
@@ -378,7 +384,7 @@ impl<'a> Parser<'a> {
             depth: 0,
         };
         let mut seen = std::collections::BTreeSet::new();
-        let found = (|| -> Result<Option<(usize, String)>, CanonicalError> {
+        let found = (|| -> ParseResult<Option<(usize, String)>> {
             loop {
                 p.skip_ws();
                 let key_pos = p.pos;
@@ -403,24 +409,48 @@ impl<'a> Parser<'a> {
         })();
         match found {
             Ok(Some((pos, key))) => duplicate_error(pos, &key),
-            _ => CanonicalError::new(ErrorKind::DuplicateKey, start, "duplicate key in object"),
+            _ => Box::new(CanonicalError::new(
+                ErrorKind::DuplicateKey,
+                start,
+                "duplicate key in object",
+            )),
         }
     }
 
     /// Parses a string literal starting at the opening quote.
-    fn parse_string(&mut self) -> Result<String, CanonicalError> {
+    ///
+    /// The common case (no escapes) is inlined so the `String` comes back in
+    /// registers; escapes and errors take the out-of-line path.
+    #[inline(always)]
+    fn parse_string(&mut self) -> ParseResult<String> {
+        let run_start = self.pos + 1;
+        if let Some(n) = find_string_special(&self.bytes[run_start..]) {
+            let end = run_start + n;
+            if self.bytes[end] == b'"' {
+                // Both ends sit next to ASCII bytes: char boundaries.
+                let text = self.src[run_start..end].to_owned();
+                self.pos = end + 1;
+                return Ok(text);
+            }
+        }
+        self.parse_string_slow()
+    }
+
+    /// [`Self::parse_string`] for strings with escapes (or errors).
+    #[inline(never)]
+    fn parse_string_slow(&mut self) -> ParseResult<String> {
         let open = self.pos;
         self.pos += 1;
-        let mut out = String::new();
         let mut run_start = self.pos;
+        let mut out = String::new();
         loop {
-            let Some(n) = self.bytes[self.pos..]
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-            else {
+            let Some(n) = find_string_special(&self.bytes[self.pos..]) else {
                 return Err(self.invalid(open, "unterminated string"));
             };
             self.pos += n;
+            if out.capacity() == 0 {
+                out.reserve(n + 16);
+            }
             // `run_start` and `self.pos` both sit next to ASCII bytes, hence
             // on char boundaries of the (already validated) UTF-8 source.
             out.push_str(&self.src[run_start..self.pos]);
@@ -439,7 +469,7 @@ impl<'a> Parser<'a> {
     }
 
     /// Decodes the escape at `self.pos` (a backslash) into `out`.
-    fn parse_escape(&mut self, out: &mut String) -> Result<(), CanonicalError> {
+    fn parse_escape(&mut self, out: &mut String) -> ParseResult<()> {
         let at = self.pos;
         let Some(&c) = self.bytes.get(at + 1) else {
             return Err(self.invalid(at, "unterminated escape"));
@@ -484,7 +514,7 @@ impl<'a> Parser<'a> {
     }
 
     /// Reads four hex digits at `self.pos`; `esc` is the escape's offset.
-    fn hex4(&mut self, esc: usize) -> Result<u32, CanonicalError> {
+    fn hex4(&mut self, esc: usize) -> ParseResult<u32> {
         let Some(digits) = self.bytes.get(self.pos..self.pos + 4) else {
             return Err(self.invalid(esc, "invalid \\u escape"));
         };
@@ -510,7 +540,7 @@ impl<'a> Parser<'a> {
         self.pos - start
     }
 
-    fn parse_number(&mut self) -> Result<Number, CanonicalError> {
+    fn parse_number(&mut self) -> ParseResult<Number> {
         let start = self.pos;
         let negative = self.peek() == Some(b'-');
         if negative {
@@ -548,8 +578,13 @@ impl<'a> Parser<'a> {
             }
             is_float = true;
         }
-        let out_of_range =
-            |detail: &'static str| CanonicalError::new(ErrorKind::NumberOutOfRange, start, detail);
+        let out_of_range = |detail: &'static str| {
+            Box::new(CanonicalError::new(
+                ErrorKind::NumberOutOfRange,
+                start,
+                detail,
+            ))
+        };
         if is_float {
             let f: f64 = self.src[start..self.pos]
                 .parse()
@@ -559,8 +594,18 @@ impl<'a> Parser<'a> {
             }
             return Ok(Number::Float(f));
         }
+        let int_digits = &self.bytes[int_start..int_end];
+        // Up to 18 digits always fits (and stays inside the range): no
+        // overflow checks and no 128-bit multiplies.
+        if int_digits.len() <= 18 {
+            let magnitude = int_digits
+                .iter()
+                .fold(0u64, |acc, &d| acc * 10 + u64::from(d - b'0'));
+            let v = i128::from(magnitude);
+            return Ok(Number::Int(if negative { -v } else { v }));
+        }
         let mut magnitude: u128 = 0;
-        for &d in &self.bytes[int_start..int_end] {
+        for &d in int_digits {
             magnitude = magnitude
                 .checked_mul(10)
                 .and_then(|m| m.checked_add(u128::from(d - b'0')))
@@ -580,11 +625,59 @@ impl<'a> Parser<'a> {
     }
 }
 
-fn lone_surrogate(offset: usize) -> CanonicalError {
-    CanonicalError::new(ErrorKind::LoneSurrogate, offset, "lone utf-16 surrogate")
+/// Code-point order of two keys (== byte order). Keys mostly differ in
+/// their first byte, which is decided here without a `memcmp` call.
+#[inline]
+fn key_order(a: &str, b: &str) -> std::cmp::Ordering {
+    match (a.as_bytes().first(), b.as_bytes().first()) {
+        (Some(x), Some(y)) if x != y => x.cmp(y),
+        _ => a.cmp(b),
+    }
 }
 
-fn duplicate_error(offset: usize, key: &str) -> CanonicalError {
+/// Offset of the first `"`, `\\` or control byte (< 0x20) in `bytes`.
+///
+/// Scans eight bytes per step (SWAR): for each word, the classic
+/// "has zero byte" bit trick flags bytes equal to `"` or `\\` and bytes
+/// below 0x20. The lowest flagged byte is always exact (borrows only
+/// propagate upwards, past a true match), so it is the answer.
+#[inline]
+fn find_string_special(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut offset = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let quote = word ^ (ONES * u64::from(b'"'));
+        let backslash = word ^ (ONES * u64::from(b'\\'));
+        let flags = ((quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (word.wrapping_sub(ONES * 0x20) & !word))
+            & HIGHS;
+        if flags != 0 {
+            return Some(offset + (flags.trailing_zeros() / 8) as usize);
+        }
+        offset += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .map(|n| offset + n)
+}
+
+fn lone_surrogate(offset: usize) -> Box<CanonicalError> {
+    Box::new(CanonicalError::new(
+        ErrorKind::LoneSurrogate,
+        offset,
+        "lone utf-16 surrogate",
+    ))
+}
+
+fn duplicate_error(offset: usize, key: &str) -> Box<CanonicalError> {
     const MAX: usize = 40;
     let mut quoted = String::new();
     write_string(key, &mut quoted);
@@ -593,11 +686,11 @@ fn duplicate_error(offset: usize, key: &str) -> CanonicalError {
         quoted.truncate(MAX - 3);
         quoted.push_str("...");
     }
-    CanonicalError::new(
+    Box::new(CanonicalError::new(
         ErrorKind::DuplicateKey,
         offset,
         format!("duplicate key {quoted}"),
-    )
+    ))
 }
 
 // ---------------------------------------------------------------------------
@@ -607,6 +700,9 @@ fn duplicate_error(offset: usize, key: &str) -> CanonicalError {
 /// Destination of canonical output: a `String` or a streaming hasher.
 trait Sink {
     fn put(&mut self, s: &str);
+
+    /// One ASCII byte (punctuation such as `{`, `,`, `:`).
+    fn put_ascii(&mut self, b: u8);
 }
 
 impl Sink for String {
@@ -614,14 +710,104 @@ impl Sink for String {
     fn put(&mut self, s: &str) {
         self.push_str(s);
     }
+
+    #[inline]
+    fn put_ascii(&mut self, b: u8) {
+        self.push(char::from(b));
+    }
 }
 
-struct HashSink(Sha256);
+/// Bytes collected before one `Sha256::update`: a multiple of the 64-byte
+/// block, so full buffers compress without further copying in the hasher.
+const HASH_BUF_LEN: usize = 256;
+
+/// Streams canonical text into SHA-256 through a stack buffer: the printer
+/// emits many tiny pieces, and batching them costs one copy instead of one
+/// `update` call (with its own buffering logic) per piece.
+struct HashSink {
+    hasher: Sha256,
+    buf: [u8; HASH_BUF_LEN],
+    len: usize,
+}
+
+impl HashSink {
+    fn new() -> Self {
+        HashSink {
+            hasher: Sha256::new(),
+            buf: [0; HASH_BUF_LEN],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        let end = self.len + bytes.len();
+        if let Some(room) = self.buf.get_mut(self.len..end) {
+            copy_short(room, bytes);
+            self.len = end;
+        } else {
+            self.spill(bytes);
+        }
+    }
+
+    /// Flushes the buffer and takes `bytes`, which did not fit.
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        self.hasher.update(&self.buf[..self.len]);
+        self.len = 0;
+        if bytes.len() >= HASH_BUF_LEN {
+            self.hasher.update(bytes);
+        } else {
+            self.buf[..bytes.len()].copy_from_slice(bytes);
+            self.len = bytes.len();
+        }
+    }
+
+    fn finish(mut self) -> Fingerprint {
+        self.hasher.update(&self.buf[..self.len]);
+        Fingerprint(self.hasher.finalize().into())
+    }
+}
+
+/// `dst.copy_from_slice(src)` for the short pieces the printer emits, with
+/// fixed-size (overlapping) moves instead of a `memcpy` call.
+#[inline]
+fn copy_short(dst: &mut [u8], src: &[u8]) {
+    let n = src.len();
+    debug_assert_eq!(n, dst.len());
+    match n {
+        0 => {}
+        1..=3 => {
+            dst[0] = src[0];
+            dst[n / 2] = src[n / 2];
+            dst[n - 1] = src[n - 1];
+        }
+        4..=7 => {
+            dst[..4].copy_from_slice(&src[..4]);
+            dst[n - 4..].copy_from_slice(&src[n - 4..]);
+        }
+        8..=16 => {
+            dst[..8].copy_from_slice(&src[..8]);
+            dst[n - 8..].copy_from_slice(&src[n - 8..]);
+        }
+        _ => dst.copy_from_slice(src),
+    }
+}
 
 impl Sink for HashSink {
     #[inline]
     fn put(&mut self, s: &str) {
-        self.0.update(s.as_bytes());
+        self.put_bytes(s.as_bytes());
+    }
+
+    #[inline]
+    fn put_ascii(&mut self, b: u8) {
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        } else {
+            self.spill(&[b]);
+        }
     }
 }
 
@@ -645,30 +831,30 @@ fn write_value<S: Sink>(value: &Value, out: &mut S) {
         Value::Number(n) => write_number(n, out),
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
-            out.put("[");
+            out.put_ascii(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.put(",");
+                    out.put_ascii(b',');
                 }
                 write_value(item, out);
             }
-            out.put("]");
+            out.put_ascii(b']');
         }
         Value::Object(obj) => write_object(obj, out),
     }
 }
 
 fn write_object<S: Sink>(obj: &Object, out: &mut S) {
-    out.put("{");
+    out.put_ascii(b'{');
     for (i, (k, v)) in obj.members.iter().enumerate() {
         if i > 0 {
-            out.put(",");
+            out.put_ascii(b',');
         }
         write_string(k, out);
-        out.put(":");
+        out.put_ascii(b':');
         write_value(v, out);
     }
-    out.put("}");
+    out.put_ascii(b'}');
 }
 
 /// `true` for bytes printed verbatim inside a canonical string.
@@ -678,16 +864,14 @@ fn is_plain(b: u8) -> bool {
 }
 
 fn write_string<S: Sink>(s: &str, out: &mut S) {
-    out.put("\"");
+    out.put_ascii(b'"');
     let bytes = s.as_bytes();
     let mut run = 0;
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if is_plain(b) {
-            i += 1;
-            continue;
-        }
+    loop {
+        let i = run + plain_prefix_len(&bytes[run..]);
+        let Some(&b) = bytes.get(i) else {
+            break;
+        };
         // `run` and `i` are char boundaries: plain bytes are ASCII and
         // non-ASCII chars are skipped whole below.
         out.put(&s[run..i]);
@@ -702,7 +886,7 @@ fn write_string<S: Sink>(s: &str, out: &mut S) {
                 0x0c => out.put("\\f"),
                 _ => put_unit(u32::from(b), out),
             }
-            i += 1;
+            run = i + 1;
         } else {
             let Some(ch) = s[i..].chars().next() else {
                 break;
@@ -715,12 +899,45 @@ fn write_string<S: Sink>(s: &str, out: &mut S) {
             } else {
                 put_unit(c, out);
             }
-            i += ch.len_utf8();
+            run = i + ch.len_utf8();
         }
-        run = i;
     }
     out.put(&s[run..]);
-    out.put("\"");
+    out.put_ascii(b'"');
+}
+
+/// Length of the leading run of [`is_plain`] bytes, eight bytes per step
+/// (same bit tricks as [`find_string_special`], plus bytes >= 0x7f).
+#[inline]
+fn plain_prefix_len(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut offset = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let quote = word ^ (ONES * u64::from(b'"'));
+        let backslash = word ^ (ONES * u64::from(b'\\'));
+        let delete = word ^ (ONES * 0x7f);
+        let flags = ((quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (delete.wrapping_sub(ONES) & !delete)
+            | (word.wrapping_sub(ONES * 0x20) & !word)
+            | word)
+            & HIGHS;
+        if flags != 0 {
+            return offset + (flags.trailing_zeros() / 8) as usize;
+        }
+        offset += 8;
+    }
+    let tail = chunks.remainder();
+    offset
+        + tail
+            .iter()
+            .position(|&b| !is_plain(b))
+            .unwrap_or(tail.len())
 }
 
 /// Writes `\uXXXX` with lowercase hex for a UTF-16 code unit.
@@ -759,9 +976,10 @@ impl StackBuf {
     }
 
     fn extend(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.push(b);
-        }
+        // Like pushing byte by byte: whatever does not fit is dropped.
+        let take = bytes.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + take].copy_from_slice(&bytes[..take]);
+        self.len += take;
     }
 }
 
@@ -780,13 +998,37 @@ impl fmt::Write for StackBuf {
 fn write_number<S: Sink>(n: &Number, out: &mut S) {
     let mut buf = StackBuf::new();
     match *n {
-        Number::Int(i) => {
-            // An i128 needs at most 40 bytes; cannot fail.
-            let _ = write!(buf, "{i}");
-        }
+        Number::Int(i) => match u64::try_from(i.unsigned_abs()) {
+            Ok(magnitude) => {
+                if i < 0 {
+                    buf.push(b'-');
+                }
+                push_decimal(magnitude, &mut buf);
+            }
+            // Outside the parser's range (hand-built value). An i128 needs
+            // at most 40 bytes; cannot fail.
+            Err(_) => {
+                let _ = write!(buf, "{i}");
+            }
+        },
         Number::Float(f) => format_float(f, &mut buf),
     }
     out.put(buf.as_str());
+}
+
+/// Appends the decimal digits of `value` (no `fmt` machinery).
+fn push_decimal(mut value: u64, out: &mut StackBuf) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.extend(&digits[start..]);
 }
 
 /// Lays out `f` exactly like Python's `repr(float)`: shortest round-trip
@@ -941,7 +1183,17 @@ pub struct Fingerprint(pub [u8; 32]);
 impl Fingerprint {
     /// Lowercase hex (64 chars).
     pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
+        self.hex_buf().as_str().to_owned()
+    }
+
+    /// Lowercase hex in a stack buffer: no allocation, one `write_str`.
+    fn hex_buf(&self) -> HexBuf {
+        let mut digits = [0u8; 64];
+        for (pair, byte) in digits.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
+            pair[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
+        }
+        HexBuf(digits)
     }
 
     /// SHA-256 of arbitrary bytes (e.g. an already canonical text).
@@ -960,12 +1212,20 @@ impl Fingerprint {
     }
 }
 
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+struct HexBuf([u8; 64]);
+
+impl HexBuf {
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.write_str(self.hex_buf().as_str())
     }
 }
 
@@ -987,8 +1247,8 @@ impl Default for ObjectHasher {
 
 impl ObjectHasher {
     pub fn new() -> Self {
-        let mut sink = HashSink(Sha256::new());
-        sink.put("{");
+        let mut sink = HashSink::new();
+        sink.put_ascii(b'{');
         ObjectHasher {
             sink,
             members: 0,
@@ -1007,11 +1267,11 @@ impl ObjectHasher {
             self.last_key = key.to_string();
         }
         if self.members > 0 {
-            self.sink.put(",");
+            self.sink.put_ascii(b',');
         }
         self.members += 1;
         write_string(key, &mut self.sink);
-        self.sink.put(":");
+        self.sink.put_ascii(b':');
     }
 
     pub fn member(&mut self, key: &str, value: &Value) {
@@ -1035,16 +1295,16 @@ impl ObjectHasher {
     }
 
     pub fn finish(mut self) -> Fingerprint {
-        self.sink.put("}");
-        Fingerprint(self.sink.0.finalize().into())
+        self.sink.put_ascii(b'}');
+        self.sink.finish()
     }
 }
 
 /// SHA-256 of the canonical form of `value`.
 pub fn fingerprint(value: &Value) -> Fingerprint {
-    let mut sink = HashSink(Sha256::new());
+    let mut sink = HashSink::new();
     write_value(value, &mut sink);
-    Fingerprint(sink.0.finalize().into())
+    sink.finish()
 }
 
 // ---------------------------------------------------------------------------
@@ -1500,5 +1760,48 @@ mod tests {
             let once = canon(input);
             assert_eq!(canon(&once), once);
         }
+    }
+
+    #[test]
+    fn word_scans_match_bytewise_scans() {
+        // Every byte value at every position of a 19-byte buffer (two full
+        // words plus a tail), over a background of plain ASCII.
+        for special in 0..=255u8 {
+            for at in 0..19 {
+                let mut bytes = [b'a'; 19];
+                bytes[at] = special;
+                for start in 0..bytes.len() {
+                    let slice = &bytes[start..];
+                    assert_eq!(
+                        find_string_special(slice),
+                        slice
+                            .iter()
+                            .position(|&b| b == b'"' || b == b'\\' || b < 0x20),
+                        "find_string_special byte {special:#x} at {at} from {start}"
+                    );
+                    assert_eq!(
+                        plain_prefix_len(slice),
+                        slice
+                            .iter()
+                            .position(|&b| !is_plain(b))
+                            .unwrap_or(slice.len()),
+                        "plain_prefix_len byte {special:#x} at {at} from {start}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hash_sink_matches_one_shot_digest() {
+        // Longer than the sink's buffer, with pieces straddling its end.
+        let long = "x".repeat(3 * HASH_BUF_LEN + 7);
+        let value = parse_str(&format!(
+            r#"{{"a":"{long}","b":[1,2.5,"\u00e9\ud83d\ude00",null,true],"c":{{"d":"{long}"}}}}"#
+        ))
+        .unwrap_or(Value::Null);
+        assert_ne!(value, Value::Null);
+        let text = to_canonical(&value);
+        assert_eq!(fingerprint(&value), Fingerprint::of_bytes(text.as_bytes()));
     }
 }
