@@ -925,7 +925,11 @@ fn section(text: &mut String, title: &str, headers: &[&str], rows: &[Vec<String>
 
 fn sorted_credentials(policy: &Policy) -> Vec<&crate::policy::Credential> {
     // Only kind, identity and actors: the digests (map keys) are never shown.
-    let mut credentials: Vec<_> = policy.credentials.values().collect();
+    let mut credentials: Vec<_> = policy
+        .credentials
+        .values()
+        .map(std::sync::Arc::as_ref)
+        .collect();
     credentials.sort_by(|left, right| {
         (left.kind.as_str(), &left.identity).cmp(&(right.kind.as_str(), &right.identity))
     });

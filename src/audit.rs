@@ -1,6 +1,20 @@
 //! Audit events (SPEC §8): structured `tracing` events on the
 //! `toolgate::audit` target with a stable `event` name, ids and fingerprints,
 //! never secrets or argument values.
+//!
+//! Every decision emits one, so they are written by [`AuditLayer`], a
+//! formatter made for them: one line per event, built in a reused buffer from
+//! the fields as they are recorded (strings copied, numbers and booleans as
+//! such), without the general-purpose `fmt` machinery. Other log events go
+//! through `tracing_subscriber::fmt` as usual.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+use tracing::field::{Field, Visit};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::Context;
 
 /// The tracing target every audit event is emitted on.
 pub const TARGET: &str = "toolgate::audit";
@@ -11,4 +25,353 @@ macro_rules! audit {
     ($event:expr $(, $($fields:tt)*)?) => {
         ::tracing::info!(target: "toolgate::audit", event = $event $(, $($fields)*)?)
     };
+}
+
+/// An optional value as an audit field: the value, or an empty string.
+pub struct Blank<T>(pub Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for Blank<T> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(value) => value.fmt(formatter),
+            None => Ok(()),
+        }
+    }
+}
+
+/// How audit lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditFormat {
+    /// `2026-11-29T18:22:03.123456Z  INFO toolgate::audit: event="decision" outcome="allow" …`,
+    /// the shape of `tracing_subscriber::fmt`'s lines.
+    Text,
+    /// One JSON object per line: `{"timestamp":…,"level":"INFO","target":"toolgate::audit","event":"decision",…}`.
+    Json,
+}
+
+/// Writes the `toolgate::audit` events (and nothing else) to `writer`.
+#[derive(Debug)]
+pub struct AuditLayer<W> {
+    writer: W,
+    format: AuditFormat,
+}
+
+impl<W> AuditLayer<W> {
+    pub fn new(writer: W, format: AuditFormat) -> Self {
+        AuditLayer { writer, format }
+    }
+}
+
+thread_local! {
+    /// The line being built, reused across events on this thread.
+    static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+impl<S, W> tracing_subscriber::Layer<S> for AuditLayer<W>
+where
+    S: tracing::Subscriber,
+    W: for<'writer> MakeWriter<'writer> + 'static,
+{
+    fn on_event(&self, event: &tracing::Event<'_>, _context: Context<'_, S>) {
+        let metadata = event.metadata();
+        if metadata.target() != TARGET {
+            return;
+        }
+        let write = |line: &mut String| {
+            line.clear();
+            format_line(line, self.format, metadata.level(), event);
+            // The writer is toolgate's background writer: it does not drop
+            // lines (callers wait when it is full) and reports its own errors.
+            let _ = self.writer.make_writer().write_all(line.as_bytes());
+        };
+        // A nested event on this thread (none today) gets its own buffer.
+        let reused = LINE.try_with(|line| match line.try_borrow_mut() {
+            Ok(mut line) => {
+                write(&mut line);
+                true
+            }
+            Err(_) => false,
+        });
+        if reused != Ok(true) {
+            write(&mut String::new());
+        }
+    }
+}
+
+fn format_line(
+    line: &mut String,
+    format: AuditFormat,
+    level: &tracing::Level,
+    event: &tracing::Event<'_>,
+) {
+    let now = time::OffsetDateTime::now_utc();
+    match format {
+        AuditFormat::Json => {
+            line.push_str("{\"timestamp\":\"");
+            push_timestamp(line, now);
+            line.push_str("\",\"level\":\"");
+            line.push_str(level.as_str());
+            line.push_str("\",\"target\":\"");
+            line.push_str(TARGET);
+            line.push('"');
+        }
+        AuditFormat::Text => {
+            push_timestamp(line, now);
+            // fmt right-aligns the level in five columns.
+            let _ = write!(line, " {:>5} {TARGET}:", level.as_str());
+        }
+    }
+    let mut fields = Fields {
+        line,
+        format,
+        scratch: String::new(),
+    };
+    event.record(&mut fields);
+    let line = fields.line;
+    if format == AuditFormat::Json {
+        line.push('}');
+    }
+    line.push('\n');
+}
+
+/// RFC 3339 in UTC with microseconds: `2026-11-29T18:22:03.123456Z`.
+fn push_timestamp(line: &mut String, now: time::OffsetDateTime) {
+    push_digits(line, u32::try_from(now.year()).unwrap_or(0), 4);
+    line.push('-');
+    push_digits(line, u32::from(u8::from(now.month())), 2);
+    line.push('-');
+    push_digits(line, u32::from(now.day()), 2);
+    line.push('T');
+    push_digits(line, u32::from(now.hour()), 2);
+    line.push(':');
+    push_digits(line, u32::from(now.minute()), 2);
+    line.push(':');
+    push_digits(line, u32::from(now.second()), 2);
+    line.push('.');
+    push_digits(line, now.microsecond(), 6);
+    line.push('Z');
+}
+
+/// `value` in decimal, zero-padded to `width` digits (wider values are cut
+/// to their last `width` digits, which no date field reaches).
+fn push_digits(line: &mut String, mut value: u32, width: usize) {
+    let mut digits = [b'0'; 10];
+    let width = width.min(digits.len());
+    for digit in digits[..width].iter_mut().rev() {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+    line.extend(digits[..width].iter().map(|&digit| char::from(digit)));
+}
+
+/// Records an event's fields into the line.
+struct Fields<'a> {
+    line: &'a mut String,
+    format: AuditFormat,
+    /// Values given as `%display` or `?debug` are formatted here first.
+    scratch: String,
+}
+
+impl Fields<'_> {
+    fn name(&mut self, field: &Field) {
+        match self.format {
+            AuditFormat::Json => {
+                self.line.push(',');
+                push_quoted(self.line, field.name());
+                self.line.push(':');
+            }
+            AuditFormat::Text => {
+                self.line.push(' ');
+                self.line.push_str(field.name());
+                self.line.push('=');
+            }
+        }
+    }
+
+    /// A number or boolean: the same in both formats.
+    fn plain(&mut self, field: &Field, value: impl std::fmt::Display) {
+        self.name(field);
+        let _ = write!(self.line, "{value}");
+    }
+}
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.name(field);
+        push_quoted(self.line, value);
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.scratch.clear();
+        let _ = write!(self.scratch, "{value:?}");
+        self.name(field);
+        push_quoted(self.line, &self.scratch);
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.plain(field, value);
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.plain(field, value);
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.plain(field, value);
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if value.is_finite() {
+            self.plain(field, value);
+        } else {
+            // JSON has no NaN or infinity; keep the line parseable.
+            self.record_str(field, &value.to_string());
+        }
+    }
+}
+
+/// A JSON string literal (also the text format's quoting): quotes,
+/// backslashes and control characters escaped, so that no value can break
+/// the line or forge another field.
+fn push_quoted(line: &mut String, value: &str) {
+    line.push('"');
+    let mut plain_from = 0;
+    for (index, byte) in value.bytes().enumerate() {
+        let escaped = match byte {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x00..=0x1f | 0x7f => "",
+            _ => continue,
+        };
+        line.push_str(&value[plain_from..index]);
+        if escaped.is_empty() {
+            let _ = write!(line, "\\u{byte:04x}");
+        } else {
+            line.push_str(escaped);
+        }
+        plain_from = index + 1;
+    }
+    line.push_str(&value[plain_from..]);
+    line.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    fn lines(format: AuditFormat, emit: impl FnOnce()) -> Vec<String> {
+        let captured = Captured::default();
+        let subscriber =
+            tracing_subscriber::registry().with(AuditLayer::new(captured.clone(), format));
+        tracing::subscriber::with_default(subscriber, emit);
+        let bytes = captured.0.lock().unwrap().clone();
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn emit_sample() {
+        let fingerprint = crate::canonical::Fingerprint([0xab; 32]);
+        crate::audit!(
+            "tool_call_dispatched",
+            actor = "mallory\"} \n{\"forged\":1",
+            fingerprint = %fingerprint,
+            replayed = true,
+            version = 7u64,
+            delta = -3i64,
+            note = ?"dbg",
+            ratio = f64::NAN,
+            text = "caf\u{e9}\u{1}",
+        );
+        tracing::info!(target: "toolgate::other", "not an audit event");
+    }
+
+    #[test]
+    fn json_lines_keep_types_and_escape_everything() {
+        let lines = lines(AuditFormat::Json, emit_sample);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let event: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(event["event"], "tool_call_dispatched");
+        assert_eq!(event["level"], "INFO");
+        assert_eq!(event["target"], TARGET);
+        assert_eq!(event["actor"], "mallory\"} \n{\"forged\":1");
+        assert_eq!(event["fingerprint"], "ab".repeat(32));
+        assert_eq!(event["replayed"], true);
+        assert_eq!(event["version"], 7);
+        assert_eq!(event["delta"], -3);
+        assert_eq!(event["note"], "\"dbg\"");
+        assert_eq!(event["ratio"], "NaN");
+        assert_eq!(event["text"], "caf\u{e9}\u{1}");
+        assert!(event.get("forged").is_none());
+        let timestamp = event["timestamp"].as_str().unwrap();
+        assert_eq!(
+            timestamp.len(),
+            "2026-11-29T18:22:03.123456Z".len(),
+            "{timestamp}"
+        );
+        let parsed =
+            time::OffsetDateTime::parse(timestamp, &time::format_description::well_known::Rfc3339)
+                .unwrap();
+        let age = time::OffsetDateTime::now_utc() - parsed;
+        assert!(
+            age >= time::Duration::ZERO && age < time::Duration::minutes(5),
+            "{age}"
+        );
+    }
+
+    #[test]
+    fn text_lines_quote_values_so_none_can_break_the_line() {
+        let lines = lines(AuditFormat::Text, emit_sample);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let line = &lines[0];
+        assert!(line.ends_with("text=\"caf\u{e9}\\u0001\""), "{line}");
+        assert!(
+            line.contains(
+                "  INFO toolgate::audit: event=\"tool_call_dispatched\" actor=\"mallory\\\"} \\n{\\\"forged\\\":1\" fingerprint=\"abab"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains(" replayed=true version=7 delta=-3 "),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn timestamps_and_digits() {
+        let mut line = String::new();
+        let date = time::Date::from_calendar_date(2026, time::Month::January, 2).unwrap();
+        let at = date.with_hms_micro(3, 4, 5, 678).unwrap().assume_utc();
+        push_timestamp(&mut line, at);
+        assert_eq!(line, "2026-01-02T03:04:05.000678Z");
+    }
 }

@@ -17,6 +17,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
 use tonic::Status;
@@ -26,24 +27,20 @@ use crate::canonical::Fingerprint;
 use crate::engine::Engine;
 use crate::policy::{Credential, CredentialKind};
 
-/// The authenticated identity behind a request.
+/// The authenticated identity behind a request: the credential its token
+/// matched (shared, not copied, per request).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    pub identity: String,
-    pub kind: CredentialKind,
-    /// Hosts: the actors it may assert (`*` = any).
-    pub actors: Vec<String>,
+pub struct Caller(Arc<Credential>);
+
+impl std::ops::Deref for Caller {
+    type Target = Credential;
+
+    fn deref(&self) -> &Credential {
+        &self.0
+    }
 }
 
 impl Caller {
-    fn from_credential(credential: Credential) -> Self {
-        Caller {
-            identity: credential.identity,
-            kind: credential.kind,
-            actors: credential.actors,
-        }
-    }
-
     /// The caller the layer attached, required to be of `kind`. A missing
     /// caller means the layer is not in front of this service: refuse.
     #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
@@ -60,11 +57,7 @@ impl Caller {
 
     /// Whether a host caller may speak for `actor`.
     pub fn may_assert(&self, actor: &str) -> bool {
-        self.kind == CredentialKind::Host
-            && self
-                .actors
-                .iter()
-                .any(|allowed| allowed == "*" || allowed == actor)
+        self.kind == CredentialKind::Host && self.0.may_assert(actor)
     }
 }
 
@@ -91,12 +84,16 @@ fn reach_of(path: &str) -> Reach {
     }
 }
 
+/// The caller of the host API when the policy declares no host credential.
 fn anonymous_host() -> Caller {
-    Caller {
-        identity: "anonymous".to_string(),
-        kind: CredentialKind::Host,
-        actors: vec!["*".to_string()],
-    }
+    static ANONYMOUS: LazyLock<Arc<Credential>> = LazyLock::new(|| {
+        Arc::new(Credential {
+            identity: "anonymous".to_string(),
+            kind: CredentialKind::Host,
+            actors: vec!["*".to_string()],
+        })
+    });
+    Caller(Arc::clone(&ANONYMOUS))
 }
 
 /// Decides whether a request may reach its service, and as whom.
@@ -155,7 +152,7 @@ fn authenticate(
             path.trim_start_matches('/').split('/').next().unwrap_or("")
         )));
     }
-    Ok(Some(Caller::from_credential(credential)))
+    Ok(Some(Caller(credential)))
 }
 
 /// The tower layer that authenticates every request.
@@ -207,8 +204,8 @@ where
         let authorization = request
             .headers()
             .get(http::header::AUTHORIZATION)
-            .map(|value| value.as_bytes().to_vec());
-        match authenticate(&self.engine, request.uri().path(), authorization.as_deref()) {
+            .map(http::HeaderValue::as_bytes);
+        match authenticate(&self.engine, request.uri().path(), authorization) {
             Ok(caller) => {
                 // Whatever a client sent, the only Caller is the one made here.
                 request.extensions_mut().remove::<Caller>();

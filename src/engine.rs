@@ -15,6 +15,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::audit;
+use crate::audit::Blank;
 use crate::canonical::Fingerprint;
 use crate::canonical::Value;
 use crate::clock::{Clock, Timestamp};
@@ -46,7 +47,7 @@ struct Shared {
     events: broadcast::Sender<ApprovalEvent>,
     /// Credentials made at start (the embedded default's reviewer token),
     /// kept across policy reloads.
-    runtime_credentials: RwLock<HashMap<Fingerprint, Credential>>,
+    runtime_credentials: RwLock<HashMap<Fingerprint, Arc<Credential>>>,
     /// Counters, when a server attached them (lock-free to read).
     metrics: std::sync::OnceLock<Arc<Metrics>>,
     /// Set once when the server begins to shut down; ends watch streams.
@@ -76,6 +77,7 @@ impl Engine {
 
     /// Adds a credential that is not in the policy file and survives reloads.
     pub fn add_runtime_credential(&self, token_digest: Fingerprint, credential: Credential) {
+        let credential = Arc::new(credential);
         match self.shared.runtime_credentials.write() {
             Ok(mut guard) => guard.insert(token_digest, credential),
             Err(poisoned) => poisoned.into_inner().insert(token_digest, credential),
@@ -83,9 +85,9 @@ impl Engine {
     }
 
     /// The credential whose token has this SHA-256 digest.
-    pub fn credential(&self, token_digest: &Fingerprint) -> Option<Credential> {
+    pub fn credential(&self, token_digest: &Fingerprint) -> Option<Arc<Credential>> {
         if let Some(credential) = self.policy().credentials.get(token_digest) {
-            return Some(credential.clone());
+            return Some(Arc::clone(credential));
         }
         let runtime = match self.shared.runtime_credentials.read() {
             Ok(guard) => guard,
@@ -148,11 +150,11 @@ impl Engine {
                 event.kind.audit_name(),
                 approval_id = %approval.id,
                 fingerprint = %approval.fingerprint,
-                actor = %approval.actor,
-                session_id = %approval.session_id,
-                workspace = %approval.workspace,
-                tool = %approval.tool,
-                call_id = %approval.call_id,
+                actor = approval.actor.as_str(),
+                session_id = approval.session_id.as_str(),
+                workspace = approval.workspace.as_str(),
+                tool = approval.tool.as_str(),
+                call_id = approval.call_id.as_str(),
                 status = approval.status.as_str(),
                 reviewer = approval.decided_by.as_deref().unwrap_or(""),
             );
@@ -186,13 +188,13 @@ impl Engine {
             outcome,
             reason = decision.reason,
             fingerprint = %decision.fingerprint,
-            actor = %session.actor,
-            session_id = %session.session_id,
-            workspace = %session.workspace,
-            tool = %proposal.name,
-            call_id = %proposal.call_id,
-            approval_id = %decision.approval.map(|(id, _)| id.to_string()).unwrap_or_default(),
-            policy_revision = %policy.revision,
+            actor = session.actor.as_str(),
+            session_id = session.session_id.as_str(),
+            workspace = session.workspace.as_str(),
+            tool = proposal.name.as_str(),
+            call_id = proposal.call_id.as_str(),
+            approval_id = %Blank(decision.approval.map(|(id, _)| id)),
+            policy_revision = policy.revision.as_str(),
         );
         Ok((decision, policy.revision.clone()))
     }
@@ -223,15 +225,15 @@ impl Engine {
             reason = dispatched.reason,
             replayed = dispatched.replayed,
             fingerprint = %dispatched.fingerprint,
-            receipt_id = %dispatched.receipt_id.map(|id| id.to_string()).unwrap_or_default(),
+            receipt_id = %Blank(dispatched.receipt_id),
             version = result.map_or(0, |result| result.version),
             resource = result.and_then(|result| result.resource.as_deref()).unwrap_or(""),
-            actor = %session.actor,
-            session_id = %session.session_id,
-            tool = %proposal.name,
-            call_id = %proposal.call_id,
-            approval_id = %dispatched.approval_id.map(|id| id.to_string()).unwrap_or_default(),
-            policy_revision = %policy.revision,
+            actor = session.actor.as_str(),
+            session_id = session.session_id.as_str(),
+            tool = proposal.name.as_str(),
+            call_id = proposal.call_id.as_str(),
+            approval_id = %Blank(dispatched.approval_id),
+            policy_revision = policy.revision.as_str(),
         );
         Ok((dispatched, policy.revision.clone()))
     }
@@ -364,13 +366,7 @@ impl Engine {
         let record = self
             .state()?
             .pin_manifest(now, reviewer, manifest, expected)?;
-        audit!(
-            "pin_changed",
-            action = "pinned",
-            server_id = %record.server_id,
-            fingerprint = %record.fingerprint,
-            reviewer = %reviewer,
-        );
+        audit_pin_change("pinned", &record, reviewer);
         Ok(record)
     }
 
@@ -382,13 +378,17 @@ impl Engine {
     pub fn remove_pin(&self, reviewer: &str, server_id: &str) -> Result<PinRecord> {
         let policy = self.policy();
         let record = self.state()?.remove_pin(&policy, server_id)?;
-        audit!(
-            "pin_changed",
-            action = "removed",
-            server_id = %record.server_id,
-            fingerprint = %record.fingerprint,
-            reviewer = %reviewer,
-        );
+        audit_pin_change("removed", &record, reviewer);
         Ok(record)
     }
+}
+
+fn audit_pin_change(action: &'static str, record: &PinRecord, reviewer: &str) {
+    audit!(
+        "pin_changed",
+        action,
+        server_id = record.server_id.as_str(),
+        fingerprint = %record.fingerprint,
+        reviewer,
+    );
 }

@@ -13,8 +13,11 @@ use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::prelude::*;
 
 use toolgate::audit;
+use toolgate::audit::{AuditFormat, AuditLayer};
 
 use toolgate::cli::{Cli, Command, LogFormat, ServeArgs};
 use toolgate::clock::SystemClock;
@@ -37,19 +40,33 @@ fn main() -> ExitCode {
 
 /// Logs go to stderr through a background writer, so a Decide never waits
 /// for a `write` system call. It is not lossy: when its buffer is full,
-/// callers wait rather than drop audit events. The guard flushes at exit.
+/// callers wait rather than drop audit events. It writes what it has in one
+/// go (a buffered stderr, flushed whenever it has caught up), and the guard
+/// flushes at exit. Audit events have their own formatter ([`AuditLayer`]);
+/// `RUST_LOG` filters both.
 fn init_tracing(format: LogFormat) -> WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(false)
-        .finish(std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .finish(std::io::BufWriter::new(std::io::stderr()));
+    // Both layers are filtered by target, so that a callsite neither wants
+    // (h2's trace events, say) stays disabled once and for all instead of
+    // being asked about on every event.
+    let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET);
+    let only_audit = filter_fn(|metadata| metadata.target() == audit::TARGET);
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(writer);
+        .with_writer(writer.clone());
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => registry
+            .with(logs.with_filter(not_audit))
+            .with(AuditLayer::new(writer, AuditFormat::Text).with_filter(only_audit))
+            .init(),
+        LogFormat::Json => registry
+            .with(logs.json().flatten_event(true).with_filter(not_audit))
+            .with(AuditLayer::new(writer, AuditFormat::Json).with_filter(only_audit))
+            .init(),
     }
     guard
 }

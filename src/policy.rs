@@ -37,7 +37,7 @@ pub struct Policy {
     pub actors: HashMap<String, ActorProfile>,
     pub reviewers: HashMap<String, Reviewer>,
     /// Credentials by the SHA-256 digest of their bearer token.
-    pub credentials: HashMap<Fingerprint, Credential>,
+    pub credentials: HashMap<Fingerprint, Arc<Credential>>,
     pub pins: HashMap<String, PolicyPin>,
     pub limits: Limits,
     pub state: StatePolicy,
@@ -600,7 +600,7 @@ impl Policy {
                 identity: raw_credential.identity,
                 actors: raw_credential.actors,
             };
-            if credentials.insert(digest, credential).is_some() {
+            if credentials.insert(digest, Arc::new(credential)).is_some() {
                 return Err(loader.error(key("sha256"), "the same token digest is listed twice"));
             }
         }

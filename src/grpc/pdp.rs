@@ -35,7 +35,7 @@ impl PdpService {
 
 #[tonic::async_trait]
 impl PolicyDecisionPoint for PdpService {
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn decide(
         &self,
         request: Request<pb::DecideRequest>,
@@ -48,7 +48,7 @@ impl PolicyDecisionPoint for PdpService {
         Ok(Response::new(decide_response(decision, policy_revision)))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn dispatch(
         &self,
         request: Request<pb::DispatchRequest>,
@@ -64,7 +64,7 @@ impl PolicyDecisionPoint for PdpService {
         )))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn assess_manifest(
         &self,
         request: Request<pb::AssessManifestRequest>,
@@ -76,7 +76,7 @@ impl PolicyDecisionPoint for PdpService {
         Ok(Response::new(assessment.into()))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn get_session(
         &self,
         request: Request<pb::GetSessionRequest>,

@@ -23,7 +23,7 @@ impl PinsService {
 
 #[tonic::async_trait]
 impl ManifestPins for PinsService {
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn pin_manifest(
         &self,
         request: Request<pb::PinManifestRequest>,
@@ -39,7 +39,7 @@ impl ManifestPins for PinsService {
         Ok(Response::new(record.into()))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn list_pins(
         &self,
         request: Request<pb::ListPinsRequest>,
@@ -54,7 +54,7 @@ impl ManifestPins for PinsService {
         Ok(Response::new(pb::ListPinsResponse { pins }))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn remove_pin(
         &self,
         request: Request<pb::RemovePinRequest>,

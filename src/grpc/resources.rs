@@ -24,7 +24,7 @@ impl ResourcesService {
 
 #[tonic::async_trait]
 impl Resources for ResourcesService {
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn get_resource(
         &self,
         request: Request<pb::GetResourceRequest>,
