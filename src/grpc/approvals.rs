@@ -29,15 +29,19 @@ impl ApprovalsService {
         ApprovalsService { engine }
     }
 
-    fn review(
+    /// Grant, deny or revoke as the authenticated reviewer. `fields` takes
+    /// the approval id and the note out of the request message; `note_field`
+    /// names the note in errors.
+    fn review<T>(
         &self,
-        caller: &Caller,
-        id: &str,
+        request: Request<T>,
         verdict: Verdict,
-        note: String,
         note_field: &str,
-    ) -> Result<pb::Approval, Status> {
-        let id = approval_id(id, "approval_id")?;
+        fields: impl FnOnce(T) -> (String, String),
+    ) -> Result<Response<pb::Approval>, Status> {
+        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let (id, note) = fields(request.into_inner());
+        let id = approval_id(&id, "approval_id")?;
         if note.chars().count() > MAX_NOTE_LEN {
             return Err(crate::error::Error::invalid(
                 note_field,
@@ -46,7 +50,7 @@ impl ApprovalsService {
             .into());
         }
         let approval = self.engine.review(id, verdict, &caller.identity, note)?;
-        Ok(approval.into())
+        Ok(Response::new(approval.into()))
     }
 }
 
@@ -61,7 +65,7 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ApprovalEvent, Status>> 
 impl Approvals for ApprovalsService {
     type WatchApprovalsStream = EventStream;
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn get_approval(
         &self,
         request: Request<pb::GetApprovalRequest>,
@@ -71,7 +75,7 @@ impl Approvals for ApprovalsService {
         Ok(Response::new(self.engine.get_approval(id)?.into()))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn list_approvals(
         &self,
         request: Request<pb::ListApprovalsRequest>,
@@ -86,58 +90,37 @@ impl Approvals for ApprovalsService {
         }))
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn grant_approval(
         &self,
         request: Request<pb::GrantApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let message = request.into_inner();
-        let approval = self.review(
-            &caller,
-            &message.approval_id,
-            Verdict::Grant,
-            message.comment,
-            "comment",
-        )?;
-        Ok(Response::new(approval))
+        self.review(request, Verdict::Grant, "comment", |message| {
+            (message.approval_id, message.comment)
+        })
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn deny_approval(
         &self,
         request: Request<pb::DenyApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let message = request.into_inner();
-        let approval = self.review(
-            &caller,
-            &message.approval_id,
-            Verdict::Deny,
-            message.reason,
-            "reason",
-        )?;
-        Ok(Response::new(approval))
+        self.review(request, Verdict::Deny, "reason", |message| {
+            (message.approval_id, message.reason)
+        })
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn revoke_approval(
         &self,
         request: Request<pb::RevokeApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let message = request.into_inner();
-        let approval = self.review(
-            &caller,
-            &message.approval_id,
-            Verdict::Revoke,
-            message.reason,
-            "reason",
-        )?;
-        Ok(Response::new(approval))
+        self.review(request, Verdict::Revoke, "reason", |message| {
+            (message.approval_id, message.reason)
+        })
     }
 
-    #[tracing::instrument(skip_all)]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn watch_approvals(
         &self,
         request: Request<pb::WatchApprovalsRequest>,
