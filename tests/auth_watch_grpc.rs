@@ -269,20 +269,8 @@ identity = "alice"
 sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
 "#;
     let server = TestServer::start(policy).await;
-    // A watcher that subscribes and then never reads, on a connection with
-    // small HTTP/2 windows so that its client cannot buffer everything.
-    let small_windows = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .expect("endpoint")
-        .initial_stream_window_size(Some(16 * 1024))
-        .initial_connection_window_size(Some(16 * 1024))
-        .connect()
-        .await
-        .expect("connect");
-    let mut stalled = pb::approvals_client::ApprovalsClient::new(small_windows)
-        .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
-        .await
-        .expect("watch")
-        .into_inner();
+    // A watcher that subscribes and then never reads.
+    let mut stalled = server.stalled_watcher(ALICE).await;
     let requests = 3000;
     let a = session("a", "s1", "w");
     for index in 0..requests {

@@ -852,20 +852,8 @@ async fn a_flood_of_refused_requests_keeps_memory_bounded() {
 async fn a_watcher_that_never_reads_does_not_grow_memory() {
     let _serial = SERIAL.lock().await;
     let server = TestServer::start(&policy()).await;
-    // A watcher on a connection with small HTTP/2 windows that subscribes
-    // and then reads nothing until the end.
-    let small_windows = Endpoint::from_shared(format!("http://{}", server.addr))
-        .expect("endpoint")
-        .initial_stream_window_size(Some(16 * 1024))
-        .initial_connection_window_size(Some(16 * 1024))
-        .connect()
-        .await
-        .expect("connect");
-    let mut stalled = pb::approvals_client::ApprovalsClient::new(small_windows)
-        .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
-        .await
-        .expect("watch")
-        .into_inner();
+    // A watcher that subscribes and then never reads.
+    let mut stalled = server.stalled_watcher(ALICE).await;
     let channels = connections(&server, 4).await;
 
     // Request + deny cycles: two ledger transitions each, ~8 KB approvals,

@@ -198,6 +198,24 @@ impl TestServer {
         }
     }
 
+    /// A `WatchApprovals` stream that its caller means never to read, on a
+    /// connection of its own with small HTTP/2 windows, so that the client
+    /// cannot buffer everything the server sends it.
+    pub async fn stalled_watcher(&self, token: &str) -> tonic::Streaming<pb::ApprovalEvent> {
+        let small_windows = Endpoint::from_shared(format!("http://{}", self.addr))
+            .expect("endpoint")
+            .initial_stream_window_size(Some(16 * 1024))
+            .initial_connection_window_size(Some(16 * 1024))
+            .connect()
+            .await
+            .expect("connect");
+        ApprovalsClient::new(small_windows)
+            .watch_approvals(authed(pb::WatchApprovalsRequest {}, token))
+            .await
+            .expect("watch")
+            .into_inner()
+    }
+
     /// Stops the server and waits for it to finish.
     pub async fn stop(mut self) {
         if let Some(shutdown) = self.shutdown.take() {
