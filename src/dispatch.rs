@@ -2,13 +2,15 @@
 //! a commit. The check order itself lives in `State::dispatch`, next to the
 //! other operations, so that one critical section covers the whole commit.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use uuid::Uuid;
 
 use crate::canonical::{Fingerprint, Object, Value};
 use crate::clock::Timestamp;
 use crate::policy::{Effect, Limits, StatePolicy, VersionScope};
+use crate::state::table::Table;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DispatchStatus {
@@ -95,13 +97,78 @@ pub struct Receipt {
     pub created_at: Timestamp,
 }
 
+/// An actor's name and a call id in one shared allocation (the log's table
+/// and its age index hold the same one), ordered as the pair.
+#[derive(Debug, Clone)]
+struct CallKey {
+    actor_and_call_id: Arc<str>,
+    actor_len: usize,
+}
+
+impl CallKey {
+    fn new(actor: &str, call_id: &str) -> Self {
+        let mut text = String::with_capacity(actor.len() + call_id.len());
+        text.push_str(actor);
+        text.push_str(call_id);
+        CallKey {
+            actor_and_call_id: Arc::from(text),
+            actor_len: actor.len(),
+        }
+    }
+
+    fn actor(&self) -> &str {
+        self.actor_and_call_id
+            .get(..self.actor_len)
+            .unwrap_or_default()
+    }
+
+    fn call_id(&self) -> &str {
+        self.actor_and_call_id
+            .get(self.actor_len..)
+            .unwrap_or_default()
+    }
+
+    fn is(&self, actor: &str, call_id: &str) -> bool {
+        self.actor() == actor && self.call_id() == call_id
+    }
+}
+
+impl PartialEq for CallKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.is(other.actor(), other.call_id())
+    }
+}
+
+impl Eq for CallKey {}
+
+impl Ord for CallKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.actor(), self.call_id()).cmp(&(other.actor(), other.call_id()))
+    }
+}
+
+impl PartialOrd for CallKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A receipt under its key, boxed in the log so that growing the table
+/// moves pointers only.
+#[derive(Debug)]
+struct StoredReceipt {
+    key: CallKey,
+    receipt: Receipt,
+}
+
 /// Receipts by (actor, call id): each actor has its own call-id space, so one
 /// actor cannot occupy another's call ids. Capped; receipts older than the
 /// retention window may be evicted to make room, younger ones never are.
 #[derive(Debug, Default)]
 pub struct ReceiptLog {
-    receipts: HashMap<(String, String), Receipt>,
-    by_age: BTreeSet<(Timestamp, String, String)>,
+    receipts: Table<Box<StoredReceipt>>,
+    /// Oldest first; among receipts of the same millisecond, by (actor, call id).
+    by_age: BTreeSet<(Timestamp, CallKey)>,
 }
 
 impl ReceiptLog {
@@ -113,8 +180,17 @@ impl ReceiptLog {
         self.receipts.is_empty()
     }
 
+    /// The hash a key is found under, from borrowed parts (no allocation).
+    fn hash(&self, actor: &str, call_id: &str) -> u64 {
+        self.receipts.hash(&(actor, call_id))
+    }
+
     pub fn get(&self, actor: &str, call_id: &str) -> Option<&Receipt> {
-        self.receipts.get(&(actor.to_string(), call_id.to_string()))
+        self.receipts
+            .find(self.hash(actor, call_id), |stored| {
+                stored.key.is(actor, call_id)
+            })
+            .map(|stored| &stored.receipt)
     }
 
     /// Makes room for one more receipt if the log is full, evicting only
@@ -122,56 +198,72 @@ impl ReceiptLog {
     pub fn make_room(&mut self, now: Timestamp, limits: &Limits) -> bool {
         let retention = u64::try_from(limits.receipt_retention.as_millis()).unwrap_or(u64::MAX);
         while self.receipts.len() >= limits.receipt_capacity {
-            let Some((created_at, actor, call_id)) = self.by_age.first().cloned() else {
+            let Some((created_at, _)) = self.by_age.first() else {
                 return false;
             };
-            if now.millis_since(created_at) < retention {
+            if now.millis_since(*created_at) < retention {
                 return false;
             }
-            self.by_age.pop_first();
-            self.receipts.remove(&(actor, call_id));
+            let Some((_, key)) = self.by_age.pop_first() else {
+                return false;
+            };
+            let hash = self.hash(key.actor(), key.call_id());
+            self.receipts
+                .remove(hash, |stored| stored.key.is(key.actor(), key.call_id()));
         }
         true
     }
 
+    /// Stores the receipt of a call id; the caller has checked that it has
+    /// none yet (Dispatch step 4, under the same lock).
     pub fn insert(&mut self, actor: &str, call_id: &str, receipt: Receipt) {
-        self.by_age
-            .insert((receipt.created_at, actor.to_string(), call_id.to_string()));
+        let hash = self.hash(actor, call_id);
+        let key = CallKey::new(actor, call_id);
+        self.by_age.insert((receipt.created_at, key.clone()));
         self.receipts
-            .insert((actor.to_string(), call_id.to_string()), receipt);
+            .insert_unique(hash, Box::new(StoredReceipt { key, receipt }));
     }
+}
+
+/// One resource Dispatch changes, with its own version (scope `resource`).
+#[derive(Debug, Clone, PartialEq)]
+struct Resource {
+    value: Value,
+    version: u64,
 }
 
 /// The versioned state that Dispatch changes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resources {
     scope: VersionScope,
-    values: BTreeMap<String, Value>,
-    /// Per-resource versions (scope `resource`).
-    versions: HashMap<String, u64>,
+    /// The resources the policy declared (a handful): one lookup gives the
+    /// value and the per-resource version.
+    resources: BTreeMap<String, Resource>,
     /// Bumped by every commit; the version in scope `global`, and the one
     /// that effect-`none` tools are checked against in scope `resource`.
     global_version: u64,
 }
 
-/// Where an effect lands, resolved from the policy and the arguments.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Target {
+/// Where an effect lands, resolved from the policy and the arguments. It
+/// borrows from them: nothing is copied until the commit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Target<'a> {
     /// Effect `none`: nothing but the receipt.
     Nothing,
     Set {
-        resource: String,
-        value: Value,
+        resource: &'a str,
+        value: &'a Value,
     },
+    /// The arguments, pushed as an object.
     Append {
-        resource: String,
-        item: Value,
+        resource: &'a str,
+        item: &'a Object,
     },
 }
 
-impl Target {
-    pub fn resource(&self) -> Option<&str> {
-        match self {
+impl<'a> Target<'a> {
+    pub fn resource(&self) -> Option<&'a str> {
+        match *self {
             Target::Nothing => None,
             Target::Set { resource, .. } | Target::Append { resource, .. } => Some(resource),
         }
@@ -180,7 +272,7 @@ impl Target {
 
 /// Resolves a tool's effect against the proposal's arguments. `Err` names
 /// why the target resource cannot be found.
-pub fn target(effect: &Effect, arguments: &Object) -> Result<Target, String> {
+pub fn target<'a>(effect: &'a Effect, arguments: &'a Object) -> Result<Target<'a>, String> {
     match effect {
         Effect::None => Ok(Target::Nothing),
         Effect::Set {
@@ -189,7 +281,7 @@ pub fn target(effect: &Effect, arguments: &Object) -> Result<Target, String> {
             resources,
         } => {
             let resource = match arguments.get(resource_argument) {
-                Some(Value::String(name)) => name.clone(),
+                Some(Value::String(name)) => name.as_str(),
                 Some(_) => {
                     return Err(format!(
                         "argument {resource_argument:?} must name a resource"
@@ -198,19 +290,18 @@ pub fn target(effect: &Effect, arguments: &Object) -> Result<Target, String> {
                 None => return Err(format!("argument {resource_argument:?} is missing")),
             };
             if let Some(allowed) = resources
-                && !allowed.contains(&resource)
+                && !allowed.iter().any(|name| name == resource)
             {
                 return Err(format!("{resource:?} is not a resource this tool may set"));
             }
             let value = arguments
                 .get(value_argument)
-                .cloned()
                 .ok_or_else(|| format!("argument {value_argument:?} is missing"))?;
             Ok(Target::Set { resource, value })
         }
         Effect::Append { resource } => Ok(Target::Append {
-            resource: resource.clone(),
-            item: Value::Object(arguments.clone()),
+            resource,
+            item: arguments,
         }),
     }
 }
@@ -219,11 +310,16 @@ impl Resources {
     pub fn new(policy: &StatePolicy) -> Self {
         Resources {
             scope: policy.version_scope,
-            values: policy.resources.clone(),
-            versions: policy
+            resources: policy
                 .resources
-                .keys()
-                .map(|name| (name.clone(), 0))
+                .iter()
+                .map(|(name, value)| {
+                    let resource = Resource {
+                        value: value.clone(),
+                        version: 0,
+                    };
+                    (name.clone(), resource)
+                })
                 .collect(),
             global_version: 0,
         }
@@ -233,80 +329,91 @@ impl Resources {
     /// exist yet get their initial values; existing values and versions stay.
     pub fn adopt(&mut self, policy: &StatePolicy) {
         for (name, value) in &policy.resources {
-            if !self.values.contains_key(name) {
-                self.values.insert(name.clone(), value.clone());
-                self.versions.insert(name.clone(), 0);
+            if !self.resources.contains_key(name) {
+                let resource = Resource {
+                    value: value.clone(),
+                    version: 0,
+                };
+                self.resources.insert(name.clone(), resource);
             }
         }
         self.scope = policy.version_scope;
     }
 
-    /// The version a proposal for this target must carry.
-    pub fn version_for(&self, target: &Target) -> u64 {
-        match (self.scope, target.resource()) {
-            (VersionScope::Resource, Some(resource)) => {
-                self.versions.get(resource).copied().unwrap_or(0)
-            }
+    /// The version in force for a resource (or for effect `none`).
+    fn version_of(&self, resource: Option<&str>) -> u64 {
+        match (self.scope, resource) {
+            (VersionScope::Resource, Some(name)) => self
+                .resources
+                .get(name)
+                .map_or(0, |resource| resource.version),
             _ => self.global_version,
         }
     }
 
+    /// The version a proposal for this target must carry.
+    pub fn version_for(&self, target: &Target<'_>) -> u64 {
+        self.version_of(target.resource())
+    }
+
     /// A resource's value and the version a proposal against it must carry.
     pub fn get(&self, name: &str) -> Option<(&Value, u64)> {
-        let value = self.values.get(name)?;
+        let resource = self.resources.get(name)?;
         let version = match self.scope {
             VersionScope::Global => self.global_version,
-            VersionScope::Resource => self.versions.get(name).copied().unwrap_or(0),
+            VersionScope::Resource => resource.version,
         };
-        Some((value, version))
+        Some((&resource.value, version))
     }
 
     /// Checks that the target can be applied; the message says why not.
-    pub fn check(&self, target: &Target) -> Result<(), String> {
-        match target {
+    pub fn check(&self, target: &Target<'_>) -> Result<(), String> {
+        match *target {
             Target::Nothing => Ok(()),
-            Target::Set { resource, .. } => match self.values.contains_key(resource) {
+            Target::Set { resource, .. } => match self.resources.contains_key(resource) {
                 true => Ok(()),
                 false => Err(format!("no resource {resource:?}")),
             },
-            Target::Append { resource, .. } => match self.values.get(resource) {
-                Some(Value::Array(_)) => Ok(()),
+            Target::Append { resource, .. } => match self.resources.get(resource) {
+                Some(Resource {
+                    value: Value::Array(_),
+                    ..
+                }) => Ok(()),
                 Some(_) => Err(format!("resource {resource:?} is not a list")),
                 None => Err(format!("no resource {resource:?}")),
             },
         }
     }
 
-    /// Applies a checked target and bumps the version(s).
-    pub fn apply(&mut self, target: Target) -> CommitResult {
+    /// Applies a checked target and bumps the version(s). Copies the value
+    /// in (the proposal keeps its own) and a copy of the new value out.
+    pub fn apply(&mut self, target: &Target<'_>) -> CommitResult {
         self.global_version += 1;
-        let resource = target.resource().map(str::to_string);
-        match target {
-            Target::Nothing => {}
-            Target::Set { resource, value } => {
-                self.values.insert(resource, value);
-            }
-            Target::Append { resource, item } => {
-                if let Some(Value::Array(items)) = self.values.get_mut(&resource) {
-                    items.push(item);
+        let Some(name) = target.resource() else {
+            return CommitResult {
+                version: self.global_version,
+                resource: None,
+                value: None,
+            };
+        };
+        let value = match self.resources.get_mut(name) {
+            Some(resource) => {
+                match (*target, &mut resource.value) {
+                    (Target::Set { value, .. }, stored) => stored.clone_from(value),
+                    (Target::Append { item, .. }, Value::Array(items)) => {
+                        items.push(Value::Object(item.clone()));
+                    }
+                    _ => {}
                 }
+                resource.version += 1;
+                Some(resource.value.clone())
             }
-        }
-        if let Some(name) = &resource
-            && let Some(version) = self.versions.get_mut(name)
-        {
-            *version += 1;
-        }
-        let version = match (self.scope, &resource) {
-            (VersionScope::Resource, Some(name)) => self.versions.get(name).copied().unwrap_or(0),
-            _ => self.global_version,
+            None => None,
         };
         CommitResult {
-            version,
-            value: resource
-                .as_ref()
-                .and_then(|name| self.values.get(name).cloned()),
-            resource,
+            version: self.version_of(Some(name)),
+            resource: Some(name.to_string()),
+            value,
         }
     }
 }

@@ -5,9 +5,11 @@
 //! expired`. Every transition returns an [`ApprovalEvent`] for the audit log
 //! and for watchers.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use uuid::Uuid;
+
+use crate::state::table::Table;
 
 use crate::canonical::Fingerprint;
 use crate::clock::Timestamp;
@@ -170,18 +172,51 @@ pub struct Page {
     pub next: Option<PageKey>,
 }
 
+/// The latest approval for one (workspace, fingerprint).
+#[derive(Debug)]
+struct Current {
+    workspace: String,
+    fingerprint: Fingerprint,
+    id: Uuid,
+}
+
+/// Records are boxed so that growing the table moves pointers, not records.
+type Records = Table<Box<Approval>>;
+
+fn find_record(records: &Records, id: Uuid) -> Option<&Approval> {
+    records
+        .find(records.hash(&id), |approval| approval.id == id)
+        .map(|approval| &**approval)
+}
+
+fn find_record_mut(records: &mut Records, id: Uuid) -> Option<&mut Approval> {
+    records
+        .find_mut(records.hash(&id), |approval| approval.id == id)
+        .map(|approval| &mut **approval)
+}
+
+/// The hash a (workspace, fingerprint) is found under, from borrowed parts.
+fn current_hash(current: &Table<Current>, workspace: &str, fingerprint: &Fingerprint) -> u64 {
+    current.hash(&(workspace, fingerprint))
+}
+
 #[derive(Debug, Default)]
 pub struct Ledger {
-    records: HashMap<Uuid, Approval>,
+    records: Records,
     /// The latest approval per (workspace, fingerprint).
-    current: HashMap<(String, Fingerprint), Uuid>,
+    current: Table<Current>,
     /// Live approvals by deadline, for exact and cheap expiry.
     deadlines: BTreeSet<(Timestamp, Uuid)>,
-    /// Finished approvals (not denied) by finish time, evicted after retention.
-    finished: BTreeSet<(Timestamp, Uuid)>,
+    /// Finished approvals (not denied) by (finish time, finish serial),
+    /// evicted oldest first after retention. The serial orders approvals
+    /// finished in the same millisecond as they finished, so a new entry
+    /// lands at the end of the tree instead of at a random place.
+    finished: BTreeMap<(Timestamp, u64), Uuid>,
     /// Denied approvals by finish time: kept so that denials stick, evicted
     /// only when the record cap needs room.
-    denied: BTreeSet<(Timestamp, Uuid)>,
+    denied: BTreeMap<(Timestamp, u64), Uuid>,
+    /// The next finish serial.
+    finish_serial: u64,
     /// All records by (requested_at, id): listing order and page tokens.
     by_request: BTreeSet<(Timestamp, Uuid)>,
     pending_by_actor: HashMap<String, usize>,
@@ -218,10 +253,11 @@ impl Ledger {
         let retention_cutoff = Timestamp(now.0.saturating_sub(
             u64::try_from(limits.approval_retention.as_millis()).unwrap_or(u64::MAX),
         ));
-        while let Some(&(finished_at, id)) = self.finished.first() {
+        while let Some((&(finished_at, _), &id)) = self.finished.first_key_value() {
             if finished_at > retention_cutoff {
                 break;
             }
+            self.finished.pop_first();
             self.evict(id);
         }
         events
@@ -229,10 +265,13 @@ impl Ledger {
 
     /// The ledger's standing for a proposal in a workspace.
     pub fn standing(&self, workspace: &str, fingerprint: Fingerprint) -> Standing {
+        let hash = current_hash(&self.current, workspace, &fingerprint);
         let Some(approval) = self
             .current
-            .get(&(workspace.to_string(), fingerprint))
-            .and_then(|id| self.records.get(id))
+            .find(hash, |current| {
+                current.fingerprint == fingerprint && current.workspace == workspace
+            })
+            .and_then(|current| find_record(&self.records, current.id))
         else {
             return Standing::None;
         };
@@ -277,9 +316,8 @@ impl Ledger {
         while self.records.len() >= limits.max_approval_records {
             let oldest = self
                 .finished
-                .first()
-                .or_else(|| self.denied.first())
-                .copied();
+                .pop_first()
+                .or_else(|| self.denied.pop_first());
             match oldest {
                 Some((_, id)) => self.evict(id),
                 None => break,
@@ -304,18 +342,34 @@ impl Ledger {
             decision_note: String::new(),
             finished_at: None,
         };
-        *self
-            .pending_by_actor
-            .entry(approval.actor.clone())
-            .or_insert(0) += 1;
+        match self.pending_by_actor.get_mut(&approval.actor) {
+            Some(count) => *count += 1,
+            None => {
+                self.pending_by_actor.insert(approval.actor.clone(), 1);
+            }
+        }
         self.pending_total += 1;
         self.deadlines.insert((approval.expires_at, approval.id));
         self.by_request.insert((approval.requested_at, approval.id));
-        self.current.insert(
-            (approval.workspace.clone(), approval.fingerprint),
-            approval.id,
-        );
-        self.records.insert(approval.id, approval.clone());
+        let hash = current_hash(&self.current, &approval.workspace, &approval.fingerprint);
+        match self.current.find_mut(hash, |current| {
+            current.fingerprint == approval.fingerprint && current.workspace == approval.workspace
+        }) {
+            Some(current) => current.id = approval.id,
+            None => {
+                self.current.insert_unique(
+                    hash,
+                    Current {
+                        workspace: approval.workspace.clone(),
+                        fingerprint: approval.fingerprint,
+                        id: approval.id,
+                    },
+                );
+            }
+        }
+        let record_hash = self.records.hash(&approval.id);
+        self.records
+            .insert_unique(record_hash, Box::new(approval.clone()));
         ApprovalEvent {
             kind: EventKind::Requested,
             approval,
@@ -323,9 +377,7 @@ impl Ledger {
     }
 
     pub fn get(&self, id: Uuid) -> Result<&Approval> {
-        self.records
-            .get(&id)
-            .ok_or_else(|| Error::NotFound(format!("no approval {id}")))
+        find_record(&self.records, id).ok_or_else(|| Error::NotFound(format!("no approval {id}")))
     }
 
     /// Grant, deny or revoke by `reviewer`, whose authority is checked
@@ -346,16 +398,22 @@ impl Ledger {
         match (verdict, status) {
             (Verdict::Grant, ApprovalStatus::Pending) => {
                 let expires_at = now.saturating_add(policy.limits.grant_ttl);
-                self.transition(id, |approval| {
-                    approval.status = ApprovalStatus::Granted;
-                    approval.expires_at = expires_at;
-                    approval.decided_by = Some(reviewer.to_string());
-                    approval.decided_at = Some(now);
-                    approval.decision_note = note;
-                });
-                self.pending_decrement(id);
+                let Some(approval) = find_record_mut(&mut self.records, id) else {
+                    return Err(Error::Internal("approval vanished while granting".into()));
+                };
+                decrement_pending(
+                    &mut self.pending_total,
+                    &mut self.pending_by_actor,
+                    &approval.actor,
+                );
+                self.deadlines.remove(&(approval.expires_at, id));
+                approval.status = ApprovalStatus::Granted;
+                approval.expires_at = expires_at;
+                approval.decided_by = Some(reviewer.to_string());
+                approval.decided_at = Some(now);
+                approval.decision_note = note;
+                let approval = approval.clone();
                 self.deadlines.insert((expires_at, id));
-                let approval = self.get(id)?.clone();
                 Ok(ApprovalEvent {
                     kind: EventKind::Granted,
                     approval,
@@ -400,7 +458,7 @@ impl Ledger {
         };
         let mut page = Page::default();
         for key in self.by_request.range((start, std::ops::Bound::Unbounded)) {
-            let Some(approval) = self.records.get(&key.1) else {
+            let Some(approval) = find_record(&self.records, key.1) else {
                 continue;
             };
             let matches = query.status.is_none_or(|status| approval.status == status)
@@ -427,26 +485,6 @@ impl Ledger {
         page
     }
 
-    fn transition(&mut self, id: Uuid, change: impl FnOnce(&mut Approval)) {
-        if let Some(approval) = self.records.get_mut(&id) {
-            self.deadlines.remove(&(approval.expires_at, id));
-            change(approval);
-        }
-    }
-
-    fn pending_decrement(&mut self, id: Uuid) {
-        let Some(approval) = self.records.get(&id) else {
-            return;
-        };
-        self.pending_total = self.pending_total.saturating_sub(1);
-        if let Some(count) = self.pending_by_actor.get_mut(&approval.actor) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.pending_by_actor.remove(&approval.actor);
-            }
-        }
-    }
-
     /// Moves a live approval to a final status.
     fn finish(
         &mut self,
@@ -456,26 +494,25 @@ impl Ledger {
         reviewer: Option<&str>,
         note: String,
     ) -> Option<ApprovalEvent> {
-        let was = self.records.get(&id)?.status;
+        let approval = find_record_mut(&mut self.records, id)?;
+        let was = approval.status;
         if !was.is_live() {
             return None;
         }
         if was == ApprovalStatus::Pending {
-            self.pending_decrement(id);
+            decrement_pending(
+                &mut self.pending_total,
+                &mut self.pending_by_actor,
+                &approval.actor,
+            );
         }
-        self.transition(id, |approval| {
-            approval.status = status;
-            approval.finished_at = Some(now);
-            if let Some(reviewer) = reviewer {
-                approval.decided_by = Some(reviewer.to_string());
-                approval.decided_at = Some(now);
-                approval.decision_note = note;
-            }
-        });
-        if status == ApprovalStatus::Denied {
-            self.denied.insert((now, id));
-        } else {
-            self.finished.insert((now, id));
+        self.deadlines.remove(&(approval.expires_at, id));
+        approval.status = status;
+        approval.finished_at = Some(now);
+        if let Some(reviewer) = reviewer {
+            approval.decided_by = Some(reviewer.to_string());
+            approval.decided_at = Some(now);
+            approval.decision_note = note;
         }
         let kind = match status {
             ApprovalStatus::Denied => EventKind::Denied,
@@ -483,27 +520,48 @@ impl Ledger {
             ApprovalStatus::Consumed => EventKind::Consumed,
             _ => EventKind::Expired,
         };
-        let approval = self.records.get(&id)?.clone();
-        Some(ApprovalEvent { kind, approval })
+        let event = ApprovalEvent {
+            kind,
+            approval: approval.clone(),
+        };
+        if status == ApprovalStatus::Denied {
+            self.denied.insert((now, self.finish_serial), id);
+        } else {
+            self.finished.insert((now, self.finish_serial), id);
+        }
+        self.finish_serial += 1;
+        Some(event)
     }
 
+    /// Drops a finished record (already taken out of `finished` or
+    /// `denied` by the caller) and its index entries; a live one is kept.
     fn evict(&mut self, id: Uuid) {
-        let Some(approval) = self.records.remove(&id) else {
+        let hash = self.records.hash(&id);
+        match self.records.find(hash, |approval| approval.id == id) {
+            Some(approval) if !approval.status.is_live() => {}
+            _ => return,
+        }
+        let Some(approval) = self.records.remove(hash, |approval| approval.id == id) else {
             return;
         };
-        if approval.status.is_live() {
-            // Never evict a live approval; put it back.
-            self.records.insert(id, approval);
-            return;
-        }
-        if let Some(finished_at) = approval.finished_at {
-            self.finished.remove(&(finished_at, id));
-            self.denied.remove(&(finished_at, id));
-        }
         self.by_request.remove(&(approval.requested_at, id));
-        let key = (approval.workspace, approval.fingerprint);
-        if self.current.get(&key) == Some(&id) {
-            self.current.remove(&key);
+        // Only when it is still the latest for its (workspace, fingerprint).
+        let current = current_hash(&self.current, &approval.workspace, &approval.fingerprint);
+        self.current.remove(current, |entry| entry.id == id);
+    }
+}
+
+/// One pending request fewer for `actor`.
+fn decrement_pending(
+    pending_total: &mut usize,
+    pending_by_actor: &mut HashMap<String, usize>,
+    actor: &str,
+) {
+    *pending_total = pending_total.saturating_sub(1);
+    if let Some(count) = pending_by_actor.get_mut(actor) {
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            pending_by_actor.remove(actor);
         }
     }
 }

@@ -7,26 +7,74 @@
 //! a budget. Idle sessions are evicted after the policy's TTL and the table
 //! is capped.
 
-use std::collections::HashMap;
-
 use crate::canonical::Fingerprint;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::policy::{ActorProfile, Limits};
 use crate::proposal::SessionRef;
+use crate::state::table::Table;
 
 /// Call ids remembered per session when the profile sets no decision budget.
 pub const MAX_CALLS_PER_SESSION: u64 = 100_000;
 
-#[derive(Debug, Clone, PartialEq)]
+/// One call id decided in a session and the fingerprint it was decided for.
+#[derive(Debug, Clone)]
+struct DecidedCall {
+    call_id: Box<str>,
+    fingerprint: Fingerprint,
+}
+
+/// The call ids a session has decided, each with its fingerprint.
+#[derive(Debug, Clone, Default)]
+pub struct DecidedCalls {
+    calls: Table<DecidedCall>,
+}
+
+impl DecidedCalls {
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// The fingerprint `call_id` was decided for, if it was.
+    pub fn get(&self, call_id: &str) -> Option<Fingerprint> {
+        self.calls
+            .find(self.calls.hash(call_id), |call| &*call.call_id == call_id)
+            .map(|call| call.fingerprint)
+    }
+
+    /// Records the fingerprint a call id was decided for.
+    pub fn insert(&mut self, call_id: &str, fingerprint: Fingerprint) {
+        let hash = self.calls.hash(call_id);
+        match self.calls.find_mut(hash, |call| &*call.call_id == call_id) {
+            Some(call) => call.fingerprint = fingerprint,
+            None => {
+                self.calls.insert_unique(
+                    hash,
+                    DecidedCall {
+                        call_id: call_id.into(),
+                        fingerprint,
+                    },
+                );
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
 pub struct Session {
     pub session_id: String,
     pub actor: String,
     pub workspace: String,
     pub started_at: Timestamp,
     pub last_seen: Timestamp,
-    /// Fingerprint of every call id decided in this session.
-    pub decided: HashMap<String, Fingerprint>,
+    /// Fingerprint of every call id decided in this session (up to
+    /// [`MAX_CALLS_PER_SESSION`] or the profile's decision budget, so a
+    /// table that grows a shard at a time).
+    pub decided: DecidedCalls,
     pub decisions: u64,
     pub tool_attempts: u64,
     pub executed_tools: u64,
@@ -44,7 +92,7 @@ impl Session {
             workspace: session.workspace.clone(),
             started_at: now,
             last_seen: now,
-            decided: HashMap::new(),
+            decided: DecidedCalls::default(),
             decisions: 0,
             tool_attempts: 0,
             executed_tools: 0,
@@ -71,9 +119,10 @@ pub enum BudgetCheck {
     Refused(&'static str),
 }
 
+/// Sessions by id. Boxed, so that growing the table moves pointers only.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    sessions: HashMap<String, Session>,
+    sessions: Table<Box<Session>>,
 }
 
 impl Sessions {
@@ -85,14 +134,29 @@ impl Sessions {
         self.sessions.is_empty()
     }
 
+    fn hash(&self, session_id: &str) -> u64 {
+        self.sessions.hash(session_id)
+    }
+
     pub fn get(&self, session_id: &str) -> Option<&Session> {
-        self.sessions.get(session_id)
+        self.sessions
+            .find(self.hash(session_id), |session| {
+                session.session_id == session_id
+            })
+            .map(|session| &**session)
+    }
+
+    pub fn get_mut(&mut self, session_id: &str) -> Option<&mut Session> {
+        let hash = self.hash(session_id);
+        self.sessions
+            .find_mut(hash, |session| session.session_id == session_id)
+            .map(|session| &mut **session)
     }
 
     /// A session id is bound to the actor and workspace it started with
     /// (part of SPEC §4 step 1: the session must be valid).
     pub fn check_binding(&self, session: &SessionRef) -> Result<()> {
-        let Some(existing) = self.sessions.get(&session.session_id) else {
+        let Some(existing) = self.get(&session.session_id) else {
             return Ok(());
         };
         if existing.actor != session.actor {
@@ -118,13 +182,21 @@ impl Sessions {
         limits: &Limits,
     ) -> Result<&mut Session> {
         self.check_binding(session)?;
-        if !self.sessions.contains_key(&session.session_id) {
+        let hash = self.hash(&session.session_id);
+        let session_id = session.session_id.as_str();
+        if self
+            .sessions
+            .find(hash, |existing| existing.session_id == session_id)
+            .is_none()
+        {
             self.check_room(now, limits)?;
+            self.sessions
+                .insert_unique(hash, Box::new(Session::new(session, now)));
         }
         let entry = self
             .sessions
-            .entry(session.session_id.clone())
-            .or_insert_with(|| Session::new(session, now));
+            .find_mut(hash, |existing| existing.session_id == session_id)
+            .ok_or_else(|| Error::Internal("session vanished while opening it".into()))?;
         entry.last_seen = now;
         Ok(entry)
     }
@@ -144,15 +216,11 @@ impl Sessions {
         Ok(())
     }
 
-    pub fn get_mut(&mut self, session_id: &str) -> Option<&mut Session> {
-        self.sessions.get_mut(session_id)
-    }
-
     /// Drops sessions idle for longer than the policy's TTL.
     pub fn evict_idle(&mut self, now: Timestamp, limits: &Limits) {
         let idle_millis = u64::try_from(limits.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
         self.sessions
-            .retain(|_, session| now.millis_since(session.last_seen) < idle_millis);
+            .retain(|session| now.millis_since(session.last_seen) < idle_millis);
     }
 }
 
@@ -168,7 +236,7 @@ pub fn check_budget(
     now: Timestamp,
 ) -> BudgetCheck {
     let check = match session.decided.get(call_id) {
-        Some(decided) if *decided != fingerprint => {
+        Some(decided) if decided != fingerprint => {
             return BudgetCheck::Refused("call-id-conflict");
         }
         Some(_) => BudgetCheck::Repeat,
@@ -197,7 +265,7 @@ pub fn check_budget(
 
 /// Charges a new call id to the session.
 pub fn charge(session: &mut Session, call_id: &str, fingerprint: Fingerprint, is_tool_call: bool) {
-    session.decided.insert(call_id.to_string(), fingerprint);
+    session.decided.insert(call_id, fingerprint);
     session.decisions += 1;
     if is_tool_call {
         session.tool_attempts += 1;

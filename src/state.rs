@@ -2,6 +2,8 @@
 //! method on this one type, called with the policy snapshot and the time, so
 //! that a durable or replicated backend can implement the same operations.
 
+pub(crate) mod table;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -502,7 +504,7 @@ impl State {
         if let Some(grant) = grant {
             events.push(self.ledger.consume(grant, now)?);
         }
-        let result = self.resources.apply(target);
+        let result = self.resources.apply(&target);
         let receipt = Receipt {
             id: Uuid::new_v4(),
             fingerprint,
