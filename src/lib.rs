@@ -41,6 +41,7 @@ pub mod fuzzing;
 pub mod grpc;
 pub mod ids;
 pub mod ledger;
+pub mod logwriter;
 pub mod manifest;
 pub mod metrics;
 pub mod overload;

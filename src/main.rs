@@ -11,13 +11,13 @@ use std::sync::Arc;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
-use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
 use toolgate::audit;
 use toolgate::audit::{AuditFormat, AuditLayer};
+use toolgate::logwriter::{self, LogGuard};
 
 use toolgate::cli::{Cli, Command, LogFormat, ServeArgs};
 use toolgate::clock::SystemClock;
@@ -38,17 +38,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs go to stderr through a background writer, so a Decide never waits
-/// for a `write` system call. It is not lossy: when its buffer is full,
-/// callers wait rather than drop audit events. It writes what it has in one
-/// go (a buffered stderr, flushed whenever it has caught up), and the guard
-/// flushes at exit. Audit events have their own formatter ([`AuditLayer`]);
-/// `RUST_LOG` filters both.
-fn init_tracing(format: LogFormat) -> WorkerGuard {
+/// Logs go to stderr through a background writer ([`logwriter`]), so a
+/// Decide never waits for a `write` system call. It is not lossy: when its
+/// buffer is full, callers wait rather than drop audit events. The guard
+/// writes what is left at exit. Audit events have their own formatter
+/// ([`AuditLayer`]); `RUST_LOG` filters both.
+fn init_tracing(format: LogFormat) -> std::io::Result<LogGuard> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::BufWriter::new(std::io::stderr()));
+    let (writer, guard) = logwriter::spawn(std::io::stderr())?;
     // Both layers are filtered by target, so that a callsite neither wants
     // (h2's trace events, say) stays disabled once and for all instead of
     // being asked about on every event.
@@ -68,11 +65,17 @@ fn init_tracing(format: LogFormat) -> WorkerGuard {
             .with(AuditLayer::new(writer, AuditFormat::Json).with_filter(only_audit))
             .init(),
     }
-    guard
+    Ok(guard)
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let _flush_logs_at_exit = init_tracing(args.log_format);
+    let _flush_logs_at_exit = match init_tracing(args.log_format) {
+        Ok(guard) => guard,
+        Err(error) => {
+            eprintln!("toolgate: cannot start the log writer: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let policy = match &args.config {
         Some(path) => Policy::load(path),
         None => Policy::embedded_default(),
