@@ -636,27 +636,40 @@ fn key_order(a: &str, b: &str) -> std::cmp::Ordering {
 }
 
 /// Offset of the first `"`, `\\` or control byte (< 0x20) in `bytes`.
-///
-/// Scans eight bytes per step (SWAR): for each word, the classic
-/// "has zero byte" bit trick flags bytes equal to `"` or `\\` and bytes
-/// below 0x20. The lowest flagged byte is always exact (borrows only
-/// propagate upwards, past a true match), so it is the answer.
 #[inline]
 fn find_string_special(bytes: &[u8]) -> Option<usize> {
+    first_flagged::<false>(bytes)
+}
+
+/// Offset of the first `"`, `\\` or control byte (< 0x20) in `bytes`, and
+/// with `NON_ASCII` of the first byte >= 0x7f too (the first byte that is
+/// not [`is_plain`]).
+///
+/// Scans eight bytes per step (SWAR): for each word, the classic
+/// "has zero byte" bit trick flags bytes equal to `"`, `\\` (or 0x7f) and
+/// bytes below 0x20 (the word's own high bits flag bytes >= 0x80). The
+/// lowest flagged byte is always exact (borrows only propagate upwards, past
+/// a true match), so it is the answer.
+#[inline]
+fn first_flagged<const NON_ASCII: bool>(bytes: &[u8]) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let equal = |word: u64, byte: u8| {
+        let diff = word ^ (ONES * u64::from(byte));
+        diff.wrapping_sub(ONES) & !diff
+    };
     let mut chunks = bytes.chunks_exact(8);
     let mut offset = 0;
     for chunk in &mut chunks {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
         let word = u64::from_le_bytes(word);
-        let quote = word ^ (ONES * u64::from(b'"'));
-        let backslash = word ^ (ONES * u64::from(b'\\'));
-        let flags = ((quote.wrapping_sub(ONES) & !quote)
-            | (backslash.wrapping_sub(ONES) & !backslash)
-            | (word.wrapping_sub(ONES * 0x20) & !word))
-            & HIGHS;
+        let mut flags =
+            equal(word, b'"') | equal(word, b'\\') | (word.wrapping_sub(ONES * 0x20) & !word);
+        if NON_ASCII {
+            flags |= equal(word, 0x7f) | word;
+        }
+        let flags = flags & HIGHS;
         if flags != 0 {
             return Some(offset + (flags.trailing_zeros() / 8) as usize);
         }
@@ -665,7 +678,13 @@ fn find_string_special(bytes: &[u8]) -> Option<usize> {
     chunks
         .remainder()
         .iter()
-        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .position(|&b| {
+            if NON_ASCII {
+                !is_plain(b)
+            } else {
+                b == b'"' || b == b'\\' || b < 0x20
+            }
+        })
         .map(|n| offset + n)
 }
 
@@ -906,38 +925,10 @@ fn write_string<S: Sink>(s: &str, out: &mut S) {
     out.put_ascii(b'"');
 }
 
-/// Length of the leading run of [`is_plain`] bytes, eight bytes per step
-/// (same bit tricks as [`find_string_special`], plus bytes >= 0x7f).
+/// Length of the leading run of [`is_plain`] bytes.
 #[inline]
 fn plain_prefix_len(bytes: &[u8]) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let mut chunks = bytes.chunks_exact(8);
-    let mut offset = 0;
-    for chunk in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let word = u64::from_le_bytes(word);
-        let quote = word ^ (ONES * u64::from(b'"'));
-        let backslash = word ^ (ONES * u64::from(b'\\'));
-        let delete = word ^ (ONES * 0x7f);
-        let flags = ((quote.wrapping_sub(ONES) & !quote)
-            | (backslash.wrapping_sub(ONES) & !backslash)
-            | (delete.wrapping_sub(ONES) & !delete)
-            | (word.wrapping_sub(ONES * 0x20) & !word)
-            | word)
-            & HIGHS;
-        if flags != 0 {
-            return offset + (flags.trailing_zeros() / 8) as usize;
-        }
-        offset += 8;
-    }
-    let tail = chunks.remainder();
-    offset
-        + tail
-            .iter()
-            .position(|&b| !is_plain(b))
-            .unwrap_or(tail.len())
+    first_flagged::<true>(bytes).unwrap_or(bytes.len())
 }
 
 /// Writes `\uXXXX` with lowercase hex for a UTF-16 code unit.
