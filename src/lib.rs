@@ -9,10 +9,12 @@
 //! - [`session`]: agent sessions and their budgets.
 //! - [`ledger`]: the approval ledger and its lifecycle (SPEC §5).
 //! - [`dispatch`]: versioned resources, effects and the receipt log (SPEC §6).
-//! - [`state`]: `State`, everything remembered between calls; one method per operation.
+//! - [`state`]: `State`, everything remembered between calls; one method per operation;
+//!   `state::table`, the hash table its records live in (grows a shard at a time).
 //! - [`engine`]: `Engine`, the clone handle holding policy snapshot, clock and state.
 //! - [`clock`]: injectable time.
-//! - [`audit`]: structured audit events (SPEC §8).
+//! - [`audit`]: structured audit events (SPEC §8) and the layer that writes them.
+//! - [`logwriter`]: the background writer logs and audit lines go through.
 //! - [`auth`]: the authenticated caller of a request.
 //! - [`error`]: the domain error enum.
 //! - [`grpc`]: the edge: conversions, handlers, the error-to-status map.
