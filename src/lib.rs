@@ -13,7 +13,7 @@
 //!   `state::table`, the hash table its records live in (grows a shard at a time).
 //! - [`engine`]: `Engine`, the clone handle holding policy snapshot, clock and state.
 //! - [`clock`]: injectable time.
-//! - [`audit`]: structured audit events (SPEC §8) and the layer that writes them.
+//! - [`audit`](mod@audit): structured audit events (SPEC §8) and the layer that writes them.
 //! - [`logwriter`]: the background writer logs and audit lines go through.
 //! - [`auth`]: the authenticated caller of a request.
 //! - [`error`]: the domain error enum.
