@@ -26,7 +26,7 @@ use crate::manifest::{Assessment, Manifest};
 use crate::metrics::Metrics;
 use crate::policy::{Credential, CredentialKind, Policy};
 use crate::proposal::{self, Proposal, SessionRef};
-use crate::session::Session;
+use crate::session::SessionSummary;
 use crate::state::{Decision, Outcome, PinRecord, State, Stats};
 
 /// Ledger transitions buffered per watcher before it is told it lagged.
@@ -247,10 +247,10 @@ impl Engine {
         self.state()?.resource(name)
     }
 
-    pub fn session(&self, session_id: &str) -> Result<(Session, u64)> {
+    pub fn session(&self, session_id: &str) -> Result<SessionSummary> {
         let policy = self.policy();
-        let session = self.state()?.session(session_id)?;
-        Ok((session, policy.limits.decision_cost))
+        self.state()?
+            .session(session_id, policy.limits.decision_cost)
     }
 
     pub fn get_approval(&self, id: Uuid) -> Result<Approval> {

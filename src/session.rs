@@ -108,6 +108,37 @@ impl Session {
     }
 }
 
+/// What `GetSession` reports of a session: its counters, not the call ids
+/// it decided (which can be many, and are copied nowhere).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSummary {
+    pub session_id: String,
+    pub actor: String,
+    pub workspace: String,
+    pub started_at: Timestamp,
+    pub decisions: u64,
+    pub tool_attempts: u64,
+    pub executed_tools: u64,
+    pub work_units: u64,
+    pub stopped_reason: Option<&'static str>,
+}
+
+impl Session {
+    pub fn summary(&self, decision_cost: u64) -> SessionSummary {
+        SessionSummary {
+            session_id: self.session_id.clone(),
+            actor: self.actor.clone(),
+            workspace: self.workspace.clone(),
+            started_at: self.started_at,
+            decisions: self.decisions,
+            tool_attempts: self.tool_attempts,
+            executed_tools: self.executed_tools,
+            work_units: self.work_units(decision_cost),
+            stopped_reason: self.stopped_reason,
+        }
+    }
+}
+
 /// What the budget check decided for one call (SPEC §4 step 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BudgetCheck {

@@ -22,7 +22,7 @@ use crate::ledger::{
 use crate::manifest::{self, Assessment, Manifest, PinReference};
 use crate::policy::{Mode, Policy, Tool};
 use crate::proposal::{self, Proposal, Refusal, Screened, SessionRef};
-use crate::session::{self, BudgetCheck, Session, Sessions};
+use crate::session::{self, BudgetCheck, Session, SessionSummary, Sessions};
 
 /// Most pins that may be made through the API.
 pub const MAX_API_PINS: usize = 1024;
@@ -537,10 +537,10 @@ impl State {
             .ok_or_else(|| Error::NotFound(format!("no resource {name:?}")))
     }
 
-    pub fn session(&self, session_id: &str) -> Result<Session> {
+    pub fn session(&self, session_id: &str, decision_cost: u64) -> Result<SessionSummary> {
         self.sessions
             .get(session_id)
-            .cloned()
+            .map(|session| session.summary(decision_cost))
             .ok_or_else(|| Error::NotFound(format!("no session {session_id:?}")))
     }
 

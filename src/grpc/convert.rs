@@ -13,7 +13,7 @@ use crate::manifest::{
 };
 use crate::pb;
 use crate::proposal::{Proposal, SessionRef};
-use crate::session::Session;
+use crate::session::SessionSummary;
 use crate::state::{Decision, Outcome, PinRecord, PinSource};
 
 pub fn timestamp(time: Timestamp) -> prost_types::Timestamp {
@@ -227,9 +227,9 @@ pub fn decide_response(decision: Decision, policy_revision: String) -> pb::Decid
     }
 }
 
-pub fn session_info(session: Session, decision_cost: u64) -> pb::SessionInfo {
+pub fn session_info(session: SessionSummary) -> pb::SessionInfo {
     pb::SessionInfo {
-        work_units: session.work_units(decision_cost),
+        work_units: session.work_units,
         session_id: session.session_id,
         actor: session.actor,
         workspace: session.workspace,

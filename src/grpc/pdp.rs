@@ -87,7 +87,7 @@ impl PolicyDecisionPoint for PdpService {
         // A session of an actor this host may not assert is reported exactly
         // like a missing one: the answer must not reveal that it exists.
         let not_found = || Status::not_found(format!("no session {session_id:?} for this host"));
-        let (session, decision_cost) = match self.engine.session(&session_id) {
+        let session = match self.engine.session(&session_id) {
             Ok(found) => found,
             Err(crate::error::Error::NotFound(_)) => return Err(not_found()),
             Err(other) => return Err(other.into()),
@@ -95,6 +95,6 @@ impl PolicyDecisionPoint for PdpService {
         if !caller.may_assert(&session.actor) {
             return Err(not_found());
         }
-        Ok(Response::new(session_info(session, decision_cost)))
+        Ok(Response::new(session_info(session)))
     }
 }
