@@ -311,6 +311,8 @@ mod tests {
             note = ?"dbg",
             ratio = f64::NAN,
             text = "caf\u{e9}\u{1}",
+            absent = %Blank::<u32>(None),
+            present = %Blank(Some(5)),
         );
         tracing::info!(target: "toolgate::other", "not an audit event");
     }
@@ -332,6 +334,8 @@ mod tests {
         assert_eq!(event["ratio"], "NaN");
         assert_eq!(event["text"], "caf\u{e9}\u{1}");
         assert!(event.get("forged").is_none());
+        assert_eq!(event["absent"], "");
+        assert_eq!(event["present"], "5");
         let timestamp = event["timestamp"].as_str().unwrap();
         assert_eq!(
             timestamp.len(),
@@ -353,7 +357,10 @@ mod tests {
         let lines = lines(AuditFormat::Text, emit_sample);
         assert_eq!(lines.len(), 1, "{lines:?}");
         let line = &lines[0];
-        assert!(line.ends_with("text=\"caf\u{e9}\\u0001\""), "{line}");
+        assert!(
+            line.ends_with(" text=\"caf\u{e9}\\u0001\" absent=\"\" present=\"5\""),
+            "{line}"
+        );
         assert!(
             line.contains(
                 "  INFO toolgate::audit: event=\"tool_call_dispatched\" actor=\"mallory\\\"} \\n{\\\"forged\\\":1\" fingerprint=\"abab"
