@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{TestServer, authed, proposal, session};
+use common::{TestServer, proposal, session};
 use toolgate::pb;
 use toolgate::policy::Policy;
 
@@ -45,14 +45,7 @@ async fn snapshot(server: &TestServer) -> Snapshot {
 }
 
 async fn resource(server: &TestServer, name: &str) -> pb::Resource {
-    pb::resources_client::ResourcesClient::new(server.channel.clone())
-        .get_resource(authed(
-            pb::GetResourceRequest { name: name.into() },
-            REVIEWER,
-        ))
-        .await
-        .expect("get resource")
-        .into_inner()
+    server.resource(REVIEWER, name).await
 }
 
 async fn dispatch(

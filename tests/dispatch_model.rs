@@ -1158,14 +1158,7 @@ impl Run {
     }
 
     async fn resource(&self, name: &str) -> pb::Resource {
-        pb::resources_client::ResourcesClient::new(self.server.channel.clone())
-            .get_resource(authed(
-                pb::GetResourceRequest { name: name.into() },
-                REVIEWER,
-            ))
-            .await
-            .expect("get resource")
-            .into_inner()
+        self.server.resource(REVIEWER, name).await
     }
 
     /// Resources, receipts, pending requests and approvals against the model.

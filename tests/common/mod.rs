@@ -216,6 +216,27 @@ impl TestServer {
             .into_inner()
     }
 
+    /// The overall health status (`grpc.health.v1`, service "").
+    pub async fn health(&self) -> tonic_health::pb::health_check_response::ServingStatus {
+        tonic_health::pb::health_client::HealthClient::new(self.channel.clone())
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("health")
+            .into_inner()
+            .status()
+    }
+
+    /// A resource's value and version, read with `token`.
+    pub async fn resource(&self, token: &str, name: &str) -> pb::Resource {
+        pb::resources_client::ResourcesClient::new(self.channel.clone())
+            .get_resource(authed(pb::GetResourceRequest { name: name.into() }, token))
+            .await
+            .expect("get resource")
+            .into_inner()
+    }
+
     /// Stops the server and waits for it to finish.
     pub async fn stop(mut self) {
         if let Some(shutdown) = self.shutdown.take() {

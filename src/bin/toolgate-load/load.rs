@@ -73,7 +73,11 @@ enum Answer {
     Error(tonic::Code, String),
 }
 
-fn with_token<T>(message: T, token: &MetadataValue<tonic::metadata::Ascii>) -> tonic::Request<T> {
+/// `message` with the bearer token in its metadata.
+pub fn with_token<T>(
+    message: T,
+    token: &MetadataValue<tonic::metadata::Ascii>,
+) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request
         .metadata_mut()

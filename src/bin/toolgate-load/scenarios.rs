@@ -12,7 +12,7 @@ use toolgate::pb;
 use toolgate::pb::approvals_client::ApprovalsClient;
 
 use crate::BoxResult;
-use crate::load::{Call, Expect, Generator, PdpClient};
+use crate::load::{Call, Expect, Generator, PdpClient, with_token};
 use crate::policies::{
     ACTOR, HOST_TOKEN, REPLAY_RESOURCE, REVIEWER_TOKEN, WORKSPACE, commit_resource,
     manifest_message,
@@ -167,14 +167,6 @@ const PENDING: Expect = Expect::Decide {
     outcome: pb::Outcome::RequireApproval,
     reason: "approval-threshold-exceeded",
 };
-
-fn with_token<T>(message: T, token: &MetadataValue<tonic::metadata::Ascii>) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", token.clone());
-    request
-}
 
 /// Grants an approval as the bench reviewer.
 async fn grant(channel: &Channel, approval_id: String) -> BoxResult<()> {
