@@ -171,8 +171,8 @@ impl Engine {
     pub fn decide(&self, session: &SessionRef, proposal: &Proposal) -> Result<(Decision, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
-        let (decision, created) = self.with_expiry(|state, policy, now| {
-            state.decide(policy, now, session, proposal, screened)
+        let (decision, created) = self.with_expiry(&policy, |state, now| {
+            state.decide(&policy, now, session, proposal, screened)
         })?;
         self.publish(created);
         let outcome = match decision.outcome {
@@ -207,8 +207,8 @@ impl Engine {
     ) -> Result<(Dispatched, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
-        let (dispatched, events) = self.with_expiry(|state, policy, now| {
-            state.dispatch(policy, now, session, proposal, screened)
+        let (dispatched, events) = self.with_expiry(&policy, |state, now| {
+            state.dispatch(&policy, now, session, proposal, screened)
         })?;
         self.publish(events);
         let result = dispatched.result.as_ref();
@@ -254,11 +254,11 @@ impl Engine {
     }
 
     pub fn get_approval(&self, id: Uuid) -> Result<Approval> {
-        self.with_expiry(|state, _, _| state.get_approval(id))
+        self.with_expiry(&self.policy(), |state, _| state.get_approval(id))
     }
 
     pub fn list_approvals(&self, query: &ListQuery) -> Result<Page> {
-        self.with_expiry(|state, _, _| Ok(state.list_approvals(query)))
+        self.with_expiry(&self.policy(), |state, _| Ok(state.list_approvals(query)))
     }
 
     /// Grant, deny or revoke by the authenticated reviewer.
@@ -269,8 +269,9 @@ impl Engine {
         reviewer: &str,
         note: String,
     ) -> Result<Approval> {
-        let event = self.with_expiry(|state, policy, now| {
-            state.review(policy, now, id, verdict, reviewer, note)
+        let policy = self.policy();
+        let event = self.with_expiry(&policy, |state, now| {
+            state.review(&policy, now, id, verdict, reviewer, note)
         })?;
         let approval = event.approval.clone();
         self.publish([event]);
@@ -288,17 +289,18 @@ impl Engine {
     }
 
     /// Runs one operation under the state lock after expiring what is due,
-    /// then publishes the expirations (even when the operation fails).
+    /// then publishes the expirations (even when the operation fails). The
+    /// caller passes the policy snapshot it already holds.
     fn with_expiry<T>(
         &self,
-        operation: impl FnOnce(&mut State, &Policy, Timestamp) -> Result<T>,
+        policy: &Policy,
+        operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
     ) -> Result<T> {
-        let policy = self.policy();
         let now = self.now();
         let (expired, result) = {
             let mut state = self.state()?;
-            let expired = state.expire_due(&policy, now);
-            (expired, operation(&mut state, &policy, now))
+            let expired = state.expire_due(policy, now);
+            (expired, operation(&mut state, now))
         };
         self.publish(expired);
         result
