@@ -794,10 +794,38 @@ async fn resource(args: ResourceArgs) -> Result<(), Failure> {
     let mut client = ResourcesClient::with_interceptor(channel, auth);
     match args.command {
         ResourceCommand::Get { name } => {
-            let resource = client
-                .get_resource(pb::GetResourceRequest { name })
+            let mut resource = client
+                .get_resource(pb::GetResourceRequest {
+                    name: name.clone(),
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
+            // A queue comes a page at a time: join the pages' items.
+            while !resource.next_page_token.is_empty() {
+                let page = client
+                    .get_resource(pb::GetResourceRequest {
+                        name: name.clone(),
+                        page_token: std::mem::take(&mut resource.next_page_token),
+                        ..Default::default()
+                    })
+                    .await?
+                    .into_inner();
+                let items = |json: &str| {
+                    json.strip_prefix('[')
+                        .and_then(|rest| rest.strip_suffix(']'))
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                let (head, tail) = (items(&resource.value_json), items(&page.value_json));
+                resource.value_json = match (head.is_empty(), tail.is_empty()) {
+                    (_, true) => format!("[{head}]"),
+                    (true, false) => format!("[{tail}]"),
+                    (false, false) => format!("[{head},{tail}]"),
+                };
+                resource.version = page.version;
+                resource.next_page_token = page.next_page_token;
+            }
             match output {
                 OutputFormat::Table => emit(&record(&[
                     ("name", cell(&resource.name)),

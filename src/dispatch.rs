@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use crate::canonical::{Fingerprint, Object, Value};
+use crate::canonical::{self, Fingerprint, Object, Value};
 use crate::clock::Timestamp;
 use crate::policy::{Effect, Limits, StatePolicy, VersionScope};
 use crate::state::table::Table;
@@ -42,15 +42,29 @@ impl DispatchStatus {
 }
 
 /// What a commit produced; stored in the receipt and returned (as a copy)
-/// on every replay.
+/// on every replay. It holds what this commit wrote, never more: for effect
+/// `set` the value set, for `append` the item appended and its index, so
+/// that a receipt and an answer stay as small as the request that made them
+/// (a queue's whole value is read, a page at a time, with GetResource).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommitResult {
     pub version: u64,
     /// The resource the effect touched (`None` for effect `none`).
     pub resource: Option<String>,
-    /// The resource's value after the commit.
+    /// `set`: the resource's value after the commit; `append`: the item
+    /// appended.
     pub value: Option<Value>,
+    /// `append`: the item's index in the queue (0 for the first item).
+    pub appended_index: Option<u64>,
 }
+
+/// Upper bound of what a Dispatch answer carries besides the value's JSON
+/// text: status, reason, message (names are at most 64 bytes), fingerprint,
+/// version, resource name, receipt id, approval id, policy revision, append
+/// index and protobuf framing. A commit is refused when this plus the
+/// value's canonical JSON would exceed the message limit, so that every
+/// committed answer (and every replay of it) can be sent.
+pub const ANSWER_OVERHEAD_BYTES: usize = 1024;
 
 /// The answer to Dispatch.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +109,45 @@ pub struct Receipt {
     pub fingerprint: Fingerprint,
     pub result: CommitResult,
     pub created_at: Timestamp,
+}
+
+/// Estimated heap and inline bytes of a value: the allocations its strings,
+/// arrays and objects hold. An estimate for the byte budget, not a
+/// measurement: allocator rounding is not counted.
+pub fn value_bytes(value: &Value) -> usize {
+    let inline = std::mem::size_of::<Value>();
+    match value {
+        Value::Null | Value::Bool(_) | Value::Number(_) => inline,
+        Value::String(text) => inline + text.len(),
+        Value::Array(items) => inline + items.iter().map(value_bytes).sum::<usize>(),
+        Value::Object(object) => {
+            inline
+                + object
+                    .iter()
+                    .map(|(key, member)| {
+                        std::mem::size_of::<String>() + key.len() + value_bytes(member)
+                    })
+                    .sum::<usize>()
+        }
+    }
+}
+
+/// What one receipt costs besides its value and key text: the boxed
+/// record, its table slot and its entry in the age index.
+const RECEIPT_OVERHEAD_BYTES: usize = 256;
+
+/// The bytes a receipt holds under the byte budget.
+pub fn receipt_bytes(
+    actor: &str,
+    call_id: &str,
+    resource: Option<&str>,
+    value: Option<&Value>,
+) -> usize {
+    RECEIPT_OVERHEAD_BYTES
+        + actor.len()
+        + call_id.len()
+        + resource.map_or(0, str::len)
+        + value.map_or(0, value_bytes)
 }
 
 /// An actor's name and a call id in one shared allocation (the log's table
@@ -159,16 +212,25 @@ impl PartialOrd for CallKey {
 struct StoredReceipt {
     key: CallKey,
     receipt: Receipt,
+    /// What it counts under the byte budget ([`receipt_bytes`]).
+    bytes: usize,
 }
 
 /// Receipts by (actor, call id): each actor has its own call-id space, so one
-/// actor cannot occupy another's call ids. Capped; receipts older than the
-/// retention window may be evicted to make room, younger ones never are.
+/// actor cannot occupy another's call ids. Capped in count and counted in
+/// bytes; receipts older than the retention window may be evicted to make
+/// room, younger ones never are (exactly-once needs them).
 #[derive(Debug, Default)]
 pub struct ReceiptLog {
     receipts: Table<Box<StoredReceipt>>,
     /// Oldest first; among receipts of the same millisecond, by (actor, call id).
     by_age: BTreeSet<(Timestamp, CallKey)>,
+    /// Σ bytes of the stored receipts.
+    bytes: usize,
+}
+
+fn retention_millis(limits: &Limits) -> u64 {
+    u64::try_from(limits.receipt_retention.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl ReceiptLog {
@@ -178,6 +240,11 @@ impl ReceiptLog {
 
     pub fn is_empty(&self) -> bool {
         self.receipts.is_empty()
+    }
+
+    /// What the stored receipts count under the byte budget.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The hash a key is found under, from borrowed parts (no allocation).
@@ -193,35 +260,86 @@ impl ReceiptLog {
             .map(|stored| &stored.receipt)
     }
 
+    /// Evicts the oldest receipt if it is past retention; the bytes freed.
+    fn evict_oldest_past_retention(&mut self, now: Timestamp, limits: &Limits) -> Option<usize> {
+        let (created_at, _) = self.by_age.first()?;
+        if now.millis_since(*created_at) < retention_millis(limits) {
+            return None;
+        }
+        let (_, key) = self.by_age.pop_first()?;
+        let hash = self.hash(key.actor(), key.call_id());
+        let stored = self
+            .receipts
+            .remove(hash, |stored| stored.key.is(key.actor(), key.call_id()))?;
+        self.bytes = self.bytes.saturating_sub(stored.bytes);
+        Some(stored.bytes)
+    }
+
     /// Makes room for one more receipt if the log is full, evicting only
     /// receipts past retention. False when the log is full within the window.
     pub fn make_room(&mut self, now: Timestamp, limits: &Limits) -> bool {
-        let retention = u64::try_from(limits.receipt_retention.as_millis()).unwrap_or(u64::MAX);
         while self.receipts.len() >= limits.receipt_capacity {
-            let Some((created_at, _)) = self.by_age.first() else {
-                return false;
-            };
-            if now.millis_since(*created_at) < retention {
+            if self.evict_oldest_past_retention(now, limits).is_none() {
                 return false;
             }
-            let Some((_, key)) = self.by_age.pop_first() else {
-                return false;
-            };
-            let hash = self.hash(key.actor(), key.call_id());
-            self.receipts
-                .remove(hash, |stored| stored.key.is(key.actor(), key.call_id()));
         }
         true
     }
 
+    /// Bytes that evicting receipts past retention would free, counted
+    /// oldest first and only until `enough` is reached (changes nothing).
+    pub fn evictable_bytes(&self, now: Timestamp, limits: &Limits, enough: usize) -> usize {
+        let retention = retention_millis(limits);
+        let mut total = 0usize;
+        for (created_at, key) in &self.by_age {
+            if total >= enough || now.millis_since(*created_at) < retention {
+                break;
+            }
+            let hash = self.hash(key.actor(), key.call_id());
+            if let Some(stored) = self
+                .receipts
+                .find(hash, |stored| stored.key.is(key.actor(), key.call_id()))
+            {
+                total = total.saturating_add(stored.bytes);
+            }
+        }
+        total
+    }
+
+    /// Evicts receipts past retention, oldest first, until `needed` bytes
+    /// are freed or none is left; the bytes freed.
+    pub fn evict_bytes(&mut self, now: Timestamp, limits: &Limits, needed: usize) -> usize {
+        let mut freed = 0usize;
+        while freed < needed {
+            match self.evict_oldest_past_retention(now, limits) {
+                Some(bytes) => freed = freed.saturating_add(bytes),
+                None => break,
+            }
+        }
+        freed
+    }
+
     /// Stores the receipt of a call id; the caller has checked that it has
-    /// none yet (Dispatch step 4, under the same lock).
+    /// none yet (Dispatch step 4, under the same lock) and made room.
     pub fn insert(&mut self, actor: &str, call_id: &str, receipt: Receipt) {
         let hash = self.hash(actor, call_id);
         let key = CallKey::new(actor, call_id);
+        let bytes = receipt_bytes(
+            actor,
+            call_id,
+            receipt.result.resource.as_deref(),
+            receipt.result.value.as_ref(),
+        );
+        self.bytes = self.bytes.saturating_add(bytes);
         self.by_age.insert((receipt.created_at, key.clone()));
-        self.receipts
-            .insert_unique(hash, Box::new(StoredReceipt { key, receipt }));
+        self.receipts.insert_unique(
+            hash,
+            Box::new(StoredReceipt {
+                key,
+                receipt,
+                bytes,
+            }),
+        );
     }
 }
 
@@ -230,6 +348,9 @@ impl ReceiptLog {
 struct Resource {
     value: Value,
     version: u64,
+    /// Bumped whenever the whole value is replaced (effect `set`), so that a
+    /// page token of a queue stops working once the items it counted are gone.
+    replaced: u64,
 }
 
 /// The versioned state that Dispatch changes.
@@ -317,6 +438,7 @@ impl Resources {
                     let resource = Resource {
                         value: value.clone(),
                         version: 0,
+                        replaced: 0,
                     };
                     (name.clone(), resource)
                 })
@@ -333,6 +455,7 @@ impl Resources {
                 let resource = Resource {
                     value: value.clone(),
                     version: 0,
+                    replaced: 0,
                 };
                 self.resources.insert(name.clone(), resource);
             }
@@ -385,35 +508,155 @@ impl Resources {
         }
     }
 
-    /// Applies a checked target and bumps the version(s). Copies the value
-    /// in (the proposal keeps its own) and a copy of the new value out.
-    pub fn apply(&mut self, target: &Target<'_>) -> CommitResult {
+    /// A copy of what the answer to a commit of `target` carries: the value
+    /// set, or the item appended. Made before the commit, so that its size
+    /// can refuse the commit (see [`ANSWER_OVERHEAD_BYTES`]).
+    pub fn carried_value(target: &Target<'_>) -> Option<Value> {
+        match *target {
+            Target::Nothing => None,
+            Target::Set { value, .. } => Some(value.clone()),
+            Target::Append { item, .. } => Some(Value::Object(item.clone())),
+        }
+    }
+
+    /// Applies a checked target and bumps the version(s). `carried` is
+    /// [`Resources::carried_value`] of the same target: stored in the
+    /// resource and returned in the result. Amortised O(size of the change):
+    /// an append never copies the queue.
+    pub fn apply(&mut self, target: &Target<'_>, carried: Option<Value>) -> CommitResult {
         self.global_version += 1;
         let Some(name) = target.resource() else {
             return CommitResult {
                 version: self.global_version,
                 resource: None,
                 value: None,
+                appended_index: None,
             };
         };
-        let value = match self.resources.get_mut(name) {
-            Some(resource) => {
-                match (*target, &mut resource.value) {
-                    (Target::Set { value, .. }, stored) => stored.clone_from(value),
-                    (Target::Append { item, .. }, Value::Array(items)) => {
-                        items.push(Value::Object(item.clone()));
-                    }
-                    _ => {}
+        let mut appended_index = None;
+        if let (Some(resource), Some(carried)) = (self.resources.get_mut(name), carried.as_ref()) {
+            match (*target, &mut resource.value) {
+                (Target::Set { .. }, stored) => {
+                    stored.clone_from(carried);
+                    resource.replaced += 1;
                 }
-                resource.version += 1;
-                Some(resource.value.clone())
+                (Target::Append { .. }, Value::Array(items)) => {
+                    appended_index = u64::try_from(items.len()).ok();
+                    items.push(carried.clone());
+                }
+                _ => {}
             }
-            None => None,
-        };
+            resource.version += 1;
+        }
         CommitResult {
             version: self.version_of(Some(name)),
             resource: Some(name.to_string()),
-            value,
+            value: carried,
+            appended_index,
         }
     }
+
+    /// One page of a resource (GetResource). A queue (an array) is read
+    /// from `start` on, at most `max_items` items and `max_bytes` bytes of
+    /// JSON text, but always at least one item so that paging progresses;
+    /// any other value is read whole and has no pages.
+    pub fn page(
+        &self,
+        name: &str,
+        start: Option<PagePosition>,
+        max_items: usize,
+        max_bytes: usize,
+    ) -> Result<ResourcePage, PageError> {
+        let resource = self.resources.get(name).ok_or(PageError::NotFound)?;
+        let version = match self.scope {
+            VersionScope::Global => self.global_version,
+            VersionScope::Resource => resource.version,
+        };
+        let Value::Array(items) = &resource.value else {
+            if start.is_some() {
+                return Err(PageError::NotAQueue);
+            }
+            return Ok(ResourcePage {
+                value_json: canonical::to_canonical(&resource.value),
+                version,
+                item_count: None,
+                first_index: 0,
+                next: None,
+            });
+        };
+        let first = match start {
+            None => 0,
+            Some(position) if position.replaced != resource.replaced => {
+                return Err(PageError::Replaced);
+            }
+            Some(position) => usize::try_from(position.index)
+                .ok()
+                .filter(|index| *index <= items.len())
+                .ok_or(PageError::BadIndex)?,
+        };
+        let mut value_json = String::from("[");
+        let mut end = first;
+        let mut item_json = String::new();
+        for item in items.iter().skip(first).take(max_items) {
+            item_json.clear();
+            canonical::write_canonical(item, &mut item_json);
+            // `[`, `]` and a comma per item besides the text.
+            if end > first && value_json.len() + item_json.len() + 2 > max_bytes {
+                break;
+            }
+            if end > first {
+                value_json.push(',');
+            }
+            value_json.push_str(&item_json);
+            end += 1;
+        }
+        value_json.push(']');
+        let next = (end < items.len()).then_some(PagePosition {
+            replaced: resource.replaced,
+            index: end as u64,
+        });
+        Ok(ResourcePage {
+            value_json,
+            version,
+            item_count: Some(items.len() as u64),
+            first_index: first as u64,
+            next,
+        })
+    }
+}
+
+/// Where the next page of a queue starts: the item index, valid while the
+/// queue has not been replaced since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagePosition {
+    pub replaced: u64,
+    pub index: u64,
+}
+
+/// One page of a resource's value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourcePage {
+    /// Canonical JSON: the whole value, or for a queue a JSON array of the
+    /// page's items.
+    pub value_json: String,
+    /// The version a proposal against this resource must carry.
+    pub version: u64,
+    /// For a queue: how many items it holds.
+    pub item_count: Option<u64>,
+    /// For a queue: the index of the page's first item.
+    pub first_index: u64,
+    /// Set when more items follow.
+    pub next: Option<PagePosition>,
+}
+
+/// Why a page cannot be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageError {
+    NotFound,
+    /// A page position for a value that is not a queue.
+    NotAQueue,
+    /// The queue was replaced (effect `set`) since the position was issued.
+    Replaced,
+    /// A position past the end of the queue.
+    BadIndex,
 }

@@ -19,7 +19,7 @@ use crate::audit::Blank;
 use crate::canonical::Fingerprint;
 use crate::canonical::Value;
 use crate::clock::{Clock, Timestamp};
-use crate::dispatch::{DispatchStatus, Dispatched};
+use crate::dispatch::{DispatchStatus, Dispatched, PagePosition, ResourcePage};
 use crate::error::{Error, Result};
 use crate::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
 use crate::manifest::{Assessment, Manifest};
@@ -245,6 +245,18 @@ impl Engine {
     /// A resource's current value and version.
     pub fn resource(&self, name: &str) -> Result<(Value, u64)> {
         self.state()?.resource(name)
+    }
+
+    /// One page of a resource: a queue a page at a time.
+    pub fn resource_page(
+        &self,
+        name: &str,
+        start: Option<PagePosition>,
+        max_items: usize,
+        max_bytes: usize,
+    ) -> Result<ResourcePage> {
+        self.state()?
+            .resource_page(name, start, max_items, max_bytes)
     }
 
     pub fn session(&self, session_id: &str) -> Result<SessionSummary> {

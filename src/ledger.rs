@@ -200,9 +200,46 @@ fn current_hash(current: &Table<Current>, workspace: &str, fingerprint: &Fingerp
     current.hash(&(workspace, fingerprint))
 }
 
+/// What one record costs besides its strings: the boxed record, its table
+/// slot, its entries in the request, deadline and finish indexes and in the
+/// (workspace, fingerprint) index.
+const RECORD_OVERHEAD_BYTES: usize = 512;
+
+/// The bytes a record holds under the byte budget (an estimate: its strings
+/// and a fixed overhead).
+fn record_bytes(approval: &Approval) -> usize {
+    RECORD_OVERHEAD_BYTES
+        + approval.actor.len()
+        + approval.session_id.len()
+        + 2 * approval.workspace.len()
+        + approval.tool.len()
+        + approval.call_id.len()
+        + approval.arguments_view.len()
+        + approval.decided_by.as_ref().map_or(0, String::len)
+        + approval.decision_note.len()
+}
+
+impl NewApproval {
+    /// What the record made of this request will count under the byte budget.
+    pub fn bytes(&self) -> usize {
+        RECORD_OVERHEAD_BYTES
+            + self.actor.len()
+            + self.session_id.len()
+            + 2 * self.workspace.len()
+            + self.tool.len()
+            + self.call_id.len()
+            + self.arguments_view.len()
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Ledger {
     records: Records,
+    /// Σ [`record_bytes`] of all records.
+    bytes: usize,
+    /// Σ [`record_bytes`] of finished records (in `finished` or `denied`):
+    /// what eviction could free.
+    evictable_bytes: usize,
     /// The latest approval per (workspace, fingerprint).
     current: Table<Current>,
     /// Live approvals by deadline, for exact and cheap expiry.
@@ -234,6 +271,34 @@ impl Ledger {
 
     pub fn pending_total(&self) -> usize {
         self.pending_total
+    }
+
+    /// What the records count under the byte budget.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// What evicting every finished record would free.
+    pub fn evictable_bytes(&self) -> usize {
+        self.evictable_bytes
+    }
+
+    /// Evicts finished records, oldest first (denied ones last, so that
+    /// denials stick as long as they can), until `needed` bytes are freed
+    /// or none is left; the bytes freed. Live records are never evicted.
+    pub fn evict_bytes(&mut self, needed: usize) -> usize {
+        let before = self.bytes;
+        while before.saturating_sub(self.bytes) < needed {
+            let oldest = self
+                .finished
+                .pop_first()
+                .or_else(|| self.denied.pop_first());
+            match oldest {
+                Some((_, id)) => self.evict(id),
+                None => break,
+            }
+        }
+        before.saturating_sub(self.bytes)
     }
 
     /// Expires every live approval whose deadline has passed and evicts
@@ -368,6 +433,7 @@ impl Ledger {
             }
         }
         let record_hash = self.records.hash(&approval.id);
+        self.bytes = self.bytes.saturating_add(record_bytes(&approval));
         self.records
             .insert_unique(record_hash, Box::new(approval.clone()));
         ApprovalEvent {
@@ -407,11 +473,13 @@ impl Ledger {
                     &approval.actor,
                 );
                 self.deadlines.remove(&(approval.expires_at, id));
+                let bytes_before = record_bytes(approval);
                 approval.status = ApprovalStatus::Granted;
                 approval.expires_at = expires_at;
                 approval.decided_by = Some(reviewer.to_string());
                 approval.decided_at = Some(now);
                 approval.decision_note = note;
+                self.bytes = (self.bytes + record_bytes(approval)).saturating_sub(bytes_before);
                 let approval = approval.clone();
                 self.deadlines.insert((expires_at, id));
                 Ok(ApprovalEvent {
@@ -507,6 +575,7 @@ impl Ledger {
             );
         }
         self.deadlines.remove(&(approval.expires_at, id));
+        let bytes_before = record_bytes(approval);
         approval.status = status;
         approval.finished_at = Some(now);
         if let Some(reviewer) = reviewer {
@@ -514,6 +583,9 @@ impl Ledger {
             approval.decided_at = Some(now);
             approval.decision_note = note;
         }
+        let bytes_after = record_bytes(approval);
+        self.bytes = (self.bytes + bytes_after).saturating_sub(bytes_before);
+        self.evictable_bytes = self.evictable_bytes.saturating_add(bytes_after);
         let kind = match status {
             ApprovalStatus::Denied => EventKind::Denied,
             ApprovalStatus::Revoked => EventKind::Revoked,
@@ -544,6 +616,9 @@ impl Ledger {
         let Some(approval) = self.records.remove(hash, |approval| approval.id == id) else {
             return;
         };
+        let bytes = record_bytes(&approval);
+        self.bytes = self.bytes.saturating_sub(bytes);
+        self.evictable_bytes = self.evictable_bytes.saturating_sub(bytes);
         self.by_request.remove(&(approval.requested_at, id));
         // Only when it is still the latest for its (workspace, fingerprint).
         let current = current_hash(&self.current, &approval.workspace, &approval.fingerprint);

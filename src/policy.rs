@@ -218,6 +218,11 @@ pub struct Limits {
     pub decision_cost: u64,
     pub receipt_capacity: usize,
     pub receipt_retention: Duration,
+    /// Longest (redacted, canonical) arguments of one approval request.
+    pub max_approval_argument_bytes: usize,
+    /// Bytes the approval ledger, the receipt log and the sessions'
+    /// remembered call ids may hold together.
+    pub max_state_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -320,6 +325,8 @@ struct RawLimits {
     decision_cost: u64,
     receipt_capacity: usize,
     receipt_retention_seconds: u64,
+    max_approval_argument_bytes: usize,
+    max_state_bytes: usize,
 }
 
 impl Default for RawLimits {
@@ -336,6 +343,8 @@ impl Default for RawLimits {
             decision_cost: 1,
             receipt_capacity: 100_000,
             receipt_retention_seconds: 86_400,
+            max_approval_argument_bytes: 64 * 1024,
+            max_state_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -662,6 +671,11 @@ fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {
         ("max_sessions", raw.max_sessions),
         ("session_idle_seconds", raw.session_idle_seconds as usize),
         ("receipt_capacity", raw.receipt_capacity),
+        (
+            "max_approval_argument_bytes",
+            raw.max_approval_argument_bytes,
+        ),
+        ("max_state_bytes", raw.max_state_bytes),
     ];
     for (key, value) in positive {
         if value == 0 {
@@ -672,6 +686,12 @@ fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {
         return Err(loader.error(
             "limits.max_approval_records",
             "must be at least limits.max_pending_total",
+        ));
+    }
+    if raw.max_approval_argument_bytes > raw.max_state_bytes {
+        return Err(loader.error(
+            "limits.max_approval_argument_bytes",
+            "must be at most limits.max_state_bytes",
         ));
     }
     Ok(Limits {
@@ -686,6 +706,8 @@ fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {
         decision_cost: raw.decision_cost,
         receipt_capacity: raw.receipt_capacity,
         receipt_retention: Duration::from_secs(raw.receipt_retention_seconds),
+        max_approval_argument_bytes: raw.max_approval_argument_bytes,
+        max_state_bytes: raw.max_state_bytes,
     })
 }
 
@@ -1057,6 +1079,11 @@ mod tests {
             (
                 "[limits]\npending_ttl_seconds = 0\n",
                 "limits.pending_ttl_seconds",
+            ),
+            ("[limits]\nmax_state_bytes = 0\n", "limits.max_state_bytes"),
+            (
+                "[limits]\nmax_approval_argument_bytes = 2048\nmax_state_bytes = 1024\n",
+                "limits.max_approval_argument_bytes",
             ),
             (
                 "[[credentials]]\nkind = \"reviewer\"\nidentity = \"bob\"\nsha256 = \"00\"\n",

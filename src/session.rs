@@ -17,6 +17,12 @@ use crate::state::table::Table;
 /// Call ids remembered per session when the profile sets no decision budget.
 pub const MAX_CALLS_PER_SESSION: u64 = 100_000;
 
+/// What remembering one decided call id counts under the byte budget
+/// (`limits.max_state_bytes`): its text, fingerprint and table slot.
+pub fn decided_call_bytes(call_id: &str) -> usize {
+    64 + call_id.len()
+}
+
 /// One call id decided in a session and the fingerprint it was decided for.
 #[derive(Debug, Clone)]
 struct DecidedCall {
@@ -28,6 +34,8 @@ struct DecidedCall {
 #[derive(Debug, Clone, Default)]
 pub struct DecidedCalls {
     calls: Table<DecidedCall>,
+    /// Σ [`decided_call_bytes`] of the calls.
+    bytes: usize,
 }
 
 impl DecidedCalls {
@@ -37,6 +45,11 @@ impl DecidedCalls {
 
     pub fn is_empty(&self) -> bool {
         self.calls.is_empty()
+    }
+
+    /// What these call ids count under the byte budget.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The fingerprint `call_id` was decided for, if it was.
@@ -52,6 +65,7 @@ impl DecidedCalls {
         match self.calls.find_mut(hash, |call| &*call.call_id == call_id) {
             Some(call) => call.fingerprint = fingerprint,
             None => {
+                self.bytes = self.bytes.saturating_add(decided_call_bytes(call_id));
                 self.calls.insert_unique(
                     hash,
                     DecidedCall {
@@ -154,6 +168,8 @@ pub enum BudgetCheck {
 #[derive(Debug, Default)]
 pub struct Sessions {
     sessions: Table<Box<Session>>,
+    /// Σ [`decided_call_bytes`] of the call ids the sessions remember.
+    decided_bytes: usize,
 }
 
 impl Sessions {
@@ -163,6 +179,16 @@ impl Sessions {
 
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
+    }
+
+    /// What the remembered call ids count under the byte budget.
+    pub fn decided_bytes(&self) -> usize {
+        self.decided_bytes
+    }
+
+    /// Counts a call id that [`charge`] remembered.
+    pub fn count_decided_bytes(&mut self, bytes: usize) {
+        self.decided_bytes = self.decided_bytes.saturating_add(bytes);
     }
 
     fn hash(&self, session_id: &str) -> u64 {
@@ -250,8 +276,15 @@ impl Sessions {
     /// Drops sessions idle for longer than the policy's TTL.
     pub fn evict_idle(&mut self, now: Timestamp, limits: &Limits) {
         let idle_millis = u64::try_from(limits.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
-        self.sessions
-            .retain(|session| now.millis_since(session.last_seen) < idle_millis);
+        let mut freed = 0usize;
+        self.sessions.retain(|session| {
+            let keep = now.millis_since(session.last_seen) < idle_millis;
+            if !keep {
+                freed = freed.saturating_add(session.decided.bytes());
+            }
+            keep
+        });
+        self.decided_bytes = self.decided_bytes.saturating_sub(freed);
     }
 }
 

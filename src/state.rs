@@ -13,14 +13,15 @@ use crate::canonical::Fingerprint;
 use crate::canonical::Value;
 use crate::clock::Timestamp;
 use crate::dispatch::{
-    self, CommitResult, DispatchStatus, Dispatched, Receipt, ReceiptLog, Resources, Target,
+    self, CommitResult, DispatchStatus, Dispatched, PageError, PagePosition, Receipt, ReceiptLog,
+    ResourcePage, Resources, Target,
 };
 use crate::error::{Error, Result};
 use crate::ledger::{
     Approval, ApprovalEvent, ApprovalRef, Ledger, ListQuery, NewApproval, Page, Standing, Verdict,
 };
 use crate::manifest::{self, Assessment, Manifest, PinReference};
-use crate::policy::{Mode, Policy, Tool};
+use crate::policy::{Limits, Mode, Policy, Tool};
 use crate::proposal::{self, Proposal, Refusal, Screened, SessionRef};
 use crate::session::{self, BudgetCheck, Session, SessionSummary, Sessions};
 
@@ -163,6 +164,10 @@ impl State {
 
     /// The approval standing of a proposal that needs approval; a new pending
     /// request is made when there is none usable (SPEC §4 step 8, §6 step 6).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the gate needs the call's whole context and the bytes its caller will add"
+    )]
     fn approval_gate(
         &mut self,
         policy: &Policy,
@@ -171,37 +176,87 @@ impl State {
         proposal: &Proposal,
         tool: &Tool,
         reason: &'static str,
+        also_needed_bytes: usize,
     ) -> Result<Gate> {
-        Ok(
-            match self
-                .ledger
-                .standing(&session_ref.workspace, proposal.fingerprint)
-            {
-                Standing::Granted(approval) => Gate::Granted(approval),
-                Standing::Denied(approval) => Gate::Denied(approval),
-                Standing::Pending(approval) => Gate::Pending(approval, None),
-                Standing::None => {
-                    self.ledger
-                        .check_capacity(&session_ref.actor, &policy.limits)?;
-                    let event = self.ledger.create(
-                        NewApproval {
-                            fingerprint: proposal.fingerprint,
-                            actor: session_ref.actor.clone(),
-                            session_id: session_ref.session_id.clone(),
-                            workspace: session_ref.workspace.clone(),
-                            tool: tool.name.clone(),
-                            call_id: proposal.call_id.clone(),
-                            version: proposal.version,
-                            arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
-                            reason,
-                        },
-                        now,
-                        &policy.limits,
-                    );
-                    Gate::Pending(ApprovalRef::from(&event.approval), Some(Box::new(event)))
+        let standing = self
+            .ledger
+            .standing(&session_ref.workspace, proposal.fingerprint);
+        if !matches!(standing, Standing::None) {
+            self.make_byte_room(also_needed_bytes, now, &policy.limits)?;
+        }
+        Ok(match standing {
+            Standing::Granted(approval) => Gate::Granted(approval),
+            Standing::Denied(approval) => Gate::Denied(approval),
+            Standing::Pending(approval) => Gate::Pending(approval, None),
+            Standing::None => {
+                let new = NewApproval {
+                    fingerprint: proposal.fingerprint,
+                    actor: session_ref.actor.clone(),
+                    session_id: session_ref.session_id.clone(),
+                    workspace: session_ref.workspace.clone(),
+                    tool: tool.name.clone(),
+                    call_id: proposal.call_id.clone(),
+                    version: proposal.version,
+                    arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
+                    reason,
+                };
+                let limit = policy.limits.max_approval_argument_bytes;
+                if new.arguments_view.len() > limit {
+                    return Err(Error::invalid(
+                        "proposal.arguments_json",
+                        format!(
+                            "a request for approval holds at most {limit} bytes of arguments \
+                             (limits.max_approval_argument_bytes); these are {} (canonical, \
+                             sensitive fields redacted)",
+                            new.arguments_view.len()
+                        ),
+                    ));
                 }
-            },
-        )
+                self.ledger
+                    .check_capacity(&session_ref.actor, &policy.limits)?;
+                self.make_byte_room(
+                    new.bytes().saturating_add(also_needed_bytes),
+                    now,
+                    &policy.limits,
+                )?;
+                let event = self.ledger.create(new, now, &policy.limits);
+                Gate::Pending(ApprovalRef::from(&event.approval), Some(Box::new(event)))
+            }
+        })
+    }
+
+    /// What the ledger, the receipt log and the sessions' remembered call
+    /// ids count together under `limits.max_state_bytes`.
+    pub fn state_bytes(&self) -> usize {
+        self.ledger
+            .bytes()
+            .saturating_add(self.receipts.bytes())
+            .saturating_add(self.sessions.decided_bytes())
+    }
+
+    /// Room for `needed` more bytes under `limits.max_state_bytes`. Only
+    /// what exactly-once does not need is evicted to make it: receipts past
+    /// retention first, then finished approval records, oldest first — and
+    /// only when that makes enough room. Otherwise RESOURCE_EXHAUSTED, and
+    /// nothing changes.
+    fn make_byte_room(&mut self, needed: usize, now: Timestamp, limits: &Limits) -> Result<()> {
+        let used = self.state_bytes();
+        let budget = limits.max_state_bytes;
+        let excess = used.saturating_add(needed).saturating_sub(budget);
+        if excess == 0 {
+            return Ok(());
+        }
+        let from_receipts = self.receipts.evictable_bytes(now, limits, excess);
+        if from_receipts.saturating_add(self.ledger.evictable_bytes()) < excess {
+            return Err(Error::ResourceExhausted(format!(
+                "the state holds {used} of its {budget} bytes (limits.max_state_bytes) in \
+                 live approvals, receipts within retention and remembered call ids; \
+                 {needed} more do not fit"
+            )));
+        }
+        let freed = self.receipts.evict_bytes(now, limits, excess);
+        self.ledger.evict_bytes(excess.saturating_sub(freed));
+        Ok(())
     }
 
     /// SPEC §4 step 4: a tool of a manifest server needs a matching assessment.
@@ -276,24 +331,40 @@ impl State {
             };
             return Ok((Decision::deny(proposal, reason, message), None));
         }
+        // A new call id is remembered: it needs room in the byte budget.
+        let call_bytes = match budget {
+            BudgetCheck::NewCall => session::decided_call_bytes(&proposal.call_id),
+            _ => 0,
+        };
         // Step 7: no approval needed; step 8: the ledger.
         let approval_reason = match tool.mode {
             Mode::Execute => proposal::approval_reason(tool, admitted.profile, &proposal.arguments),
             _ => None,
         };
         let (decision, created) = match approval_reason {
-            None => (
-                Decision {
-                    outcome: Outcome::Allow,
-                    reason: "allowed",
-                    message: format!("{:?} may run", proposal.name),
-                    fingerprint: proposal.fingerprint,
-                    approval: None,
-                },
-                None,
-            ),
+            None => {
+                self.make_byte_room(call_bytes, now, &policy.limits)?;
+                (
+                    Decision {
+                        outcome: Outcome::Allow,
+                        reason: "allowed",
+                        message: format!("{:?} may run", proposal.name),
+                        fingerprint: proposal.fingerprint,
+                        approval: None,
+                    },
+                    None,
+                )
+            }
             Some(reason) => {
-                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
+                match self.approval_gate(
+                    policy,
+                    now,
+                    session_ref,
+                    proposal,
+                    tool,
+                    reason,
+                    call_bytes,
+                )? {
                     Gate::Granted(approval) => (
                         Decision {
                             outcome: Outcome::Allow,
@@ -336,6 +407,7 @@ impl State {
                 proposal.fingerprint,
                 is_tool_call,
             );
+            self.sessions.count_decided_bytes(call_bytes);
         }
         Ok((decision, created.map(|event| *event)))
     }
@@ -425,6 +497,10 @@ impl State {
         }
         // 5. The version the proposal was made against.
         let target = dispatch::target(&tool.effect, &proposal.arguments);
+        // Before anything can need approval: an answer that could not be
+        // sent is never committed (the host could never read its receipt).
+        let carried = target.as_ref().ok().and_then(Resources::carried_value);
+        check_answer_size(carried.as_ref(), policy.server.max_message_bytes)?;
         let current = match &target {
             Ok(target) => self.resources.version_for(target),
             Err(_) => self.resources.version_for(&Target::Nothing),
@@ -443,6 +519,7 @@ impl State {
                 version: current,
                 resource: None,
                 value: None,
+                appended_index: None,
             });
             return Ok((stale, Vec::new()));
         }
@@ -451,7 +528,7 @@ impl State {
         let grant = match proposal::approval_reason(tool, admitted.profile, &proposal.arguments) {
             None => None,
             Some(reason) => {
-                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
+                match self.approval_gate(policy, now, session_ref, proposal, tool, reason, 0)? {
                     Gate::Granted(approval) => Some(approval.id),
                     Gate::Denied(approval) => {
                         let mut refused = Dispatched::refused(
@@ -497,6 +574,14 @@ impl State {
                 ),
             );
         }
+        // 8b. Room for the receipt in the byte budget.
+        let receipt_bytes = dispatch::receipt_bytes(
+            &proposal.actor,
+            &proposal.call_id,
+            target.resource(),
+            carried.as_ref(),
+        );
+        self.make_byte_room(receipt_bytes, now, &policy.limits)?;
         // 9. Commit: all of it, under this one lock, with nothing left that can fail.
         let session = self.sessions.open(session_ref, now, &policy.limits)?;
         session.executed_tools += 1;
@@ -504,7 +589,7 @@ impl State {
         if let Some(grant) = grant {
             events.push(self.ledger.consume(grant, now)?);
         }
-        let result = self.resources.apply(&target);
+        let result = self.resources.apply(&target, carried);
         let receipt = Receipt {
             id: Uuid::new_v4(),
             fingerprint,
@@ -535,6 +620,33 @@ impl State {
             .get(name)
             .map(|(value, version)| (value.clone(), version))
             .ok_or_else(|| Error::NotFound(format!("no resource {name:?}")))
+    }
+
+    /// One page of a resource (GetResource): a queue a page at a time.
+    pub fn resource_page(
+        &self,
+        name: &str,
+        start: Option<PagePosition>,
+        max_items: usize,
+        max_bytes: usize,
+    ) -> Result<ResourcePage> {
+        self.resources
+            .page(name, start, max_items, max_bytes)
+            .map_err(|error| match error {
+                PageError::NotFound => Error::NotFound(format!("no resource {name:?}")),
+                PageError::NotAQueue => Error::invalid(
+                    "page_token",
+                    format!("resource {name:?} is not a queue; it is read whole, without a token"),
+                ),
+                PageError::BadIndex => Error::invalid(
+                    "page_token",
+                    "is not a page token this server issued for this resource",
+                ),
+                PageError::Replaced => Error::FailedPrecondition(format!(
+                    "resource {name:?} was replaced since the page token was issued; read it \
+                     again from the first page"
+                )),
+            })
     }
 
     pub fn session(&self, session_id: &str, decision_cost: u64) -> Result<SessionSummary> {
@@ -686,6 +798,27 @@ impl State {
         }
         Err(Error::NotFound(format!("no pin for server {server_id:?}")))
     }
+}
+
+/// Refuses a commit whose answer would exceed the message limit (see
+/// [`dispatch::ANSWER_OVERHEAD_BYTES`]).
+fn check_answer_size(carried: Option<&crate::canonical::Value>, limit: usize) -> Result<()> {
+    let Some(value) = carried else {
+        return Ok(());
+    };
+    let value_json = crate::canonical::to_canonical(value).len();
+    let answer = value_json.saturating_add(dispatch::ANSWER_OVERHEAD_BYTES);
+    if answer > limit {
+        return Err(Error::invalid(
+            "proposal.arguments_json",
+            format!(
+                "committing it would answer with {value_json} bytes of value_json (up to \
+                 {answer} bytes in all), over the {limit}-byte message limit \
+                 (server.max_message_bytes); nothing was committed"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn api_pin_record(api_pin: &ApiPin) -> PinRecord {

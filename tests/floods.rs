@@ -581,6 +581,7 @@ async fn the_receipt_log_cap_holds_under_a_flood_and_retention_makes_room() {
             .get_resource(authed(
                 pb::GetResourceRequest {
                     name: format!("r{index:03}"),
+                    ..Default::default()
                 },
                 ALICE,
             ))

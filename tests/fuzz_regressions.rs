@@ -293,6 +293,7 @@ fn request_seeds() -> Vec<(String, Vec<u8>)> {
         "GetResourceRequest.pb".into(),
         pb::GetResourceRequest {
             name: "lamp".into(),
+            ..Default::default()
         }
         .encode_to_vec(),
     ));

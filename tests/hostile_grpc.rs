@@ -465,7 +465,13 @@ async fn snapshot(server: &TestServer) -> Snapshot {
     for name in RESOURCES {
         resources.push(
             pb::resources_client::ResourcesClient::new(server.channel.clone())
-                .get_resource(authed(pb::GetResourceRequest { name: name.into() }, HOST))
+                .get_resource(authed(
+                    pb::GetResourceRequest {
+                        name: name.into(),
+                        ..Default::default()
+                    },
+                    HOST,
+                ))
                 .await
                 .expect("get resource")
                 .into_inner(),
@@ -1479,6 +1485,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             "",
             pb::GetResourceRequest {
                 name: "lamp".into(),
+                ..Default::default()
             },
         ),
         error(Code::Unauthenticated, "missing"),
@@ -1896,7 +1903,15 @@ fn cases(fx: &Fixture) -> Vec<Case> {
     ));
 
     // --- Resources and sessions ------------------------------------------------
-    let resource = |name: String| Call::GetResource(HOST, pb::GetResourceRequest { name });
+    let resource = |name: String| {
+        Call::GetResource(
+            HOST,
+            pb::GetResourceRequest {
+                name,
+                ..Default::default()
+            },
+        )
+    };
     add(case(
         "resource with an empty name",
         resource(String::new()),

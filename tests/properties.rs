@@ -477,6 +477,7 @@ impl Harness {
             version: self.model.versions[resource],
             resource: Some(RESOURCES[resource].to_string()),
             value: Some(Value::from(value)),
+            appended_index: None,
         };
         prop_assert_eq!(answer.result.as_ref(), Some(&expected));
         let Some(receipt_id) = answer.receipt_id else {

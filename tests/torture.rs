@@ -163,7 +163,10 @@ async fn propose(server: Arc<TestServer>, pool: Pool, worker: usize, deadline: I
         let item = format!("k{}", rng.random_range(0..RESOURCES));
         let version = resources
             .get_resource(authed(
-                pb::GetResourceRequest { name: item.clone() },
+                pb::GetResourceRequest {
+                    name: item.clone(),
+                    ..Default::default()
+                },
                 REVIEWER,
             ))
             .await
@@ -474,7 +477,10 @@ async fn racing_reviewers_dispatchers_and_the_clock_commit_each_grant_once() {
         let name = format!("k{index}");
         let resource = resources
             .get_resource(authed(
-                pb::GetResourceRequest { name: name.clone() },
+                pb::GetResourceRequest {
+                    name: name.clone(),
+                    ..Default::default()
+                },
                 REVIEWER,
             ))
             .await

@@ -374,6 +374,7 @@ pub fn dispatch_response(dispatched: Dispatched, policy_revision: String) -> pb:
         version: 0,
         resource: None,
         value: None,
+        appended_index: None,
     });
     pb::DispatchResponse {
         status: status.into(),
@@ -397,5 +398,6 @@ pub fn dispatch_response(dispatched: Dispatched, policy_revision: String) -> pb:
             .map(|id| id.to_string())
             .unwrap_or_default(),
         policy_revision,
+        appended_index: result.appended_index,
     }
 }

@@ -1,15 +1,21 @@
 //! `Resources` handlers: the versioned state, readable by hosts and reviewers.
+//! A queue is read a page at a time, each page bounded in items and bytes.
 
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
-use crate::canonical;
+use crate::dispatch::{ANSWER_OVERHEAD_BYTES, PagePosition};
 use crate::engine::Engine;
+use crate::error::Error;
 use crate::pb;
 use crate::pb::resources_server::Resources;
 
 /// Longest resource name (as in the policy).
 pub const MAX_RESOURCE_NAME_LEN: usize = 64;
+
+/// Most items in one page of a queue, and the default.
+pub const MAX_RESOURCE_PAGE_SIZE: u32 = 10_000;
+pub const DEFAULT_RESOURCE_PAGE_SIZE: u32 = 1000;
 
 #[derive(Debug, Clone)]
 pub struct ResourcesService {
@@ -22,6 +28,27 @@ impl ResourcesService {
     }
 }
 
+/// A page token: `{replaced}.{index}` (see [`PagePosition`]).
+fn page_token(position: PagePosition) -> String {
+    format!("{}.{}", position.replaced, position.index)
+}
+
+fn parse_page_token(token: &str) -> Result<Option<PagePosition>, Error> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let invalid = || Error::invalid("page_token", "is not a page token this server issued");
+    let (replaced, index) = token.split_once('.').ok_or_else(invalid)?;
+    let digits = |text: &str| !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
+    if !digits(replaced) || !digits(index) {
+        return Err(invalid());
+    }
+    Ok(Some(PagePosition {
+        replaced: replaced.parse().map_err(|_| invalid())?,
+        index: index.parse().map_err(|_| invalid())?,
+    }))
+}
+
 #[tonic::async_trait]
 impl Resources for ResourcesService {
     #[tracing::instrument(level = "debug", skip_all)]
@@ -32,19 +59,43 @@ impl Resources for ResourcesService {
         if request.extensions().get::<Caller>().is_none() {
             return Err(Status::unauthenticated("no authenticated caller"));
         }
-        let name = request.into_inner().name;
+        let request = request.into_inner();
+        let name = request.name;
         if name.is_empty() || name.len() > MAX_RESOURCE_NAME_LEN {
-            return Err(crate::error::Error::invalid(
+            return Err(Error::invalid(
                 "name",
                 format!("must be 1 to {MAX_RESOURCE_NAME_LEN} bytes"),
             )
             .into());
         }
-        let (value, version) = self.engine.resource(&name)?;
+        let page_size = match request.page_size {
+            0 => DEFAULT_RESOURCE_PAGE_SIZE,
+            size if size <= MAX_RESOURCE_PAGE_SIZE => size,
+            size => {
+                return Err(Error::invalid(
+                    "page_size",
+                    format!("must be at most {MAX_RESOURCE_PAGE_SIZE}, got {size}"),
+                )
+                .into());
+            }
+        };
+        let start = parse_page_token(&request.page_token)?;
+        let max_bytes = self
+            .engine
+            .policy()
+            .server
+            .max_message_bytes
+            .saturating_sub(ANSWER_OVERHEAD_BYTES);
+        let page = self
+            .engine
+            .resource_page(&name, start, page_size as usize, max_bytes)?;
         Ok(Response::new(pb::Resource {
             name,
-            value_json: canonical::to_canonical(&value),
-            version,
+            value_json: page.value_json,
+            version: page.version,
+            next_page_token: page.next.map(page_token).unwrap_or_default(),
+            item_count: page.item_count,
+            first_index: page.first_index,
         }))
     }
 }

@@ -231,7 +231,13 @@ impl TestServer {
     /// A resource's value and version, read with `token`.
     pub async fn resource(&self, token: &str, name: &str) -> pb::Resource {
         pb::resources_client::ResourcesClient::new(self.channel.clone())
-            .get_resource(authed(pb::GetResourceRequest { name: name.into() }, token))
+            .get_resource(authed(
+                pb::GetResourceRequest {
+                    name: name.into(),
+                    ..Default::default()
+                },
+                token,
+            ))
             .await
             .expect("get resource")
             .into_inner()

@@ -216,11 +216,13 @@ def test_approval_is_bound_to_what_the_reviewer_saw(tickets):
         pb2.DISPATCH_STATUS_OK, False, 1, "outbox")
     assert first.approval_id == fresh_approval and first.receipt_id != ""
     entry = {"recipient": "customer-42", "text": TEXT}
-    assert json.loads(first.value_json) == [entry]
+    assert json.loads(first.value_json) == entry, "the item appended, not the queue"
+    assert first.HasField("appended_index") and first.appended_index == 0
     second = t.dispatch(learner, fresh)
     assert (second.status, second.replayed, second.version, second.receipt_id) == (
         pb2.DISPATCH_STATUS_OK, True, 1, first.receipt_id)
-    assert json.loads(second.value_json) == [entry]
+    assert json.loads(second.value_json) == entry
+    assert second.HasField("appended_index") and second.appended_index == 0
     assert t.outbox() == [entry]
     assert t.resource("outbox")[1] == 1
     assert t.approval_status(fresh_approval) == pb2.APPROVAL_STATUS_CONSUMED

@@ -132,7 +132,8 @@ def test_python_host_runs_the_two_ticket_loop(pb, tickets_server, tmp_path):
     assert (lamp["call_id"], lamp["resource"], lamp["version"], lamp["replayed"], lamp["value"]) == (
         "py-s1-1", "lamp", "1", "false", "done")
     assert (outbox["call_id"], outbox["resource"], outbox["version"], outbox["replayed"],
-            outbox["value"]) == ("py-s1-2", "outbox", "2", "false", [REPLY])
+            outbox["value"]) == ("py-s1-2", "outbox", "2", "false", REPLY), \
+        "an append's receipt carries the item appended, not the queue"
     assert lamp["receipt_id"] and outbox["receipt_id"] and lamp["receipt_id"] != outbox["receipt_id"]
 
     # The reviewer's view agrees: both changes committed (global scope: one version, now 2),

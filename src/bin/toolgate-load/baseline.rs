@@ -53,6 +53,7 @@ impl NoopPdp {
                 replayed: false,
                 approval_id: String::new(),
                 policy_revision,
+                appended_index: None,
             },
             assess: pb::AssessManifestResponse {
                 accepted: true,
