@@ -388,6 +388,9 @@ impl Ledger {
                 None => break,
             }
         }
+        // The byte budget counts the text's length: hold no more than that.
+        let mut arguments_view = new.arguments_view;
+        arguments_view.shrink_to_fit();
         let approval = Approval {
             id: Uuid::new_v4(),
             fingerprint: new.fingerprint,
@@ -397,7 +400,7 @@ impl Ledger {
             tool: new.tool,
             call_id: new.call_id,
             version: new.version,
-            arguments_view: new.arguments_view,
+            arguments_view,
             reason: new.reason,
             status: ApprovalStatus::Pending,
             requested_at: now,

@@ -948,3 +948,300 @@ async fn a_watcher_that_never_reads_does_not_grow_memory() {
     );
     server.stop().await;
 }
+
+// ----- byte bounds, measured on a spawned server (issue 13 items 5, 12) ---
+
+/// Floods against the `toolgate` binary in a process of its own, so that
+/// its resident set (`VmRSS`) counts the server and nothing of the test.
+mod spawned_byte_bounds {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Child, ChildStdout, Command, Stdio};
+    use std::time::Duration;
+
+    use tonic::Code;
+    use tonic::transport::{Channel, Endpoint};
+    use toolgate::pb;
+    use toolgate::pb::approvals_client::ApprovalsClient;
+    use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
+
+    use super::SERIAL;
+    use crate::common::{authed, proposal, session};
+
+    /// Host and reviewer tokens of these policies (their SHA-256 is in them).
+    const HOST: &str = "flood-host-secret";
+    const REVIEWER: &str = super::ALICE;
+
+    const CREDENTIALS: &str = r#"
+[[credentials]]
+kind = "host"
+identity = "flood-host"
+actors = ["*"]
+sha256 = "3c524346618271b0aed7abc5da968c2727a9432e8a22a1922c72a833eaf1b192"
+
+[[credentials]]
+kind = "reviewer"
+identity = "alice"
+sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
+
+[reviewers.alice]
+roles = ["rev"]
+workspaces = ["*"]
+"#;
+
+    /// A `toolgate serve` on `127.0.0.1:0`; killed when dropped.
+    struct Spawned {
+        child: Child,
+        _stdout: BufReader<ChildStdout>,
+        _policy: tempfile::NamedTempFile,
+        channel: Channel,
+    }
+
+    impl Spawned {
+        async fn start(policy: &str) -> Spawned {
+            let mut file = tempfile::NamedTempFile::new().expect("temp file");
+            file.write_all(policy.as_bytes()).expect("write policy");
+            let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+                .arg("serve")
+                .arg("--config")
+                .arg(file.path())
+                .args(["--listen", "127.0.0.1:0"])
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn toolgate");
+            let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("read the address");
+            let address = line
+                .trim()
+                .strip_prefix("toolgate listening on ")
+                .unwrap_or_else(|| panic!("expected the listening line, got {line:?}"))
+                .to_string();
+            let channel = Endpoint::from_shared(format!("http://{address}"))
+                .expect("endpoint")
+                .connect()
+                .await
+                .expect("connect");
+            Spawned {
+                child,
+                _stdout: stdout,
+                _policy: file,
+                channel,
+            }
+        }
+
+        fn rss_bytes(&self) -> u64 {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+                .expect("/proc status of the server");
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .expect("VmRSS in kB")
+                * 1024
+        }
+
+        fn pdp(&self) -> PolicyDecisionPointClient<Channel> {
+            PolicyDecisionPointClient::new(self.channel.clone())
+        }
+    }
+
+    impl Drop for Spawned {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    const APPENDS: usize = 1000;
+    const APPEND_TEXT_BYTES: usize = 4096;
+
+    /// What the resident set may grow by over 1,000 appends of 4 KB. Held
+    /// legitimately: the queue (~4 MB) and one receipt per commit with a
+    /// copy of its item (~4 MB), plus allocator slack. Before, every receipt
+    /// and answer copied the whole queue: 1,000 appends held ~2 GB.
+    const APPEND_RSS_BUDGET: u64 = 48 * 1024 * 1024;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_appends_of_4_kb_stay_linear_in_memory() {
+        let _serial = SERIAL.lock().await;
+        let policy = format!(
+            r#"
+[profiles.agent]
+roles = ["agent"]
+
+[actors.agent]
+profile = "agent"
+
+[tools.post]
+mode = "execute"
+roles = ["agent"]
+effect = {{ kind = "append", resource = "queue" }}
+
+[state]
+version_scope = "resource"
+
+[state.resources]
+queue = []
+{CREDENTIALS}"#
+        );
+        let server = Spawned::start(&policy).await;
+        let text = "q".repeat(APPEND_TEXT_BYTES);
+        let mut pdp = server.pdp();
+        let mut append = async |index: usize| {
+            let arguments = format!(r#"{{"text":"{text}"}}"#);
+            let request = pb::DispatchRequest {
+                session: Some(session("agent", "s1", "w")),
+                proposal: Some(proposal(
+                    &format!("c{index}"),
+                    "agent",
+                    "post",
+                    index as u64,
+                    &arguments,
+                )),
+            };
+            let answer = pdp
+                .dispatch(authed(request, HOST))
+                .await
+                .expect("Dispatch answers")
+                .into_inner();
+            assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
+            assert_eq!(answer.appended_index, Some(index as u64));
+            // The item and a few fields: never the queue.
+            assert_eq!(answer.value_json.len(), APPEND_TEXT_BYTES + 11);
+        };
+        let warm_up = 20;
+        for index in 0..warm_up {
+            append(index).await;
+        }
+        let baseline = server.rss_bytes();
+        for index in warm_up..warm_up + APPENDS {
+            append(index).await;
+        }
+        let grown = server.rss_bytes().saturating_sub(baseline);
+        eprintln!("{APPENDS} appends of {APPEND_TEXT_BYTES} B: RSS grew {grown} bytes");
+        assert!(
+            grown < APPEND_RSS_BUDGET,
+            "RSS grew {grown} bytes over {APPENDS} appends (budget {APPEND_RSS_BUDGET})"
+        );
+    }
+
+    const EXPIRED_RECORDS: usize = 16_384;
+    /// Canonical `{"pad":"…"}` of exactly the default per-approval limit.
+    const RECORD_ARGUMENT_BYTES: usize = 64 * 1024;
+    const STATE_BYTES: usize = 32 * 1024 * 1024;
+
+    /// What the resident set may grow by while 16,384 requests of 64 KiB
+    /// (1 GiB) are made and expire. Held legitimately: the byte budget
+    /// (32 MiB of records, live or expired), HTTP/2 buffers and allocator
+    /// slack (measured: ~63 MB in all). Before, expired records stayed for
+    /// the retention window: 16,384 held 1.2 GB.
+    const LEDGER_RSS_BUDGET: u64 = 128 * 1024 * 1024;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn expired_records_of_64_kib_never_pile_up_past_the_byte_budget() {
+        let _serial = SERIAL.lock().await;
+        let policy = format!(
+            r#"
+[limits]
+pending_ttl_seconds = 1
+max_pending_per_actor = {EXPIRED_RECORDS}
+max_pending_total = {EXPIRED_RECORDS}
+max_approval_records = {EXPIRED_RECORDS}
+max_state_bytes = {STATE_BYTES}
+
+[profiles.agent]
+roles = ["agent"]
+
+[actors.agent]
+profile = "agent"
+
+[tools.ask]
+mode = "execute"
+roles = ["agent"]
+approval = "always"
+approvers = ["rev"]
+
+{CREDENTIALS}"#
+        );
+        let server = Spawned::start(&policy).await;
+        let pad = "p".repeat(RECORD_ARGUMENT_BYTES - 10);
+        let arguments = format!(r#"{{"pad":"{pad}"}}"#);
+        let mut pdp = server.pdp();
+        let mut ask = async |index: usize| {
+            let request = pb::DecideRequest {
+                // A session per 1,000 requests: call ids are bytes too.
+                session: Some(session("agent", &format!("s{}", index / 1000), "w")),
+                proposal: Some(proposal(
+                    &format!("c{index}"),
+                    "agent",
+                    "ask",
+                    0,
+                    &arguments,
+                )),
+            };
+            pdp.decide(authed(request, HOST))
+                .await
+                .map(tonic::Response::into_inner)
+        };
+        let mut first = Vec::new();
+        for index in 0..16 {
+            let decision = ask(index).await.expect("Decide answers");
+            assert_eq!(decision.outcome(), pb::Outcome::RequireApproval);
+            first.push(decision.approval_id);
+        }
+        let baseline = server.rss_bytes();
+        let (mut made, mut refused, mut index) = (16usize, 0usize, 16usize);
+        while made < EXPIRED_RECORDS {
+            match ask(index).await {
+                Ok(decision) => {
+                    assert_eq!(decision.outcome(), pb::Outcome::RequireApproval);
+                    made += 1;
+                    index += 1;
+                }
+                Err(status) => {
+                    // The budget is full of live requests: wait for some to
+                    // expire (a real clock: the TTL is 1 s).
+                    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                    assert!(
+                        status.message().contains("(limits.max_state_bytes)"),
+                        "{status:?}"
+                    );
+                    refused += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        let grown = server.rss_bytes().saturating_sub(baseline);
+        eprintln!(
+            "{made} requests of {RECORD_ARGUMENT_BYTES} B ({refused} refused while full): RSS grew {grown} bytes"
+        );
+        assert!(
+            grown < LEDGER_RSS_BUDGET,
+            "RSS grew {grown} bytes over {made} requests (budget {LEDGER_RSS_BUDGET})"
+        );
+        // The first requests expired long ago and were evicted for room,
+        // well within their retention (an hour).
+        let mut approvals = ApprovalsClient::new(server.channel.clone());
+        for id in &first {
+            let status = approvals
+                .get_approval(authed(
+                    pb::GetApprovalRequest {
+                        approval_id: id.clone(),
+                    },
+                    REVIEWER,
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), Code::NotFound, "{status:?}");
+        }
+    }
+}
