@@ -573,9 +573,9 @@ impl Model {
                 ((*ticket).to_string(), format!("\"{status}\""), None)
             }
             Args::Reply { .. } => {
+                // An append answers with the item it appended, not the queue.
                 let item = call.args.canonical();
-                let value_json = self.outbox_json(Some(&item));
-                ("outbox".to_string(), value_json, Some(item))
+                ("outbox".to_string(), item.clone(), Some(item))
             }
             Args::Invalid(_) => unreachable!("schema checked above"),
         };
