@@ -6,6 +6,7 @@ use jsonschema::error::ValidationErrorKind;
 use crate::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
 use crate::error::{Error, Result};
 use crate::ids::check_identifier;
+use crate::manifest::ManifestStatus;
 use crate::policy::{ActorProfile, ApprovalRule, Mode, Policy, Tool};
 
 /// Largest `version` a proposal may carry (2^53, exactly representable in
@@ -110,7 +111,8 @@ pub enum Refusal {
     UnknownTool,
     ForbiddenTool,
     NotAuthorized,
-    ManifestUnverified,
+    /// Never [`ManifestStatus::Verified`].
+    ManifestUnverified(ManifestStatus),
 }
 
 impl Refusal {
@@ -120,7 +122,7 @@ impl Refusal {
             Refusal::UnknownTool => "unknown-tool",
             Refusal::ForbiddenTool => "forbidden-tool",
             Refusal::NotAuthorized => "not-authorized",
-            Refusal::ManifestUnverified => "manifest-unverified",
+            Refusal::ManifestUnverified(_) => "manifest-unverified",
         }
     }
 
@@ -136,11 +138,27 @@ impl Refusal {
                 "actor {:?} holds no role that may call {:?}",
                 session.actor, proposal.name
             ),
-            Refusal::ManifestUnverified => format!(
-                "the manifest server of {:?} is unpinned or its latest assessment did not match; re-review first",
-                proposal.name
-            ),
+            Refusal::ManifestUnverified(status) => manifest_unverified_message(status, proposal),
         }
+    }
+}
+
+fn manifest_unverified_message(status: ManifestStatus, proposal: &Proposal) -> String {
+    let tool = &proposal.name;
+    match status {
+        ManifestStatus::Unpinned => format!(
+            "the manifest server of {tool:?} has no pin: a reviewer pins its reviewed manifest, then the host assesses it"
+        ),
+        ManifestStatus::NeverAssessed => format!(
+            "the manifest server of {tool:?} was never assessed: send its manifest with AssessManifest (`toolgate manifest assess FILE`) first"
+        ),
+        ManifestStatus::Differed => format!(
+            "the last assessment of the manifest server of {tool:?} differed from its pin: its tools changed since review; re-review first"
+        ),
+        ManifestStatus::Unsafe => format!(
+            "the last assessed manifest of the server of {tool:?} was unsafe (duplicate or empty tool names); re-review first"
+        ),
+        ManifestStatus::Verified => format!("the manifest server of {tool:?} is verified"),
     }
 }
 

@@ -665,7 +665,7 @@ async fn pins_add_list_and_remove() {
     )
     .expect("manifest json");
     let mut copy = original.clone();
-    copy["server_id"] = json!("docs-search-copy");
+    copy["server"] = json!("docs-search-copy");
     let file = tempfile::NamedTempFile::new().expect("temp file");
     std::fs::write(file.path(), serde_json::to_vec(&copy).expect("json")).expect("write");
     let path = file.path().to_str().expect("utf-8 path");
@@ -800,7 +800,7 @@ async fn pins_add_list_and_remove() {
 
     // A file that is not a manifest is refused before connecting (exit 2).
     let bad = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(bad.path(), br#"{"server_id": "x", "extra": 1}"#).expect("write");
+    std::fs::write(bad.path(), br#"{"server": "x", "extra": 1}"#).expect("write");
     let invalid = toolgate(
         &[
             "pins",
