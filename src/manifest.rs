@@ -215,14 +215,25 @@ impl Manifest {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("", "a tools/list result must be a JSON object"))?;
-        let (result, prefix) = match object.get("result") {
-            Some(result) if object.get("tools").is_none() => {
-                let result = result.as_object().ok_or_else(|| {
+        let is_envelope = object.get("tools").is_none()
+            && (object.get("result").is_some() || object.get("error").is_some());
+        let (result, prefix) = if is_envelope {
+            reject_unknown_keys(object, &["jsonrpc", "id", "result", "error"], "")?;
+            if object.get("error").is_some() {
+                return Err(Error::invalid(
+                    "error",
+                    "a JSON-RPC error response, not a tools/list result",
+                ));
+            }
+            let result = object
+                .get("result")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
                     Error::invalid("result", "a tools/list result must be a JSON object")
                 })?;
-                (result, "result.")
-            }
-            _ => (object, ""),
+            (result, "result.")
+        } else {
+            (object, "")
         };
         reject_unknown_keys(
             result,
@@ -1012,6 +1023,15 @@ mod tests {
         assert_eq!(
             canonical,
             r#"{"revision":"7","server":"weather","tools":[{"annotations":{"readOnlyHint":true},"description":"Current weather","inputSchema":{"properties":{"location":{"type":"string"},"units":{"type":"string"}},"type":"object"},"parameters":["location","units"],"read_only":true,"scopes":[],"title":"Weather","tool":"get_weather"}]}"#
+        );
+        let failed = br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"no"}}"#;
+        let error = Manifest::from_mcp_tools_list(failed, "s".into(), "1".into()).unwrap_err();
+        assert_eq!(
+            error,
+            Error::invalid(
+                "error",
+                "a JSON-RPC error response, not a tools/list result"
+            )
         );
         let paged = br#"{"tools":[],"nextCursor":"2"}"#;
         let error = Manifest::from_mcp_tools_list(paged, "s".into(), "1".into()).unwrap_err();

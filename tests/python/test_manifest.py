@@ -363,3 +363,34 @@ def test_malformed_shape_is_invalid_argument(pb, start_server):
             assert error.details() == "manifest.tools[1].annotations_json: must be a JSON object"
         else:
             raise AssertionError("a non-object annotations field was accepted")
+
+
+def test_manifest_unverified_says_never_assessed_or_differed(pb, start_server):
+    """On the embedded default: search_docs is gated on the example manifest."""
+    pb2, pb2_grpc = pb
+    server = start_server(None)
+    session = pb2.Session(actor="support-agent", session_id="s1", workspace="w")
+
+    def search(call_id):
+        proposal = pb2.Proposal(call_id=call_id, actor="support-agent", name="search_docs",
+                                arguments_json='{"query": "refunds"}')
+        return pdp.Decide(pb2.DecideRequest(session=session, proposal=proposal))
+
+    manifest = json.loads(EXAMPLE.read_text())
+    with grpc.insecure_channel(server.address) as channel:
+        pdp = pb2_grpc.PolicyDecisionPointStub(channel)
+        never = search("c1")
+        assert (never.outcome, never.reason) == (pb2.OUTCOME_DENY, "manifest-unverified")
+        assert "was never assessed" in never.message, never.message
+
+        changed = copy.deepcopy(manifest)
+        changed["tools"][1]["scopes"].append("docs:write")
+        answer = pdp.AssessManifest(pb2.AssessManifestRequest(manifest=to_message(pb2, changed)))
+        assert (answer.accepted, answer.reason) == (False, pb2.ASSESS_REASON_CHANGED)
+        differed = search("c2")
+        assert differed.reason == "manifest-unverified"
+        assert "differed from its pin" in differed.message, differed.message
+
+        answer = pdp.AssessManifest(pb2.AssessManifestRequest(manifest=to_message(pb2, manifest)))
+        assert (answer.accepted, answer.reason) == (True, pb2.ASSESS_REASON_MATCHED)
+        assert (search("c3").outcome, search("c4").reason) == (pb2.OUTCOME_ALLOW, "allowed")
