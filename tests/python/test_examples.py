@@ -258,7 +258,7 @@ def test_python_host_sends_its_token(pb, tickets_server_with_host_token, tmp_pat
     code, lines, stderr = run_host(host, reviewer, tmp_path, env=script_env())
     assert code == 1, f"host.py without a token exited {code}: {lines} {stderr}"
     assert lines == []
-    assert stderr == "host: UNAUTHENTICATED: missing `authorization: Bearer <token>`\n"
+    assert stderr.startswith("host: UNAUTHENTICATED: ") and "authorization" in stderr, stderr
     assert reviewer.resource("lamp") == ("done", 4), "the refused run changed nothing"
     reviewer.channel.close()
 
@@ -286,7 +286,7 @@ def test_node_host_runs_twice_with_its_token(pb, tickets_server_with_host_token,
     code, lines, stderr = run_host(host, reviewer, tmp_path, env=script_env())
     assert code == 1, f"host.mjs without a token exited {code}: {lines} {stderr}"
     assert lines == []
-    assert stderr == "host: UNAUTHENTICATED: missing `authorization: Bearer <token>`\n"
+    assert stderr.startswith("host: UNAUTHENTICATED: ") and "authorization" in stderr, stderr
     assert reviewer.resource("lamp") == ("done", 2), "the refused run changed nothing"
     reviewer.channel.close()
 
