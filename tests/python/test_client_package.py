@@ -224,3 +224,59 @@ def test_an_unknown_actor_is_named_in_the_denial(pb, embedded_server):
         assert (roleless.outcome, roleless.reason, roleless.message) == (
             pb2.OUTCOME_DENY, "not-authorized",
             'actor "support-agent" holds no role that may call "payment_execute"')
+
+
+@pytest.fixture
+def client_module():
+    """toolgate_client from its source in the repository (the installed copy
+    is what the fresh-venv tests use)."""
+    source = str(PACKAGE / "src")
+    sys.path.insert(0, source)
+    try:
+        import toolgate_client
+        yield toolgate_client
+    finally:
+        sys.path.remove(source)
+
+
+def test_host_wrapper_reports_timeouts_denials_and_stale_versions(client_module, embedded_server):
+    tc = client_module
+    with tc.Host(embedded_server.address, actor="support-agent", workspace="desk") as host:
+        lamp = host.resource("lamp")
+        assert (lamp.name, lamp.value, lamp.version) == ("lamp", "open", 0)
+        proposal = host.propose("set_ticket", {"ticket": "lamp", "status": "done"},
+                                version=lamp.version)
+        assert proposal.call_id == f"{host.session_id}-1"
+        assert proposal.arguments == {"ticket": "lamp", "status": "done"}
+
+        # Nobody decides: the wait ends with the pending answer it waited on.
+        waited = []
+        with pytest.raises(tc.VerdictTimeout) as raised:
+            host.wait_for_verdict(proposal, timeout=0.3, poll_interval=0.1,
+                                  on_waiting=waited.append)
+        pending = raised.value.decision
+        assert (pending.outcome, pending.reason) == (tc.Outcome.REQUIRE_APPROVAL,
+                                                     "approval-required")
+        assert pending.approval_expires_at is not None
+        assert [decision.approval_id for decision in waited] == [pending.approval_id]
+        assert str(raised.value) == f"no reviewer decided approval {pending.approval_id} within 0.3 s"
+
+        # A reviewer denies: the verdict is the DENY, and Dispatch commits nothing.
+        approvals = tc.toolgate_pb2_grpc.ApprovalsStub(host.channel)
+        approvals.DenyApproval(
+            tc.toolgate_pb2.DenyApprovalRequest(approval_id=pending.approval_id, reason="no"),
+            metadata=[("authorization", f"Bearer {embedded_server.token}")], timeout=10)
+        verdict = host.wait_for_verdict(proposal, timeout=10)
+        assert (verdict.outcome, verdict.reason, verdict.approval_id) == (
+            tc.Outcome.DENY, "approval-denied", pending.approval_id)
+        assert not verdict.allowed
+        refused = host.dispatch(proposal)
+        assert (refused.status, refused.reason, refused.committed, refused.value) == (
+            tc.DispatchStatus.APPROVAL_REQUIRED, "approval-denied", False, None)
+
+        # A proposal made against another version is stale: the receipt says the current one.
+        stale = host.dispatch(host.propose("set_ticket", {"ticket": "lamp", "status": "done"},
+                                           version=7))
+        assert (stale.status, stale.committed, stale.version) == (
+            tc.DispatchStatus.STALE_VERSION, False, 0)
+        assert host.resource("lamp").value == "open", "nothing was committed"
