@@ -218,6 +218,13 @@ def test_an_unknown_actor_is_named_in_the_denial(pb, embedded_server):
         unknown = decide("learner", "set_ticket", '{"ticket":"lamp","status":"done"}')
         assert (unknown.outcome, unknown.reason, unknown.message) == (
             pb2.OUTCOME_DENY, "not-authorized", 'actor "learner" is not defined in the policy')
+        dispatched = pdp.Dispatch(pb2.DispatchRequest(
+            session=pb2.Session(actor="learner", session_id="s-learner", workspace="desk"),
+            proposal=pb2.Proposal(call_id="c1", actor="learner", name="set_ticket", version=0,
+                                  arguments_json='{"ticket":"lamp","status":"done"}')), timeout=10)
+        assert (dispatched.status, dispatched.reason, dispatched.message) == (
+            pb2.DISPATCH_STATUS_DENIED, "not-authorized",
+            'actor "learner" is not defined in the policy')
         # A known actor without the tool's role keeps the role message.
         roleless = decide("support-agent", "payment_execute",
                           '{"amount":5,"currency":"EUR","account_number":"12345678"}')
