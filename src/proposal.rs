@@ -111,6 +111,9 @@ pub enum Refusal {
     UnknownTool,
     ForbiddenTool,
     NotAuthorized,
+    /// The session's actor is not defined in the policy (reason
+    /// `not-authorized`, with a message that says so).
+    UnknownActor,
     /// Never [`ManifestStatus::Verified`].
     ManifestUnverified(ManifestStatus),
 }
@@ -121,7 +124,7 @@ impl Refusal {
             Refusal::Forbidden => "forbidden",
             Refusal::UnknownTool => "unknown-tool",
             Refusal::ForbiddenTool => "forbidden-tool",
-            Refusal::NotAuthorized => "not-authorized",
+            Refusal::NotAuthorized | Refusal::UnknownActor => "not-authorized",
             Refusal::ManifestUnverified(_) => "manifest-unverified",
         }
     }
@@ -138,6 +141,9 @@ impl Refusal {
                 "actor {:?} holds no role that may call {:?}",
                 session.actor, proposal.name
             ),
+            Refusal::UnknownActor => {
+                format!("actor {:?} is not defined in the policy", session.actor)
+            }
             Refusal::ManifestUnverified(status) => manifest_unverified_message(status, proposal),
         }
     }
@@ -188,7 +194,7 @@ pub fn admit<'p>(
     let profile = policy
         .actors
         .get(&session.actor)
-        .ok_or(Refusal::NotAuthorized)?;
+        .ok_or(Refusal::UnknownActor)?;
     if !tool.roles.iter().any(|role| profile.roles.contains(role)) {
         return Err(Refusal::NotAuthorized);
     }
