@@ -24,14 +24,14 @@ fn manifest_10kb() -> String {
     let tools: Vec<String> = (0..20)
         .map(|index| {
             format!(
-                r#"{{"name":"tool_{index:02}","description":"{description}","parameters":["query","limit","cursor","filter_{index}"],"read_only":{read_only},"scopes":["docs:read","cache:read","scope_{index}"],"input_schema":{{"type":"object","properties":{{"query":{{"type":"string","maxLength":256}},"limit":{{"type":"integer","minimum":1,"maximum":50}}}},"required":["query"]}}}}"#,
+                r#"{{"tool":"tool_{index:02}","description":"{description}","parameters":["query","limit","cursor","filter_{index}"],"read_only":{read_only},"scopes":["docs:read","cache:read","scope_{index}"],"inputSchema":{{"type":"object","properties":{{"query":{{"type":"string","maxLength":256}},"limit":{{"type":"integer","minimum":1,"maximum":50}}}},"required":["query"]}}}}"#,
                 description = "Searches the documentation index and returns ranked passages. ".repeat(3),
                 read_only = index % 2 == 0,
             )
         })
         .collect();
     format!(
-        r#"{{"server_id":"docs-search","revision":"2026-11-01","tools":[{}]}}"#,
+        r#"{{"server":"docs-search","revision":"2026-11-01","tools":[{}]}}"#,
         tools.join(",")
     )
 }

@@ -1,5 +1,6 @@
 //! The command line. `serve` is wired up in `main.rs`; the offline tools
-//! (`canonical`, `fingerprint`, `manifest fingerprint`) live here; the
+//! (`canonical`, `fingerprint`, `manifest fingerprint`) live here, and so
+//! does reading a manifest file for `manifest assess`; the
 //! reviewer/operator clients (`approvals`, `pins`, `resource`) and
 //! `check-config` parse here and run in [`crate::admin`].
 
@@ -11,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::canonical::{self, Fingerprint};
-use crate::manifest::Manifest;
+use crate::manifest::{self, Manifest, ManifestForm};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -278,11 +279,106 @@ pub struct JsonInput {
 
 #[derive(Debug, Subcommand)]
 pub enum ManifestCommand {
-    /// Print the fingerprint of a manifest in JSON.
-    Fingerprint {
-        /// Manifest file (JSON).
-        file: PathBuf,
-    },
+    /// Print the fingerprint of a manifest file (SPEC §7), the reference
+    /// algorithm's byte for byte.
+    ///
+    /// FILE is either the reference form (`{"server", "revision", "tools":
+    /// [{"tool", "description", "parameters", "read_only", "scopes"}]}`) or
+    /// an MCP `tools/list` result (`{"tools": [{"name", …}]}`, bare or as a
+    /// JSON-RPC response) with `--server ID --revision REV`. The fingerprint
+    /// goes to stdout; which form was read, and any reason the manifest is
+    /// unsafe to accept, to stderr.
+    Fingerprint(ManifestFingerprintArgs),
+    /// Send a manifest file to a running server's AssessManifest and print
+    /// the answer.
+    ///
+    /// FILE is read as by `manifest fingerprint`; since `--server` is the
+    /// server address here, an MCP result's server id is `--server-id ID`.
+    /// Exit status 0 when the manifest is accepted (MATCHED), 3 when the
+    /// server answered that it is not (CHANGED, UNPINNED or unsafe), 1 or 2
+    /// as for the other client commands.
+    Assess(ManifestAssessArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ManifestFingerprintArgs {
+    /// Manifest file (JSON): the reference form or an MCP tools/list result.
+    pub file: PathBuf,
+    /// For an MCP tools/list result: the server id it is hashed under.
+    #[arg(long = "server", visible_alias = "server-id", value_name = "ID")]
+    pub server_id: Option<String>,
+    /// For an MCP tools/list result: the revision it is hashed under.
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ManifestAssessArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Manifest file (JSON): the reference form or an MCP tools/list result.
+    pub file: PathBuf,
+    /// For an MCP tools/list result: the server id it is assessed under.
+    #[arg(long = "server-id", value_name = "ID")]
+    pub server_id: Option<String>,
+    /// For an MCP tools/list result: the revision it is assessed under.
+    #[arg(long, value_name = "REV")]
+    pub revision: Option<String>,
+}
+
+/// Reads a manifest file in either form. `server_id` and `revision` name an
+/// MCP result's server and revision; with a reference manifest (which names
+/// its own) they are an error rather than silently ignored. `server_flag`
+/// is how the command spells the server-id option, for messages.
+pub fn read_manifest_file(
+    file: &Path,
+    server_id: Option<&str>,
+    revision: Option<&str>,
+    server_flag: &str,
+) -> Result<(Manifest, ManifestForm), String> {
+    let bytes =
+        std::fs::read(file).map_err(|error| format!("cannot read {}: {error}", file.display()))?;
+    let at = |error: crate::error::Error| format!("{}: {error}", file.display());
+    let form = manifest::detect_form(&bytes).map_err(at)?;
+    let manifest = match (form, server_id, revision) {
+        (ManifestForm::Reference, None, None) => Manifest::from_json(&bytes).map_err(at)?,
+        (ManifestForm::Reference, _, _) => {
+            return Err(format!(
+                "{} is a reference manifest, which names its own server and revision; \
+                 {server_flag} and --revision apply only to an MCP tools/list result",
+                file.display()
+            ));
+        }
+        (ManifestForm::McpToolsList, Some(server_id), Some(revision)) => {
+            Manifest::from_mcp_tools_list(&bytes, server_id.to_string(), revision.to_string())
+                .map_err(at)?
+        }
+        (ManifestForm::McpToolsList, _, _) => {
+            return Err(format!(
+                "{} is an MCP tools/list result, which names no server or revision: \
+                 pass {server_flag} ID --revision REV",
+                file.display()
+            ));
+        }
+    };
+    Ok((manifest, form))
+}
+
+/// The stderr line that says what was read.
+pub fn describe_manifest(file: &Path, manifest: &Manifest, form: ManifestForm) -> String {
+    format!(
+        "read {} as {} {}: server {:?}, revision {:?}, {} tool{}",
+        file.display(),
+        match form {
+            ManifestForm::Reference => "a",
+            ManifestForm::McpToolsList => "an",
+        },
+        form.as_str(),
+        manifest.server_id,
+        manifest.revision,
+        manifest.tools.len(),
+        if manifest.tools.len() == 1 { "" } else { "s" },
+    )
 }
 
 fn read_input(file: Option<&Path>) -> io::Result<Vec<u8>> {
@@ -346,26 +442,45 @@ pub fn run_json_tool(input: &JsonInput, hash: bool) -> ExitCode {
     }
 }
 
-/// `toolgate manifest fingerprint FILE`.
+/// `toolgate manifest fingerprint FILE` and `toolgate manifest assess FILE`.
 pub fn run_manifest(command: &ManifestCommand) -> ExitCode {
     match command {
-        ManifestCommand::Fingerprint { file } => {
-            let fingerprint = std::fs::read(file)
-                .map_err(|error| format!("cannot read {}: {error}", file.display()))
-                .and_then(|bytes| Manifest::from_json(&bytes).map_err(|error| error.to_string()))
-                .map(|manifest| manifest.fingerprint());
-            match fingerprint {
-                Ok(fingerprint) => print_fingerprint(fingerprint),
-                Err(message) => {
-                    eprintln!("error: {message}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        ManifestCommand::Fingerprint(args) => run_manifest_fingerprint(args),
+        ManifestCommand::Assess(args) => crate::admin::run_manifest_assess(args),
     }
 }
 
+fn run_manifest_fingerprint(args: &ManifestFingerprintArgs) -> ExitCode {
+    let read = read_manifest_file(
+        &args.file,
+        args.server_id.as_deref(),
+        args.revision.as_deref(),
+        "--server",
+    );
+    let (manifest, form) = match read {
+        Ok(read) => read,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!("{}", describe_manifest(&args.file, &manifest, form));
+    for problem in manifest.problems() {
+        eprintln!(
+            "warning: unsafe manifest: {problem}; AssessManifest never accepts it and PinManifest refuses it"
+        );
+    }
+    print_fingerprint(manifest.fingerprint())
+}
+
 fn print_fingerprint(fingerprint: Fingerprint) -> ExitCode {
-    println!("{fingerprint}");
-    ExitCode::SUCCESS
+    let mut stdout = io::stdout().lock();
+    match writeln!(stdout, "{fingerprint}").and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: cannot write output: {error}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -366,6 +366,7 @@ impl Engine {
             pinned_fingerprint = ?assessment.pinned_fingerprint.map(|fingerprint| fingerprint.to_hex()),
             reason = assessment.reason.as_str(),
             changed_tools = assessment.diffs.len(),
+            accepted = assessment.accepted,
         );
         Ok(assessment)
     }

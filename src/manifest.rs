@@ -1,58 +1,138 @@
-//! Tool-server manifests (SPEC §7): validation, fingerprint, per-tool diff
-//! and the assessment against a pin.
+//! Tool-server manifests (SPEC §7): reading, fingerprint, per-tool diff and
+//! the assessment against a pin.
 //!
-//! The fingerprint is the SHA-256 of the canonical JSON of
-//! `{"revision", "server_id", "tools": [...]}` with the tools sorted by name
-//! and each tool's `parameters` and `scopes` sorted; each tool is
-//! `{"description", "input_schema"?, "name", "parameters", "read_only",
-//! "scopes"}` (`input_schema` only when the manifest has one). Nothing else is
-//! changed: duplicates inside `parameters` or `scopes` stay, strings are not
-//! normalised.
+//! The fingerprint is the reference algorithm's, byte for byte: the SHA-256
+//! of the canonical JSON (SPEC §1) of the record
+//! `{"server", "revision", "tools": [{"tool", "description", "parameters",
+//! "read_only", "scopes"}]}` after sorting `tools` by `tool` (a stable sort,
+//! like Python's) and each tool's `parameters` and `scopes`. An MCP tool's
+//! `title`, `inputSchema`, `outputSchema` and `annotations` are hashed under
+//! those names, and only when present. Nothing else is changed: duplicates
+//! inside `parameters` or `scopes` stay, strings are not normalised.
+//!
+//! Content the reference fingerprints is never refused as malformed: any
+//! string is a valid tool name, scope or parameter. Only the shape (a missing
+//! field, a wrong type, a size limit) is an invalid argument. A manifest that
+//! is unsafe to accept (two tools with one name, an empty tool name) still
+//! gets its fingerprint; [`Manifest::problems`] says why it is unsafe, an
+//! assessment of it is never accepted and it cannot be pinned.
 
 use std::collections::BTreeSet;
 
 use crate::canonical::{self, Fingerprint, Object, Value};
 use crate::error::{Error, Result};
-use crate::ids::check_server_id;
 
 /// Limits that keep one manifest small enough to hold and diff cheaply.
+/// They bound size only; they never judge content.
 pub const MAX_TOOLS: usize = 512;
-pub const MAX_REVISION_LEN: usize = 128;
+/// Server id, revision, tool name, title, each parameter and scope.
+pub const MAX_NAME_LEN: usize = 1024;
+pub const MAX_REVISION_LEN: usize = MAX_NAME_LEN;
 pub const MAX_DESCRIPTION_LEN: usize = 8192;
 pub const MAX_LIST_ITEMS: usize = 128;
-pub const MAX_ITEM_LEN: usize = 128;
+pub const MAX_ITEM_LEN: usize = MAX_NAME_LEN;
+/// Each JSON field (`inputSchema`, `outputSchema`, `annotations`), as text.
 pub const MAX_INPUT_SCHEMA_LEN: usize = 64 * 1024;
+/// A manifest file (either form) read by the CLI or the policy loader.
+pub const MAX_MANIFEST_FILE_BYTES: usize = 4 * 1024 * 1024;
 
-/// A validated manifest with its tools sorted by name (names unique) and each
-/// tool's parameters and scopes sorted.
+/// A manifest with its tools stably sorted by name and each tool's
+/// parameters and scopes sorted. Names may repeat or be empty (see
+/// [`Manifest::problems`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
+    /// Hashed as `server`.
     pub server_id: String,
     pub revision: String,
     pub tools: Vec<ManifestTool>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ManifestTool {
+    /// Hashed as `tool`.
     pub name: String,
     pub description: String,
     pub parameters: Vec<String>,
     pub read_only: bool,
     pub scopes: Vec<String>,
+    /// MCP `title`, hashed only when present.
+    pub title: Option<String>,
+    /// MCP `inputSchema` (a JSON object), hashed only when present.
     pub input_schema: Option<Value>,
+    /// MCP `outputSchema` (a JSON object), hashed only when present.
+    pub output_schema: Option<Value>,
+    /// MCP `annotations` (a JSON object), hashed only when present.
+    pub annotations: Option<Value>,
+}
+
+/// Which of the two accepted JSON forms a manifest file was in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManifestForm {
+    /// `{"server", "revision", "tools": [{"tool", …}]}`.
+    Reference,
+    /// An MCP `tools/list` result (`{"tools": [{"name", …}]}`, bare or inside
+    /// a JSON-RPC response), with the server id and revision given apart.
+    McpToolsList,
+}
+
+impl ManifestForm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ManifestForm::Reference => "reference manifest",
+            ManifestForm::McpToolsList => "MCP tools/list result",
+        }
+    }
+}
+
+/// Why a manifest is unsafe to accept although it has a fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The tool name concerned (possibly empty).
+    pub tool: String,
+    pub kind: ProblemKind,
+    /// How many tools carry this name.
+    pub count: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// Two or more tools share one name: which one a host calls is ambiguous.
+    DuplicateName,
+    /// A tool has an empty name.
+    EmptyName,
+}
+
+impl ProblemKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProblemKind::DuplicateName => "duplicate-tool-name",
+            ProblemKind::EmptyName => "empty-tool-name",
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.kind {
+            ProblemKind::EmptyName if self.count > 1 => {
+                write!(formatter, "{} tools have an empty name", self.count)
+            }
+            ProblemKind::EmptyName => formatter.write_str("a tool has an empty name"),
+            ProblemKind::DuplicateName => write!(
+                formatter,
+                "{} tools are named {:?}; tool names must be unique",
+                self.count, self.tool
+            ),
+        }
+    }
 }
 
 impl Manifest {
-    /// Validates and normalises (sorts) a manifest. Field paths in errors are
-    /// relative to the manifest: `tools[2].name`.
+    /// Checks the size limits and sorts. Field paths in errors are relative
+    /// to the manifest: `tools[2].description`.
     pub fn new(server_id: String, revision: String, tools: Vec<ManifestTool>) -> Result<Self> {
-        check_server_id("server_id", &server_id)?;
-        if revision.chars().count() > MAX_REVISION_LEN {
-            return Err(Error::invalid(
-                "revision",
-                format!("must be at most {MAX_REVISION_LEN} characters"),
-            ));
-        }
+        check_len("server", &server_id, MAX_NAME_LEN)?;
+        check_len("revision", &revision, MAX_REVISION_LEN)?;
         if tools.len() > MAX_TOOLS {
             return Err(Error::invalid(
                 "tools",
@@ -61,20 +141,10 @@ impl Manifest {
         }
         let mut tools = tools;
         for (index, tool) in tools.iter_mut().enumerate() {
-            tool.validate_and_sort()
+            tool.check_and_sort()
                 .map_err(|error| error.under(&format!("tools[{index}]")))?;
         }
-        let mut order: Vec<usize> = (0..tools.len()).collect();
-        order.sort_by(|left, right| tools[*left].name.cmp(&tools[*right].name));
-        for pair in order.windows(2) {
-            if tools[pair[0]].name == tools[pair[1]].name {
-                let later = pair[0].max(pair[1]);
-                return Err(Error::invalid(
-                    format!("tools[{later}].name"),
-                    format!("duplicate tool name {:?}", tools[later].name),
-                ));
-            }
-        }
+        // Stable, like Python's `sorted`: tools of one name keep their order.
         tools.sort_by(|left, right| left.name.cmp(&right.name));
         Ok(Manifest {
             server_id,
@@ -83,38 +153,116 @@ impl Manifest {
         })
     }
 
-    /// Reads a manifest from JSON text:
-    /// `{"server_id", "revision", "tools": [{"name", "description",
-    /// "parameters", "read_only", "scopes", "input_schema"}]}`. Unknown keys
-    /// are rejected: a field the fingerprint would not cover must not be
-    /// silently dropped.
+    /// Why this manifest is unsafe to accept or pin, in tool-name order;
+    /// empty when it is safe.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        for group in self.tools.chunk_by(|left, right| left.name == right.name) {
+            let name = &group[0].name;
+            if name.is_empty() {
+                problems.push(Problem {
+                    tool: String::new(),
+                    kind: ProblemKind::EmptyName,
+                    count: group.len(),
+                });
+            } else if group.len() > 1 {
+                problems.push(Problem {
+                    tool: name.clone(),
+                    kind: ProblemKind::DuplicateName,
+                    count: group.len(),
+                });
+            }
+        }
+        problems
+    }
+
+    /// Reads a manifest in the reference JSON form:
+    /// `{"server", "revision", "tools": [{"tool", "description",
+    /// "parameters", "read_only", "scopes"}]}`, each tool optionally with
+    /// MCP's `title`, `inputSchema`, `outputSchema`, `annotations`. Every
+    /// field of the reference record is required; unknown keys are
+    /// rejected, so that nothing the fingerprint would not cover is silently
+    /// dropped.
     pub fn from_json(text: &[u8]) -> Result<Self> {
-        let value =
-            canonical::parse(text).map_err(|error| Error::invalid("", error.to_string()))?;
+        let value = parse_file(text)?;
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid("", "a manifest must be a JSON object"))?;
-        reject_unknown_keys(object, &["server_id", "revision", "tools"], "")?;
-        let server_id = required_string(object, "server_id", "server_id")?;
-        let revision = optional_string(object, "revision", "revision")?.unwrap_or_default();
-        let tool_values = match object.get("tools") {
-            None => &[][..],
-            Some(value) => value
-                .as_array()
-                .ok_or_else(|| Error::invalid("tools", "must be an array"))?,
-        };
+        reject_unknown_keys(object, &["server", "revision", "tools"], "")?;
+        let server_id = required_string(object, "server", "server")?;
+        let revision = required_string(object, "revision", "revision")?;
+        let tool_values = required_array(object, "tools", "tools")?;
         let tools = tool_values
             .iter()
             .enumerate()
-            .map(|(index, value)| ManifestTool::from_value(value, &format!("tools[{index}]")))
+            .map(|(index, value)| ManifestTool::from_reference(value, &format!("tools[{index}]")))
             .collect::<Result<Vec<_>>>()?;
         Manifest::new(server_id, revision, tools)
     }
 
-    /// The canonical structure that is hashed.
+    /// Reads an MCP `tools/list` result — `{"tools": [...], "nextCursor"?}`,
+    /// bare or as the `result` of a JSON-RPC response — for the given server
+    /// id and revision. Each MCP tool becomes a reference tool: `tool` is its
+    /// `name`, `description` its description (`""` when absent),
+    /// `parameters` the property names of its `inputSchema`, `read_only` its
+    /// `annotations.readOnlyHint` (false when absent) and `scopes` empty; its
+    /// `title`, `inputSchema`, `outputSchema` and `annotations` are kept and
+    /// hashed under those names. `_meta` is ignored (MCP's out-of-band
+    /// metadata); any other key is rejected. A page with a `nextCursor` is
+    /// refused: a fingerprint of part of the tools would prove nothing.
+    pub fn from_mcp_tools_list(text: &[u8], server_id: String, revision: String) -> Result<Self> {
+        let value = parse_file(text)?;
+        let object = value
+            .as_object()
+            .ok_or_else(|| Error::invalid("", "a tools/list result must be a JSON object"))?;
+        let is_envelope = object.get("tools").is_none()
+            && (object.get("result").is_some() || object.get("error").is_some());
+        let (result, prefix) = if is_envelope {
+            reject_unknown_keys(object, &["jsonrpc", "id", "result", "error"], "")?;
+            if object.get("error").is_some() {
+                return Err(Error::invalid(
+                    "error",
+                    "a JSON-RPC error response, not a tools/list result",
+                ));
+            }
+            let result = object
+                .get("result")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    Error::invalid("result", "a tools/list result must be a JSON object")
+                })?;
+            (result, "result.")
+        } else {
+            (object, "")
+        };
+        reject_unknown_keys(
+            result,
+            &["tools", "nextCursor", "_meta"],
+            prefix.trim_end_matches('.'),
+        )?;
+        match result.get("nextCursor") {
+            None | Some(Value::Null) => {}
+            Some(_) => {
+                return Err(Error::invalid(
+                    format!("{prefix}nextCursor"),
+                    "this is one page of a paginated tools/list; fetch every page and join their tools",
+                ));
+            }
+        }
+        let tools_path = format!("{prefix}tools");
+        let tool_values = required_array(result, "tools", &tools_path)?;
+        let tools = tool_values
+            .iter()
+            .enumerate()
+            .map(|(index, value)| ManifestTool::from_mcp(value, &format!("{tools_path}[{index}]")))
+            .collect::<Result<Vec<_>>>()?;
+        Manifest::new(server_id, revision, tools)
+    }
+
+    /// The record that is hashed, under the reference's key names.
     pub fn to_value(&self) -> Value {
         let mut object = Object::new();
-        object.insert("server_id", Value::from(self.server_id.as_str()));
+        object.insert("server", Value::from(self.server_id.as_str()));
         object.insert("revision", Value::from(self.revision.as_str()));
         let tools = self.tools.iter().map(ManifestTool::to_value).collect();
         object.insert("tools", Value::Array(tools));
@@ -125,6 +273,7 @@ impl Manifest {
         canonical::fingerprint(&self.to_value())
     }
 
+    /// The tool of that name; only meaningful for a manifest without problems.
     fn tool(&self, name: &str) -> Option<&ManifestTool> {
         self.tools
             .binary_search_by(|tool| tool.name.as_str().cmp(name))
@@ -133,23 +282,100 @@ impl Manifest {
     }
 }
 
+/// Tells the two JSON forms apart: a top-level `server` key (or the old
+/// `server_id`) means the reference form, anything else an MCP result.
+pub fn detect_form(text: &[u8]) -> Result<ManifestForm> {
+    let value = parse_file(text)?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| Error::invalid("", "a manifest must be a JSON object"))?;
+    if object.get("server").is_some()
+        || object.get("revision").is_some()
+        || object.get("server_id").is_some()
+    {
+        Ok(ManifestForm::Reference)
+    } else {
+        Ok(ManifestForm::McpToolsList)
+    }
+}
+
+fn parse_file(text: &[u8]) -> Result<Value> {
+    if text.len() > MAX_MANIFEST_FILE_BYTES {
+        return Err(Error::invalid(
+            "",
+            format!("a manifest file must be at most {MAX_MANIFEST_FILE_BYTES} bytes"),
+        ));
+    }
+    canonical::parse(text).map_err(|error| Error::invalid("", error.to_string()))
+}
+
 impl ManifestTool {
-    fn validate_and_sort(&mut self) -> Result<()> {
-        check_server_id("name", &self.name)?;
-        if self.description.chars().count() > MAX_DESCRIPTION_LEN {
-            return Err(Error::invalid(
-                "description",
-                format!("must be at most {MAX_DESCRIPTION_LEN} characters"),
-            ));
+    fn check_and_sort(&mut self) -> Result<()> {
+        check_len("tool", &self.name, MAX_NAME_LEN)?;
+        check_len("description", &self.description, MAX_DESCRIPTION_LEN)?;
+        if let Some(title) = &self.title {
+            check_len("title", title, MAX_NAME_LEN)?;
         }
         check_list("parameters", &self.parameters)?;
         check_list("scopes", &self.scopes)?;
+        for (field, value) in [
+            ("inputSchema", &self.input_schema),
+            ("outputSchema", &self.output_schema),
+            ("annotations", &self.annotations),
+        ] {
+            if let Some(value) = value {
+                check_json_field(field, value)?;
+            }
+        }
         self.parameters.sort();
         self.scopes.sort();
         Ok(())
     }
 
-    fn from_value(value: &Value, path: &str) -> Result<Self> {
+    fn from_reference(value: &Value, path: &str) -> Result<Self> {
+        let object = value
+            .as_object()
+            .ok_or_else(|| Error::invalid(path, "a tool must be a JSON object"))?;
+        reject_unknown_keys(
+            object,
+            &[
+                "tool",
+                "description",
+                "parameters",
+                "read_only",
+                "scopes",
+                "title",
+                "inputSchema",
+                "outputSchema",
+                "annotations",
+            ],
+            path,
+        )?;
+        let field = |key: &str| format!("{path}.{key}");
+        let read_only = match object.get("read_only") {
+            None => return Err(Error::invalid(field("read_only"), "is required")),
+            Some(Value::Bool(flag)) => *flag,
+            Some(other) => {
+                return Err(Error::invalid(
+                    field("read_only"),
+                    format!("must be a boolean, got {}", other.kind_name()),
+                ));
+            }
+        };
+        Ok(ManifestTool {
+            name: required_string(object, "tool", &field("tool"))?,
+            description: required_string(object, "description", &field("description"))?,
+            parameters: string_list(object, "parameters", path)?,
+            read_only,
+            scopes: string_list(object, "scopes", path)?,
+            title: optional_string(object, "title", &field("title"))?,
+            input_schema: optional_object(object, "inputSchema", path)?,
+            output_schema: optional_object(object, "outputSchema", path)?,
+            annotations: optional_object(object, "annotations", path)?,
+        })
+    }
+
+    fn from_mcp(value: &Value, path: &str) -> Result<Self> {
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid(path, "a tool must be a JSON object"))?;
@@ -157,42 +383,50 @@ impl ManifestTool {
             object,
             &[
                 "name",
+                "title",
                 "description",
-                "parameters",
-                "read_only",
-                "scopes",
-                "input_schema",
+                "inputSchema",
+                "outputSchema",
+                "annotations",
+                "_meta",
             ],
             path,
         )?;
-        let read_only = match object.get("read_only") {
-            None => false,
+        let field = |key: &str| format!("{path}.{key}");
+        let input_schema = optional_object(object, "inputSchema", path)?;
+        let parameters = input_schema
+            .as_ref()
+            .and_then(|schema| schema.as_object())
+            .and_then(|schema| schema.get("properties"))
+            .and_then(Value::as_object)
+            .map(|properties| properties.keys().map(str::to_string).collect())
+            .unwrap_or_default();
+        let annotations = optional_object(object, "annotations", path)?;
+        let read_only = match annotations
+            .as_ref()
+            .and_then(|annotations| annotations.as_object())
+            .and_then(|annotations| annotations.get("readOnlyHint"))
+        {
+            None | Some(Value::Null) => false,
             Some(Value::Bool(flag)) => *flag,
-            Some(_) => {
+            Some(other) => {
                 return Err(Error::invalid(
-                    format!("{path}.read_only"),
-                    "must be a boolean",
-                ));
-            }
-        };
-        let input_schema = match object.get("input_schema") {
-            None => None,
-            Some(schema @ Value::Object(_)) => Some(schema.clone()),
-            Some(_) => {
-                return Err(Error::invalid(
-                    format!("{path}.input_schema"),
-                    "must be a JSON object",
+                    field("annotations.readOnlyHint"),
+                    format!("must be a boolean, got {}", other.kind_name()),
                 ));
             }
         };
         Ok(ManifestTool {
-            name: required_string(object, "name", &format!("{path}.name"))?,
-            description: optional_string(object, "description", &format!("{path}.description"))?
+            name: required_string(object, "name", &field("name"))?,
+            description: optional_string(object, "description", &field("description"))?
                 .unwrap_or_default(),
-            parameters: string_list(object, "parameters", path)?,
+            parameters,
             read_only,
-            scopes: string_list(object, "scopes", path)?,
+            scopes: Vec::new(),
+            title: optional_string(object, "title", &field("title"))?,
             input_schema,
+            output_schema: optional_object(object, "outputSchema", path)?,
+            annotations,
         })
     }
 
@@ -206,16 +440,50 @@ impl ManifestTool {
             )
         };
         let mut object = Object::new();
-        object.insert("name", Value::from(self.name.as_str()));
+        object.insert("tool", Value::from(self.name.as_str()));
         object.insert("description", Value::from(self.description.as_str()));
         object.insert("parameters", strings(&self.parameters));
         object.insert("read_only", Value::Bool(self.read_only));
         object.insert("scopes", strings(&self.scopes));
-        if let Some(schema) = &self.input_schema {
-            object.insert("input_schema", schema.clone());
+        if let Some(title) = &self.title {
+            object.insert("title", Value::from(title.as_str()));
+        }
+        for (key, value) in [
+            ("inputSchema", &self.input_schema),
+            ("outputSchema", &self.output_schema),
+            ("annotations", &self.annotations),
+        ] {
+            if let Some(value) = value {
+                object.insert(key, value.clone());
+            }
         }
         Value::Object(object)
     }
+}
+
+fn check_len(field: &str, text: &str, max: usize) -> Result<()> {
+    if text.chars().count() > max {
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {max} characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// A JSON field of a tool: an object, at most [`MAX_INPUT_SCHEMA_LEN`]
+/// bytes as canonical text.
+fn check_json_field(field: &str, value: &Value) -> Result<()> {
+    if !matches!(value, Value::Object(_)) {
+        return Err(Error::invalid(field, "must be a JSON object"));
+    }
+    if canonical::to_canonical(value).len() > MAX_INPUT_SCHEMA_LEN {
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {MAX_INPUT_SCHEMA_LEN} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_list(field: &str, items: &[String]) -> Result<()> {
@@ -226,12 +494,7 @@ fn check_list(field: &str, items: &[String]) -> Result<()> {
         ));
     }
     for (index, item) in items.iter().enumerate() {
-        if item.is_empty() || item.chars().count() > MAX_ITEM_LEN {
-            return Err(Error::invalid(
-                format!("{field}[{index}]"),
-                format!("must be 1 to {MAX_ITEM_LEN} characters"),
-            ));
-        }
+        check_len(&format!("{field}[{index}]"), item, MAX_ITEM_LEN)?;
     }
     Ok(())
 }
@@ -268,14 +531,35 @@ fn optional_string(object: &Object, key: &str, field: &str) -> Result<Option<Str
     }
 }
 
+fn required_array<'a>(object: &'a Object, key: &str, field: &str) -> Result<&'a [Value]> {
+    match object.get(key) {
+        None => Err(Error::invalid(field, "is required")),
+        Some(value) => value.as_array().ok_or_else(|| {
+            Error::invalid(
+                field,
+                format!("must be an array, got {}", value.kind_name()),
+            )
+        }),
+    }
+}
+
+fn optional_object(object: &Object, key: &str, path: &str) -> Result<Option<Value>> {
+    match object.get(key) {
+        None => Ok(None),
+        Some(value @ Value::Object(_)) => Ok(Some(value.clone())),
+        Some(other) => Err(Error::invalid(
+            format!("{path}.{key}"),
+            format!("must be a JSON object, got {}", other.kind_name()),
+        )),
+    }
+}
+
 fn string_list(object: &Object, key: &str, path: &str) -> Result<Vec<String>> {
-    let Some(value) = object.get(key) else {
-        return Ok(Vec::new());
-    };
     let field = format!("{path}.{key}");
-    let items = value
-        .as_array()
-        .ok_or_else(|| Error::invalid(&field, "must be an array of strings"))?;
+    let items = required_array(object, key, &field).map_err(|_| match object.get(key) {
+        None => Error::invalid(&field, "is required"),
+        Some(_) => Error::invalid(&field, "must be an array of strings"),
+    })?;
     items
         .iter()
         .enumerate()
@@ -287,7 +571,8 @@ fn string_list(object: &Object, key: &str, path: &str) -> Result<Vec<String>> {
         .collect()
 }
 
-/// How one tool differs between the pinned reference and the assessed manifest.
+/// How one tool differs between the pinned reference and the assessed
+/// manifest, or why it makes the assessed manifest unsafe.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ToolDiff {
     pub tool: String,
@@ -297,6 +582,9 @@ pub struct ToolDiff {
     pub scopes_changed: bool,
     pub read_only_changed: bool,
     pub input_schema_changed: bool,
+    pub title_changed: bool,
+    pub output_schema_changed: bool,
+    pub annotations_changed: bool,
     pub parameters_added: Vec<String>,
     pub parameters_removed: Vec<String>,
     pub scopes_added: Vec<String>,
@@ -304,6 +592,8 @@ pub struct ToolDiff {
     /// The tool can do more than was reviewed: new, new scopes, or no longer
     /// read-only.
     pub widened: bool,
+    /// Set when `change` is [`ToolChange::Unsafe`].
+    pub problem: Option<Problem>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -312,18 +602,28 @@ pub enum ToolChange {
     Added,
     Removed,
     Modified,
+    /// The assessed manifest is unsafe because of this tool name (see
+    /// [`ToolDiff::problem`]).
+    Unsafe,
 }
 
 /// Per-tool differences from `reference` to `current`, sorted by tool name;
-/// unchanged tools are omitted.
+/// unchanged tools are omitted. Names that make `current` unsafe get one
+/// [`ToolChange::Unsafe`] entry each instead of a comparison.
 pub fn diff(reference: &Manifest, current: &Manifest) -> Vec<ToolDiff> {
+    let problems = current.problems();
+    let unsafe_names: BTreeSet<&str> = problems
+        .iter()
+        .map(|problem| problem.tool.as_str())
+        .collect();
     let names: BTreeSet<&str> = reference
         .tools
         .iter()
         .chain(&current.tools)
         .map(|tool| tool.name.as_str())
+        .filter(|name| !unsafe_names.contains(name))
         .collect();
-    names
+    let mut diffs: Vec<ToolDiff> = names
         .into_iter()
         .filter_map(|name| match (reference.tool(name), current.tool(name)) {
             (None, Some(_)) => Some(ToolDiff {
@@ -340,7 +640,19 @@ pub fn diff(reference: &Manifest, current: &Manifest) -> Vec<ToolDiff> {
             (Some(before), Some(after)) if before != after => Some(tool_diff(before, after)),
             _ => None,
         })
-        .collect()
+        .collect();
+    diffs.extend(problem_diffs(problems));
+    diffs.sort_by(|left, right| left.tool.cmp(&right.tool));
+    diffs
+}
+
+fn problem_diffs(problems: Vec<Problem>) -> impl Iterator<Item = ToolDiff> {
+    problems.into_iter().map(|problem| ToolDiff {
+        tool: problem.tool.clone(),
+        change: ToolChange::Unsafe,
+        problem: Some(problem),
+        ..ToolDiff::default()
+    })
 }
 
 fn tool_diff(before: &ManifestTool, after: &ManifestTool) -> ToolDiff {
@@ -357,11 +669,15 @@ fn tool_diff(before: &ManifestTool, after: &ManifestTool) -> ToolDiff {
         scopes_changed: before.scopes != after.scopes,
         read_only_changed,
         input_schema_changed: before.input_schema != after.input_schema,
+        title_changed: before.title != after.title,
+        output_schema_changed: before.output_schema != after.output_schema,
+        annotations_changed: before.annotations != after.annotations,
         widened: !scopes_added.is_empty() || (before.read_only && !after.read_only),
         parameters_added,
         parameters_removed,
         scopes_added,
         scopes_removed,
+        problem: None,
     }
 }
 
@@ -396,13 +712,18 @@ impl AssessReason {
 /// The answer to "has this server changed since review?".
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assessment {
+    /// The fingerprint matches the pin and the manifest has no problems.
     pub accepted: bool,
+    /// What the fingerprint comparison says (an unsafe manifest may even
+    /// match a pin made only from a fingerprint; it is still not accepted).
     pub reason: AssessReason,
     pub fingerprint: Fingerprint,
     pub pinned_fingerprint: Option<Fingerprint>,
     pub pinned_revision: Option<String>,
     pub diffs: Vec<ToolDiff>,
     pub diff_available: bool,
+    /// Why the manifest is unsafe; empty when it is safe.
+    pub problems: Vec<Problem>,
 }
 
 /// What a pin holds: the trusted fingerprint and, when known, the reviewed
@@ -416,6 +737,7 @@ pub trait PinReference {
 /// trusted: the fingerprint is always computed here.
 pub fn assess(manifest: &Manifest, pin: Option<&dyn PinReference>) -> Assessment {
     let fingerprint = manifest.fingerprint();
+    let problems = manifest.problems();
     let Some(pin) = pin else {
         return Assessment {
             accepted: false,
@@ -423,15 +745,20 @@ pub fn assess(manifest: &Manifest, pin: Option<&dyn PinReference>) -> Assessment
             fingerprint,
             pinned_fingerprint: None,
             pinned_revision: None,
-            diffs: Vec::new(),
+            diffs: problem_diffs(problems.clone()).collect(),
             diff_available: false,
+            problems,
         };
     };
     let pinned_fingerprint = pin.pinned_fingerprint();
     let matched = pinned_fingerprint == fingerprint;
     let reference = pin.pinned_manifest();
+    let diffs = match reference {
+        Some(reference) => diff(reference, manifest),
+        None => problem_diffs(problems.clone()).collect(),
+    };
     Assessment {
-        accepted: matched,
+        accepted: matched && problems.is_empty(),
         reason: if matched {
             AssessReason::Matched
         } else {
@@ -440,16 +767,65 @@ pub fn assess(manifest: &Manifest, pin: Option<&dyn PinReference>) -> Assessment
         fingerprint,
         pinned_fingerprint: Some(pinned_fingerprint),
         pinned_revision: reference.map(|reference| reference.revision.clone()),
-        diffs: reference
-            .map(|reference| diff(reference, manifest))
-            .unwrap_or_default(),
+        diffs,
         diff_available: reference.is_some(),
+        problems,
+    }
+}
+
+/// What is remembered of a pinned server's latest assessment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastAssessment {
+    pub fingerprint: Fingerprint,
+    /// The assessed manifest had no problems.
+    pub safe: bool,
+}
+
+impl From<&Assessment> for LastAssessment {
+    fn from(assessment: &Assessment) -> Self {
+        LastAssessment {
+            fingerprint: assessment.fingerprint,
+            safe: assessment.problems.is_empty(),
+        }
+    }
+}
+
+/// Whether a manifest server's tools may be decided on (SPEC §4 step 4),
+/// and if not, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManifestStatus {
+    /// Pinned, and the latest assessment matched the pin in force.
+    Verified,
+    /// No pin for the server.
+    Unpinned,
+    /// Pinned, but no manifest was assessed since this server started.
+    NeverAssessed,
+    /// The latest assessment's fingerprint differs from the pin in force.
+    Differed,
+    /// The latest assessment matched but the manifest was unsafe.
+    Unsafe,
+}
+
+impl ManifestStatus {
+    pub fn of(pin: Option<&dyn PinReference>, last: Option<&LastAssessment>) -> Self {
+        match (pin, last) {
+            (None, _) => ManifestStatus::Unpinned,
+            (Some(_), None) => ManifestStatus::NeverAssessed,
+            (Some(pin), Some(last)) if pin.pinned_fingerprint() != last.fingerprint => {
+                ManifestStatus::Differed
+            }
+            (Some(_), Some(last)) if !last.safe => ManifestStatus::Unsafe,
+            (Some(_), Some(_)) => ManifestStatus::Verified,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reference's worked example (SPEC §7).
+    const WORKED_EXAMPLE: &str = r#"{"server":"a","revision":"r1","tools":[{"tool":"read","description":"[[tool:elders/read]]","parameters":["target","mode"],"read_only":true,"scopes":["read","audit"]},{"tool":"paint","description":"Kleur kaart.","parameters":["target","color"],"read_only":false,"scopes":["paint"]}]}"#;
 
     fn tool(name: &str, scopes: &[&str]) -> ManifestTool {
         ManifestTool {
@@ -458,8 +834,25 @@ mod tests {
             parameters: vec!["b".into(), "a".into()],
             read_only: true,
             scopes: scopes.iter().map(|scope| scope.to_string()).collect(),
-            input_schema: None,
+            ..ManifestTool::default()
         }
+    }
+
+    #[test]
+    fn worked_example_has_the_reference_canonical_form_and_fingerprint() {
+        let manifest = Manifest::from_json(WORKED_EXAMPLE.as_bytes()).unwrap();
+        assert_eq!(
+            canonical::to_canonical(&manifest.to_value()),
+            r#"{"revision":"r1","server":"a","tools":[{"description":"Kleur kaart.","parameters":["color","target"],"read_only":false,"scopes":["paint"],"tool":"paint"},{"description":"[[tool:elders/read]]","parameters":["mode","target"],"read_only":true,"scopes":["audit","read"],"tool":"read"}]}"#
+        );
+        assert_eq!(
+            manifest.fingerprint().to_hex(),
+            "57c402536871ebb9cb2093abe956200d0e8b124ccd75959aad08503ceba6a5d1"
+        );
+        assert_eq!(
+            detect_form(WORKED_EXAMPLE.as_bytes()).unwrap(),
+            ManifestForm::Reference
+        );
     }
 
     #[test]
@@ -504,35 +897,181 @@ mod tests {
         changed.tools[0].parameters.push("c".into());
         variants.push(changed);
         let mut changed = base.clone();
-        changed.tools[0].input_schema = Some(Value::Object(Object::new()));
+        changed.tools[0].title = Some(String::new());
         variants.push(changed);
+        for slot in 0..3 {
+            let mut changed = base.clone();
+            let target = match slot {
+                0 => &mut changed.tools[0].input_schema,
+                1 => &mut changed.tools[0].output_schema,
+                _ => &mut changed.tools[0].annotations,
+            };
+            *target = Some(Value::Object(Object::new()));
+            variants.push(changed);
+        }
+        let mut seen = BTreeSet::new();
         for variant in variants {
             assert_ne!(variant.fingerprint(), base.fingerprint(), "{variant:?}");
+            assert!(seen.insert(variant.fingerprint().to_hex()), "{variant:?}");
         }
     }
 
     #[test]
-    fn duplicate_tool_names_name_the_later_index() {
-        let error = Manifest::new(
+    fn any_string_is_content_not_an_invalid_argument() {
+        let manifest = Manifest::from_json(
+            r#"{"server":"my docs","revision":"","tools":[{"tool":"zoek in één","description":"","parameters":[""],"read_only":false,"scopes":["", "ünïcode scope"]}]}"#.as_bytes(),
+        )
+        .unwrap();
+        assert!(manifest.problems().is_empty());
+        assert_eq!(manifest.tools[0].scopes, vec!["", "ünïcode scope"]);
+    }
+
+    #[test]
+    fn duplicate_and_empty_names_are_problems_not_errors() {
+        let manifest = Manifest::new(
             "srv".into(),
             "1".into(),
-            vec![tool("a", &[]), tool("b", &[]), tool("a", &[])],
+            vec![
+                tool("a", &["1"]),
+                tool("b", &[]),
+                tool("a", &["2"]),
+                tool("", &[]),
+            ],
         )
-        .unwrap_err();
+        .unwrap();
+        // Stable sort: the two "a" tools keep their order, like Python's.
+        assert_eq!(manifest.tools[1].scopes, vec!["1"]);
+        assert_eq!(manifest.tools[2].scopes, vec!["2"]);
+        let problems = manifest.problems();
         assert_eq!(
-            error,
-            Error::invalid("tools[2].name", "duplicate tool name \"a\"")
+            problems,
+            vec![
+                Problem {
+                    tool: String::new(),
+                    kind: ProblemKind::EmptyName,
+                    count: 1
+                },
+                Problem {
+                    tool: "a".into(),
+                    kind: ProblemKind::DuplicateName,
+                    count: 2
+                },
+            ]
+        );
+        assert_eq!(
+            problems[1].to_string(),
+            "2 tools are named \"a\"; tool names must be unique"
+        );
+        let assessment = assess(&manifest, None);
+        assert!(!assessment.accepted);
+        assert_eq!(
+            assessment
+                .diffs
+                .iter()
+                .map(|diff| (diff.tool.as_str(), diff.change))
+                .collect::<Vec<_>>(),
+            vec![("", ToolChange::Unsafe), ("a", ToolChange::Unsafe)]
         );
     }
 
     #[test]
-    fn json_manifest_rejects_unknown_fields() {
-        let error =
-            Manifest::from_json(br#"{"server_id":"s","tools":[{"name":"a","sha256":"x"}]}"#)
-                .unwrap_err();
+    fn reference_form_requires_every_field_and_rejects_unknown_ones() {
+        let cases = [
+            (
+                r#"{"server_id":"s","revision":"1","tools":[]}"#,
+                "server_id",
+            ),
+            (r#"{"server":"s","tools":[]}"#, "revision"),
+            (r#"{"server":"s","revision":"1"}"#, "tools"),
+            (
+                r#"{"server":"s","revision":"1","tools":[{"tool":"a","description":"","parameters":[],"scopes":[]}]}"#,
+                "tools[0].read_only",
+            ),
+            (
+                r#"{"server":"s","revision":"1","tools":[{"tool":"a","description":"","parameters":[],"read_only":true,"scopes":[],"sha256":"x"}]}"#,
+                "tools[0].sha256",
+            ),
+            (
+                r#"{"server":"s","revision":"1","tools":[{"tool":"a","description":"","parameters":"p","read_only":true,"scopes":[]}]}"#,
+                "tools[0].parameters",
+            ),
+            (
+                r#"{"server":"s","revision":"1","tools":[{"tool":"a","description":"","parameters":[],"read_only":true,"scopes":[],"inputSchema":[]}]}"#,
+                "tools[0].inputSchema",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = Manifest::from_json(text.as_bytes()).unwrap_err();
+            assert!(
+                matches!(error, Error::InvalidArgument { ref field, .. } if field == expected),
+                "{text}: {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn mcp_tools_list_maps_onto_the_reference_record() {
+        let listed = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"get_weather","title":"Weather","description":"Current weather","inputSchema":{"type":"object","properties":{"location":{"type":"string"},"units":{"type":"string"}}},"annotations":{"readOnlyHint":true},"_meta":{"x":1}}]}}"#;
+        assert_eq!(detect_form(listed).unwrap(), ManifestForm::McpToolsList);
+        let manifest = Manifest::from_mcp_tools_list(listed, "weather".into(), "7".into()).unwrap();
+        let tool = &manifest.tools[0];
+        assert_eq!(tool.name, "get_weather");
+        assert_eq!(tool.parameters, vec!["location", "units"]);
+        assert!(tool.read_only);
+        assert_eq!(tool.title.as_deref(), Some("Weather"));
+        let canonical = canonical::to_canonical(&manifest.to_value());
+        assert_eq!(
+            canonical,
+            r#"{"revision":"7","server":"weather","tools":[{"annotations":{"readOnlyHint":true},"description":"Current weather","inputSchema":{"properties":{"location":{"type":"string"},"units":{"type":"string"}},"type":"object"},"parameters":["location","units"],"read_only":true,"scopes":[],"title":"Weather","tool":"get_weather"}]}"#
+        );
+        let failed = br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"no"}}"#;
+        let error = Manifest::from_mcp_tools_list(failed, "s".into(), "1".into()).unwrap_err();
+        assert_eq!(
+            error,
+            Error::invalid(
+                "error",
+                "a JSON-RPC error response, not a tools/list result"
+            )
+        );
+        let paged = br#"{"tools":[],"nextCursor":"2"}"#;
+        let error = Manifest::from_mcp_tools_list(paged, "s".into(), "1".into()).unwrap_err();
         assert!(
-            matches!(error, Error::InvalidArgument { ref field, .. } if field == "tools[0].sha256"),
+            matches!(error, Error::InvalidArgument { ref field, .. } if field == "nextCursor"),
             "{error:?}"
+        );
+    }
+
+    #[test]
+    fn status_says_never_assessed_differed_unsafe_or_verified() {
+        struct Fixed(Fingerprint);
+        impl PinReference for Fixed {
+            fn pinned_fingerprint(&self) -> Fingerprint {
+                self.0
+            }
+            fn pinned_manifest(&self) -> Option<&Manifest> {
+                None
+            }
+        }
+        let manifest = Manifest::new("srv".into(), "1".into(), vec![tool("a", &[])]).unwrap();
+        let pin = Fixed(manifest.fingerprint());
+        let other = Fingerprint::of_bytes(b"other");
+        let last = |fingerprint, safe| LastAssessment { fingerprint, safe };
+        assert_eq!(ManifestStatus::of(None, None), ManifestStatus::Unpinned);
+        assert_eq!(
+            ManifestStatus::of(Some(&pin), None),
+            ManifestStatus::NeverAssessed
+        );
+        assert_eq!(
+            ManifestStatus::of(Some(&pin), Some(&last(other, true))),
+            ManifestStatus::Differed
+        );
+        assert_eq!(
+            ManifestStatus::of(Some(&pin), Some(&last(pin.0, false))),
+            ManifestStatus::Unsafe
+        );
+        assert_eq!(
+            ManifestStatus::of(Some(&pin), Some(&last(pin.0, true))),
+            ManifestStatus::Verified
         );
     }
 
@@ -546,6 +1085,7 @@ mod tests {
         .unwrap();
         let mut widened = tool("keep", &["read", "write"]);
         widened.read_only = false;
+        widened.annotations = Some(Value::Object(Object::new()));
         let current =
             Manifest::new("srv".into(), "2".into(), vec![widened, tool("new", &[])]).unwrap();
         let diffs = diff(&reference, &current);
@@ -563,6 +1103,7 @@ mod tests {
         );
         assert_eq!(diffs[1].scopes_added, vec!["write"]);
         assert!(diffs[1].read_only_changed);
+        assert!(diffs[1].annotations_changed);
         assert!(!diffs[1].description_changed);
     }
 }

@@ -939,6 +939,15 @@ fn pins(
                 let manifest = Manifest::from_json(&bytes).map_err(|invalid| {
                     loader.error(key("manifest"), format!("{}: {invalid}", path.display()))
                 })?;
+                if let Some(problem) = manifest.problems().first() {
+                    return Err(loader.error(
+                        key("manifest"),
+                        format!(
+                            "{}: an unsafe manifest cannot be pinned: {problem}",
+                            path.display()
+                        ),
+                    ));
+                }
                 if manifest.server_id != raw_pin.server {
                     return Err(loader.error(
                         key("manifest"),

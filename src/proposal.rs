@@ -6,6 +6,7 @@ use jsonschema::error::ValidationErrorKind;
 use crate::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
 use crate::error::{Error, Result};
 use crate::ids::check_identifier;
+use crate::manifest::ManifestStatus;
 use crate::policy::{ActorProfile, ApprovalRule, Mode, Policy, Tool};
 
 /// Largest `version` a proposal may carry (2^53, exactly representable in
@@ -110,7 +111,11 @@ pub enum Refusal {
     UnknownTool,
     ForbiddenTool,
     NotAuthorized,
-    ManifestUnverified,
+    /// The session's actor is not defined in the policy (reason
+    /// `not-authorized`, with a message that says so).
+    UnknownActor,
+    /// Never [`ManifestStatus::Verified`].
+    ManifestUnverified(ManifestStatus),
 }
 
 impl Refusal {
@@ -119,8 +124,8 @@ impl Refusal {
             Refusal::Forbidden => "forbidden",
             Refusal::UnknownTool => "unknown-tool",
             Refusal::ForbiddenTool => "forbidden-tool",
-            Refusal::NotAuthorized => "not-authorized",
-            Refusal::ManifestUnverified => "manifest-unverified",
+            Refusal::NotAuthorized | Refusal::UnknownActor => "not-authorized",
+            Refusal::ManifestUnverified(_) => "manifest-unverified",
         }
     }
 
@@ -136,11 +141,30 @@ impl Refusal {
                 "actor {:?} holds no role that may call {:?}",
                 session.actor, proposal.name
             ),
-            Refusal::ManifestUnverified => format!(
-                "the manifest server of {:?} is unpinned or its latest assessment did not match; re-review first",
-                proposal.name
-            ),
+            Refusal::UnknownActor => {
+                format!("actor {:?} is not defined in the policy", session.actor)
+            }
+            Refusal::ManifestUnverified(status) => manifest_unverified_message(status, proposal),
         }
+    }
+}
+
+fn manifest_unverified_message(status: ManifestStatus, proposal: &Proposal) -> String {
+    let tool = &proposal.name;
+    match status {
+        ManifestStatus::Unpinned => format!(
+            "the manifest server of {tool:?} has no pin: a reviewer pins its reviewed manifest, then the host assesses it"
+        ),
+        ManifestStatus::NeverAssessed => format!(
+            "the manifest server of {tool:?} was never assessed: send its manifest with AssessManifest (`toolgate manifest assess FILE`) first"
+        ),
+        ManifestStatus::Differed => format!(
+            "the last assessment of the manifest server of {tool:?} differed from its pin: its tools changed since review; re-review first"
+        ),
+        ManifestStatus::Unsafe => format!(
+            "the last assessed manifest of the server of {tool:?} was unsafe (duplicate or empty tool names); re-review first"
+        ),
+        ManifestStatus::Verified => format!("the manifest server of {tool:?} is verified"),
     }
 }
 
@@ -170,7 +194,7 @@ pub fn admit<'p>(
     let profile = policy
         .actors
         .get(&session.actor)
-        .ok_or(Refusal::NotAuthorized)?;
+        .ok_or(Refusal::UnknownActor)?;
     if !tool.roles.iter().any(|role| profile.roles.contains(role)) {
         return Err(Refusal::NotAuthorized);
     }

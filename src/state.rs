@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::ledger::{
     Approval, ApprovalEvent, ApprovalRef, Ledger, ListQuery, NewApproval, Page, Standing, Verdict,
 };
-use crate::manifest::{self, Assessment, Manifest, PinReference};
+use crate::manifest::{self, Assessment, LastAssessment, Manifest, ManifestStatus, PinReference};
 use crate::policy::{Limits, Mode, Policy, Tool};
 use crate::proposal::{self, Proposal, Refusal, Screened, SessionRef};
 use crate::session::{self, BudgetCheck, Session, SessionSummary, Sessions};
@@ -107,8 +107,8 @@ impl Decision {
 #[derive(Debug)]
 pub struct State {
     api_pins: HashMap<String, ApiPin>,
-    /// Fingerprint of the latest assessment per pinned server.
-    last_assessed: HashMap<String, Fingerprint>,
+    /// The latest assessment per pinned server.
+    last_assessed: HashMap<String, LastAssessment>,
     ledger: Ledger,
     sessions: Sessions,
     resources: Resources,
@@ -262,10 +262,11 @@ impl State {
     /// SPEC §4 step 4: a tool of a manifest server needs a matching assessment.
     fn manifest_gate(&self, policy: &Policy, tool: &Tool) -> Result<(), Refusal> {
         match &tool.server {
-            Some(server) if !self.manifest_verified(policy, server) => {
-                Err(Refusal::ManifestUnverified)
-            }
-            _ => Ok(()),
+            Some(server) => match self.manifest_status(policy, server) {
+                ManifestStatus::Verified => Ok(()),
+                status => Err(Refusal::ManifestUnverified(status)),
+            },
+            None => Ok(()),
         }
     }
 
@@ -706,8 +707,10 @@ impl State {
         let pin = self.pin(policy, &manifest.server_id);
         let assessment = manifest::assess(manifest, pin);
         if pin.is_some() {
-            self.last_assessed
-                .insert(manifest.server_id.clone(), assessment.fingerprint);
+            self.last_assessed.insert(
+                manifest.server_id.clone(),
+                LastAssessment::from(&assessment),
+            );
         }
         assessment
     }
@@ -715,13 +718,15 @@ impl State {
     /// True when the server has a pin and its latest assessment matched the
     /// pin in force now (a later re-pin needs a new assessment).
     pub fn manifest_verified(&self, policy: &Policy, server_id: &str) -> bool {
-        match (
+        self.manifest_status(policy, server_id) == ManifestStatus::Verified
+    }
+
+    /// Why a manifest server's tools may or may not be decided on.
+    pub fn manifest_status(&self, policy: &Policy, server_id: &str) -> ManifestStatus {
+        ManifestStatus::of(
             self.pin(policy, server_id),
             self.last_assessed.get(server_id),
-        ) {
-            (Some(pin), Some(assessed)) => pin.pinned_fingerprint() == *assessed,
-            _ => false,
-        }
+        )
     }
 
     pub fn pin_manifest(
@@ -731,6 +736,17 @@ impl State {
         manifest: Manifest,
         expected: Option<Fingerprint>,
     ) -> Result<PinRecord> {
+        if let Err(error) = crate::ids::check_server_id("server", &manifest.server_id) {
+            return Err(Error::FailedPrecondition(format!(
+                "server id {:?} cannot be pinned ({error}); nothing was pinned",
+                manifest.server_id
+            )));
+        }
+        if let Some(problem) = manifest.problems().first() {
+            return Err(Error::FailedPrecondition(format!(
+                "an unsafe manifest cannot be pinned: {problem}; nothing was pinned"
+            )));
+        }
         let fingerprint = manifest.fingerprint();
         if let Some(expected) = expected
             && expected != fingerprint

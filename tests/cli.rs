@@ -665,7 +665,7 @@ async fn pins_add_list_and_remove() {
     )
     .expect("manifest json");
     let mut copy = original.clone();
-    copy["server_id"] = json!("docs-search-copy");
+    copy["server"] = json!("docs-search-copy");
     let file = tempfile::NamedTempFile::new().expect("temp file");
     std::fs::write(file.path(), serde_json::to_vec(&copy).expect("json")).expect("write");
     let path = file.path().to_str().expect("utf-8 path");
@@ -800,7 +800,7 @@ async fn pins_add_list_and_remove() {
 
     // A file that is not a manifest is refused before connecting (exit 2).
     let bad = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(bad.path(), br#"{"server_id": "x", "extra": 1}"#).expect("write");
+    std::fs::write(bad.path(), br#"{"server": "x", "extra": 1}"#).expect("write");
     let invalid = toolgate(
         &[
             "pins",
@@ -992,4 +992,338 @@ async fn check_config_prints_what_a_policy_defines() {
     assert!(bad.stderr.starts_with("error: "), "{bad:?}");
     assert!(bad.stderr.contains(": tools.t.approval: "), "{bad:?}");
     assert_eq!(bad.stderr.lines().count(), 1);
+}
+
+// ----- manifest fingerprint / manifest assess (SPEC §7) ---------------------
+
+/// The reference's worked example and its fingerprint.
+const WORKED_EXAMPLE: &str = r#"{"server":"a","revision":"r1","tools":[{"tool":"read","description":"[[tool:elders/read]]","parameters":["target","mode"],"read_only":true,"scopes":["read","audit"]},{"tool":"paint","description":"Kleur kaart.","parameters":["target","color"],"read_only":false,"scopes":["paint"]}]}"#;
+const WORKED_EXAMPLE_FINGERPRINT: &str =
+    "57c402536871ebb9cb2093abe956200d0e8b124ccd75959aad08503ceba6a5d1";
+
+/// The worked example's tools as an MCP `tools/list` JSON-RPC response.
+const MCP_TOOLS_LIST: &str = r#"{"jsonrpc":"2.0","id":2,"result":{"tools":[
+  {"name":"read","description":"[[tool:elders/read]]","inputSchema":{"type":"object","properties":{"target":{"type":"string"},"mode":{"type":"string"}}},"annotations":{"readOnlyHint":true}},
+  {"name":"paint","title":"Paint","description":"Kleur kaart.","inputSchema":{"type":"object","properties":{"target":{"type":"string"},"color":{"type":"string"}}}}
+]}}"#;
+
+/// The same tools in the reference form, with the MCP fields kept: what the
+/// MCP result must hash as.
+const MCP_AS_REFERENCE: &str = r#"{"server":"a","revision":"r1","tools":[
+  {"tool":"read","description":"[[tool:elders/read]]","parameters":["mode","target"],"read_only":true,"scopes":[],"inputSchema":{"type":"object","properties":{"target":{"type":"string"},"mode":{"type":"string"}}},"annotations":{"readOnlyHint":true}},
+  {"tool":"paint","title":"Paint","description":"Kleur kaart.","parameters":["color","target"],"read_only":false,"scopes":[],"inputSchema":{"type":"object","properties":{"target":{"type":"string"},"color":{"type":"string"}}}}
+]}"#;
+
+fn temp_json(text: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), text).expect("write");
+    file
+}
+
+fn path_of(file: &tempfile::NamedTempFile) -> &str {
+    file.path().to_str().expect("utf-8 path")
+}
+
+#[tokio::test]
+async fn manifest_fingerprint_of_the_worked_example_is_the_references() {
+    let file = temp_json(WORKED_EXAMPLE);
+    let run = toolgate(&["manifest", "fingerprint", path_of(&file)], None).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout, format!("{WORKED_EXAMPLE_FINGERPRINT}\n"));
+    assert_eq!(
+        run.stderr,
+        format!(
+            "read {} as a reference manifest: server \"a\", revision \"r1\", 2 tools\n",
+            path_of(&file)
+        )
+    );
+}
+
+#[tokio::test]
+async fn manifest_fingerprint_reads_an_mcp_tools_list_result() {
+    let listed = temp_json(MCP_TOOLS_LIST);
+    let reference = temp_json(MCP_AS_REFERENCE);
+    let from_mcp = toolgate(
+        &[
+            "manifest",
+            "fingerprint",
+            path_of(&listed),
+            "--server",
+            "a",
+            "--revision",
+            "r1",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(from_mcp.code, Some(0), "{from_mcp:?}");
+    assert_eq!(
+        from_mcp.stderr,
+        format!(
+            "read {} as an MCP tools/list result: server \"a\", revision \"r1\", 2 tools\n",
+            path_of(&listed)
+        )
+    );
+    let from_reference = toolgate(&["manifest", "fingerprint", path_of(&reference)], None).await;
+    assert_eq!(from_reference.code, Some(0), "{from_reference:?}");
+    assert_eq!(from_mcp.stdout, from_reference.stdout);
+    // The MCP fields are hashed: not the five-field worked example.
+    assert_ne!(from_mcp.stdout.trim(), WORKED_EXAMPLE_FINGERPRINT);
+
+    // An MCP result names no server: the flags are required ...
+    let missing = toolgate(&["manifest", "fingerprint", path_of(&listed)], None).await;
+    assert_eq!(missing.code, Some(1), "{missing:?}");
+    assert_eq!(missing.stdout, "");
+    assert_eq!(
+        missing.stderr,
+        format!(
+            "error: {} is an MCP tools/list result, which names no server or revision: pass --server ID --revision REV\n",
+            path_of(&listed)
+        )
+    );
+    // ... and a reference manifest, which names its own, refuses them.
+    let worked = temp_json(WORKED_EXAMPLE);
+    let extra = toolgate(
+        &[
+            "manifest",
+            "fingerprint",
+            path_of(&worked),
+            "--server",
+            "b",
+            "--revision",
+            "r2",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(extra.code, Some(1), "{extra:?}");
+    assert!(
+        extra
+            .stderr
+            .contains("is a reference manifest, which names its own server"),
+        "{extra:?}"
+    );
+}
+
+#[tokio::test]
+async fn manifest_fingerprint_errors_name_the_field() {
+    for (text, expected) in [
+        (
+            r#"{"server_id":"a","revision":"r1","tools":[]}"#,
+            "server_id: unknown field; expected one of server, revision, tools",
+        ),
+        (
+            r#"{"server":"a","revision":"r1","tools":[{"tool":"t","description":"","parameters":[],"scopes":[]}]}"#,
+            "tools[0].read_only: is required",
+        ),
+        (
+            r#"{"server":"a","revision":"r1","tools":[{"tool":7,"description":"","parameters":[],"read_only":true,"scopes":[]}]}"#,
+            "tools[0].tool: must be a string, got number",
+        ),
+    ] {
+        let file = temp_json(text);
+        let run = toolgate(&["manifest", "fingerprint", path_of(&file)], None).await;
+        assert_eq!(run.code, Some(1), "{run:?}");
+        assert_eq!(run.stdout, "");
+        assert_eq!(
+            run.stderr,
+            format!("error: {}: {expected}\n", path_of(&file)),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn manifest_fingerprint_of_an_unsafe_manifest_warns() {
+    let file = temp_json(
+        r#"{"server":"a","revision":"r1","tools":[
+          {"tool":"zoek in één","description":"","parameters":[],"read_only":true,"scopes":[""]},
+          {"tool":"zoek in één","description":"other","parameters":[],"read_only":true,"scopes":[]}]}"#,
+    );
+    let run = toolgate(&["manifest", "fingerprint", path_of(&file)], None).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout.trim().len(), 64, "{run:?}");
+    assert!(
+        run.stderr.ends_with(
+            "warning: unsafe manifest: 2 tools are named \"zoek in één\"; tool names must be unique; AssessManifest never accepts it and PinManifest refuses it\n"
+        ),
+        "{run:?}"
+    );
+}
+
+#[tokio::test]
+async fn manifest_assess_sends_the_readme_example_to_the_default_policy() {
+    let server = TestServer::start_with(
+        toolgate::policy::Policy::embedded_default().expect("embedded default"),
+    )
+    .await;
+    let addr = url(&server);
+    let example = repo_path("examples/manifests/docs-search.json");
+    let example = example.to_str().expect("utf-8 path");
+
+    // Before any assessment the default's search_docs says "never assessed".
+    let search = proposal(
+        "d1",
+        "support-agent",
+        "search_docs",
+        0,
+        r#"{"query":"refunds"}"#,
+    );
+    let agent = session("support-agent", "s1", "w");
+    let before = server.decide_ok("", &agent, &search).await;
+    assert_eq!(before.reason, "manifest-unverified");
+    assert!(before.message.contains("was never assessed"), "{before:?}");
+
+    let matched = toolgate(&["manifest", "assess", example, "--server", &addr], None).await;
+    assert_eq!(matched.code, Some(0), "{matched:?}");
+    let fields = matched.record();
+    assert_eq!(fields["form"], "reference manifest");
+    assert_eq!(fields["accepted"], "true");
+    assert_eq!(fields["reason"], "matched");
+    assert_eq!(fields["fingerprint"], fields["pinned_fingerprint"]);
+    let after = server
+        .decide_ok(
+            "",
+            &agent,
+            &proposal(
+                "d2",
+                "support-agent",
+                "search_docs",
+                0,
+                r#"{"query":"refunds"}"#,
+            ),
+        )
+        .await;
+    assert_eq!(after.reason, "allowed", "{after:?}");
+
+    // A changed copy: exit 3, CHANGED with the diff, JSON on request.
+    let mut changed: Value =
+        serde_json::from_slice(&std::fs::read(example).expect("read")).expect("json");
+    changed["tools"][1]["scopes"]
+        .as_array_mut()
+        .expect("scopes")
+        .push(json!("docs:write"));
+    let changed_file = temp_json(&changed.to_string());
+    let answer = toolgate(
+        &[
+            "manifest",
+            "assess",
+            path_of(&changed_file),
+            "--server",
+            &addr,
+            "--output",
+            "json",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(answer.code, Some(3), "{answer:?}");
+    let answer = answer.json();
+    assert_eq!(answer["form"], "reference");
+    assert_eq!(answer["accepted"], false);
+    assert_eq!(answer["reason"], "changed");
+    assert_eq!(answer["diff_available"], false);
+    assert_eq!(answer["diffs"], json!([]));
+    let refused = server
+        .decide_ok(
+            "",
+            &agent,
+            &proposal(
+                "d3",
+                "support-agent",
+                "search_docs",
+                0,
+                r#"{"query":"refunds"}"#,
+            ),
+        )
+        .await;
+    assert_eq!(refused.reason, "manifest-unverified");
+    assert!(
+        refused.message.contains("differed from its pin"),
+        "{refused:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
+    let server = TestServer::start_file(POLICY).await;
+    let addr = url(&server);
+    let worked = temp_json(WORKED_EXAMPLE);
+    let unpinned = toolgate(
+        &["manifest", "assess", path_of(&worked), "--server", &addr],
+        Some(HOST),
+    )
+    .await;
+    assert_eq!(unpinned.code, Some(3), "{unpinned:?}");
+    let fields = unpinned.record();
+    assert_eq!(fields["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
+    assert_eq!(fields["reason"], "unpinned");
+    assert_eq!(fields["pinned_fingerprint"], "-");
+
+    // An MCP result: its server id is --server-id, since --server is the address.
+    let listed = temp_json(MCP_TOOLS_LIST);
+    let reference = temp_json(MCP_AS_REFERENCE);
+    let expected = toolgate(&["manifest", "fingerprint", path_of(&reference)], None).await;
+    let mcp = toolgate(
+        &[
+            "manifest",
+            "assess",
+            path_of(&listed),
+            "--server-id",
+            "a",
+            "--revision",
+            "r1",
+            "--server",
+            &addr,
+        ],
+        Some(HOST),
+    )
+    .await;
+    assert_eq!(mcp.code, Some(3), "{mcp:?}");
+    assert_eq!(mcp.record()["form"], "MCP tools/list result");
+    assert_eq!(mcp.record()["fingerprint"], expected.stdout.trim());
+    assert!(
+        mcp.stderr.starts_with(&format!(
+            "read {} as an MCP tools/list result",
+            path_of(&listed)
+        )),
+        "{mcp:?}"
+    );
+
+    // Pinned by alice, the duplicate-name copy is unsafe: a diff line says why.
+    let pinned = toolgate(
+        &["pins", "add", path_of(&worked), "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(pinned.code, Some(0), "{pinned:?}");
+    assert_eq!(pinned.record()["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
+    let mut duplicate: Value = serde_json::from_str(WORKED_EXAMPLE).expect("json");
+    let first = duplicate["tools"][0].clone();
+    duplicate["tools"]
+        .as_array_mut()
+        .expect("tools")
+        .push(first);
+    let duplicate_file = temp_json(&duplicate.to_string());
+    let answer = toolgate(
+        &[
+            "manifest",
+            "assess",
+            path_of(&duplicate_file),
+            "--server",
+            &addr,
+        ],
+        Some(HOST),
+    )
+    .await;
+    assert_eq!(answer.code, Some(3), "{answer:?}");
+    assert_eq!(answer.record()["accepted"], "false");
+    assert!(
+        answer.stdout.contains(
+            "diff                read unsafe: 2 tools are named \"read\"; tool names must be unique (duplicate-tool-name)"
+        ),
+        "{answer:?}"
+    );
+    server.stop().await;
 }

@@ -595,7 +595,7 @@ fn tool(name: &str) -> pb::ManifestTool {
         parameters: vec!["q".into()],
         read_only: true,
         scopes: vec!["s:read".into()],
-        input_schema_json: String::new(),
+        ..pb::ManifestTool::default()
     }
 }
 
@@ -1674,28 +1674,35 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         assess(None),
         invalid("manifest", "is required"),
     ));
+    // Content the reference fingerprints is an answer, never INVALID_ARGUMENT
+    // (SPEC §7); only the shape is.
     add(case(
-        "assess an empty manifest",
+        "assess an empty manifest: UNPINNED",
         assess(Some(pb::Manifest::default())),
-        invalid("manifest.server_id", "must not be empty"),
+        Expect::Assess(pb::AssessReason::Unpinned),
     ));
     add(case(
-        "server id with a cyrillic look-alike",
+        "server id with a cyrillic look-alike is another, unpinned server",
         assess(Some(manifest(&format!("docs-se{CYRILLIC_A}rch"), vec![]))),
-        invalid("manifest.server_id", "must match"),
+        Expect::Assess(pb::AssessReason::Unpinned),
     ));
     add(case(
-        "server id of 65 characters",
+        "server id of 65 characters is unpinned",
         assess(Some(manifest(&"s".repeat(65), vec![]))),
-        invalid("manifest.server_id", "must match"),
+        Expect::Assess(pb::AssessReason::Unpinned),
     ));
     add(case(
-        "revision of 129 characters",
+        "server id of 1,025 characters",
+        assess(Some(manifest(&"s".repeat(1025), vec![]))),
+        invalid("manifest.server_id", "at most 1024"),
+    ));
+    add(case(
+        "revision of 1,025 characters",
         assess(Some(pb::Manifest {
-            revision: "r".repeat(129),
+            revision: "r".repeat(1025),
             ..manifest("docs-search", vec![])
         })),
-        invalid("manifest.revision", "at most 128"),
+        invalid("manifest.revision", "at most 1024"),
     ));
     add(case(
         "513 tools",
@@ -1706,17 +1713,25 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         invalid("manifest.tools", "at most 512 tools, got 513"),
     ));
     add(case(
-        "duplicate tool names",
+        "duplicate tool names: fingerprinted, never accepted",
         assess(Some(manifest("dup", vec![tool("a"), tool("b"), tool("a")]))),
-        invalid("manifest.tools[2].name", "duplicate tool name"),
+        Expect::Assess(pb::AssessReason::Unpinned),
     ));
     add(case(
-        "tool name with a cyrillic look-alike",
+        "tool name with a cyrillic look-alike is content",
         assess(Some(manifest(
             "svc",
             vec![tool("ok"), tool(&format!("se{CYRILLIC_A}rch"))],
         ))),
-        invalid("manifest.tools[1].name", "must match"),
+        Expect::Assess(pb::AssessReason::Unpinned),
+    ));
+    add(case(
+        "tool name of 1,025 characters",
+        assess(Some(manifest(
+            "svc",
+            vec![tool("ok"), tool(&"t".repeat(1025))],
+        ))),
+        invalid("manifest.tools[1].name", "at most 1024"),
     ));
     add(case(
         "description of 8,193 characters",
@@ -1741,7 +1756,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         invalid("manifest.tools[0].parameters", "at most 128 items"),
     ));
     add(case(
-        "an empty scope",
+        "an empty scope is content",
         assess(Some(manifest(
             "svc",
             vec![pb::ManifestTool {
@@ -1749,7 +1764,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
                 ..tool("a")
             }],
         ))),
-        invalid("manifest.tools[0].scopes[1]", "must be 1 to 128"),
+        Expect::Assess(pb::AssessReason::Unpinned),
     ));
     for (name, schema, rule) in [
         ("input schema that is not JSON", "{", "invalid-json"),
@@ -1866,12 +1881,15 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             Some(manifest("evil", vec![tool("x"), tool("y"), tool("x")])),
             "",
         ),
-        invalid("manifest.tools[2].name", "duplicate tool name"),
+        error(
+            Code::FailedPrecondition,
+            "an unsafe manifest cannot be pinned: 2 tools are named \"x\"",
+        ),
     ));
     add(case(
         "pin an empty manifest",
         pin(Some(pb::Manifest::default()), ""),
-        invalid("manifest.server_id", "must not be empty"),
+        error(Code::FailedPrecondition, "server id \"\" cannot be pinned"),
     ));
     let remove = |server_id: &str| {
         Call::RemovePin(

@@ -169,12 +169,8 @@ async fn a_hash_inside_the_manifest_is_never_trusted() {
 }
 
 #[tokio::test]
-async fn invalid_manifests_name_the_field() {
+async fn only_a_malformed_shape_is_an_invalid_argument() {
     let server = TestServer::start("").await;
-    let mut duplicate = example_manifest();
-    duplicate.tools.push(duplicate.tools[0].clone());
-    let mut bad_server = example_manifest();
-    bad_server.server_id = "../etc".into();
     let mut oversize = example_manifest();
     oversize.tools = (0..600)
         .map(|index| pb::ManifestTool {
@@ -184,25 +180,399 @@ async fn invalid_manifests_name_the_field() {
         .collect();
     let mut bad_schema = example_manifest();
     bad_schema.tools[1].input_schema_json = "{\"type\":\"object\",\"type\":\"array\"}".into();
+    let mut bad_annotations = example_manifest();
+    bad_annotations.tools[0].annotations_json = "[]".into();
+    let mut bad_output_schema = example_manifest();
+    bad_output_schema.tools[1].output_schema_json = "{".into();
     let mut long_description = example_manifest();
     long_description.tools[0].description = "x".repeat(10_000);
+    let mut long_scope = example_manifest();
+    long_scope.tools[1].scopes.push("s".repeat(1025));
     let cases = [
-        (Some(duplicate), "manifest.tools[2].name"),
-        (Some(bad_server), "manifest.server_id"),
-        (Some(oversize), "manifest.tools"),
-        (Some(bad_schema), "manifest.tools[1].input_schema_json"),
-        (Some(long_description), "manifest.tools[0].description"),
-        (None, "manifest"),
+        (
+            Some(oversize),
+            "manifest.tools",
+            "at most 512 tools, got 600",
+        ),
+        (
+            Some(bad_schema),
+            "manifest.tools[1].input_schema_json",
+            "duplicate",
+        ),
+        (
+            Some(bad_annotations),
+            "manifest.tools[0].annotations_json",
+            "must be a JSON object",
+        ),
+        (
+            Some(bad_output_schema),
+            "manifest.tools[1].output_schema_json",
+            "",
+        ),
+        (
+            Some(long_description),
+            "manifest.tools[0].description",
+            "at most 8192 characters",
+        ),
+        (
+            Some(long_scope),
+            "manifest.tools[1].scopes[1]",
+            "at most 1024 characters",
+        ),
+        (None, "manifest", "is required"),
     ];
-    for (manifest, field) in cases {
+    for (manifest, field, rule) in cases {
         let status = server
             .pdp()
             .assess_manifest(pb::AssessManifestRequest { manifest })
             .await
-            .expect_err("invalid manifest is refused");
+            .expect_err("malformed manifest is refused");
         assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
         assert_eq!(violation_field(&status), field, "{status:?}");
+        assert!(status.message().contains(rule), "{field}: {status:?}");
     }
+    server.stop().await;
+}
+
+/// The reference's worked example (SPEC §7), as the gRPC message.
+fn worked_example() -> pb::Manifest {
+    let tool = |name: &str, description: &str, parameters: &[&str], read_only, scopes: &[&str]| {
+        pb::ManifestTool {
+            name: name.into(),
+            description: description.into(),
+            parameters: parameters.iter().map(|item| item.to_string()).collect(),
+            read_only,
+            scopes: scopes.iter().map(|item| item.to_string()).collect(),
+            ..Default::default()
+        }
+    };
+    pb::Manifest {
+        server_id: "a".into(),
+        revision: "r1".into(),
+        tools: vec![
+            tool(
+                "read",
+                "[[tool:elders/read]]",
+                &["target", "mode"],
+                true,
+                &["read", "audit"],
+            ),
+            tool(
+                "paint",
+                "Kleur kaart.",
+                &["target", "color"],
+                false,
+                &["paint"],
+            ),
+        ],
+    }
+}
+
+const WORKED_EXAMPLE_FINGERPRINT: &str =
+    "57c402536871ebb9cb2093abe956200d0e8b124ccd75959aad08503ceba6a5d1";
+
+#[tokio::test]
+async fn worked_example_through_assess_and_pin() {
+    let server = TestServer::start(REVIEWER).await;
+    let answer = assess(&server, worked_example()).await.expect("assess");
+    assert_eq!(answer.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
+    assert_eq!(answer.reason(), pb::AssessReason::Unpinned);
+    assert!(!answer.accepted);
+
+    let pin = server
+        .pins()
+        .pin_manifest(authed(
+            pb::PinManifestRequest {
+                manifest: Some(worked_example()),
+                expected_fingerprint: WORKED_EXAMPLE_FINGERPRINT.into(),
+            },
+            ALICE,
+        ))
+        .await
+        .expect("pin")
+        .into_inner();
+    assert_eq!(pin.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
+    assert_eq!(pin.server_id, "a");
+    assert_eq!(pin.revision, "r1");
+    assert_eq!(pin.tool_count, 2);
+
+    // Reordered: the same fingerprint, now MATCHED.
+    let mut reordered = worked_example();
+    reordered.tools.reverse();
+    for tool in &mut reordered.tools {
+        tool.parameters.reverse();
+        tool.scopes.reverse();
+    }
+    let answer = assess(&server, reordered).await.expect("assess");
+    assert_eq!(answer.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
+    assert_eq!(answer.reason(), pb::AssessReason::Matched);
+    assert!(answer.accepted);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn content_the_reference_fingerprints_is_never_invalid() {
+    let server = TestServer::start(REVIEWER).await;
+    let tool = |name: &str, scopes: Vec<String>| pb::ManifestTool {
+        name: name.into(),
+        description: "ünïcödé ✓ \u{1F600}".into(),
+        parameters: vec![String::new(), "a b".into()],
+        read_only: false,
+        scopes,
+        ..Default::default()
+    };
+    let manifest = pb::Manifest {
+        server_id: "a".into(),
+        revision: "r 1 ✓".into(),
+        tools: vec![
+            tool("search docs", vec![String::new(), "s".repeat(1024)]),
+            tool("zoek in één", vec!["lees".into()]),
+            tool("поиск", vec![]),
+        ],
+    };
+    let answer = assess(&server, manifest.clone()).await.expect("assess");
+    assert_eq!(answer.reason(), pb::AssessReason::Unpinned);
+    assert!(answer.diffs.is_empty(), "{:?}", answer.diffs);
+    let pin = server
+        .pins()
+        .pin_manifest(authed(
+            pb::PinManifestRequest {
+                manifest: Some(manifest.clone()),
+                expected_fingerprint: answer.fingerprint.clone(),
+            },
+            ALICE,
+        ))
+        .await
+        .expect("pin")
+        .into_inner();
+    assert_eq!(pin.fingerprint, answer.fingerprint);
+    let again = assess(&server, manifest).await.expect("assess");
+    assert!(again.accepted);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn duplicate_and_empty_tool_names_are_unsafe_not_invalid() {
+    let server = TestServer::start(&policy_with_pin()).await;
+    let mut duplicate = example_manifest();
+    duplicate.tools.push(duplicate.tools[0].clone());
+    let duplicated = duplicate.tools[0].name.clone();
+    let answer = assess(&server, duplicate.clone()).await.expect("assess");
+    assert!(!answer.accepted);
+    assert_eq!(answer.reason(), pb::AssessReason::Changed);
+    assert_eq!(answer.fingerprint.len(), 64);
+    let unsafe_diffs: Vec<(&str, &str, &str)> = answer
+        .diffs
+        .iter()
+        .filter(|diff| diff.change() == pb::ToolChange::Unsafe)
+        .map(|diff| {
+            (
+                diff.tool.as_str(),
+                diff.problem.as_str(),
+                diff.problem_message.as_str(),
+            )
+        })
+        .collect();
+    let expected_message = format!("2 tools are named {duplicated:?}; tool names must be unique");
+    assert_eq!(
+        unsafe_diffs,
+        vec![(
+            duplicated.as_str(),
+            "duplicate-tool-name",
+            expected_message.as_str()
+        )]
+    );
+
+    let mut empty = example_manifest();
+    empty.tools[1].name = String::new();
+    let answer = assess(&server, empty.clone()).await.expect("assess");
+    assert!(!answer.accepted);
+    let problems: Vec<(&str, &str)> = answer
+        .diffs
+        .iter()
+        .filter(|diff| diff.change() == pb::ToolChange::Unsafe)
+        .map(|diff| (diff.tool.as_str(), diff.problem_message.as_str()))
+        .collect();
+    assert_eq!(problems, vec![("", "a tool has an empty name")]);
+
+    // PinManifest refuses both, naming the tool; nothing is pinned.
+    for (mut manifest, named) in [
+        (duplicate, format!("{duplicated:?}")),
+        (empty, "empty name".to_string()),
+    ] {
+        manifest.server_id = "unsafe-server".into();
+        let status = server
+            .pins()
+            .pin_manifest(authed(
+                pb::PinManifestRequest {
+                    manifest: Some(manifest),
+                    expected_fingerprint: String::new(),
+                },
+                ALICE,
+            ))
+            .await
+            .expect_err("an unsafe manifest is not pinned");
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(
+            status
+                .message()
+                .starts_with("an unsafe manifest cannot be pinned: ")
+                && status.message().contains(&named)
+                && status.message().ends_with("nothing was pinned"),
+            "{status:?}"
+        );
+    }
+    let pins = server
+        .pins()
+        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
+        .await
+        .expect("list")
+        .into_inner()
+        .pins;
+    assert_eq!(
+        pins.iter()
+            .map(|pin| pin.server_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["docs-search"]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_fingerprint_only_pin_of_an_unsafe_manifest_still_gates_decide() {
+    // A pin computed outside toolgate from a manifest with two tools of one
+    // name: the fingerprint matches, but the manifest is never accepted.
+    let mut unsafe_manifest = worked_example();
+    unsafe_manifest.server_id = "docs-search".into();
+    unsafe_manifest.tools.push(unsafe_manifest.tools[0].clone());
+    let fingerprint = Manifest::try_from(unsafe_manifest.clone())
+        .expect("well-formed")
+        .fingerprint()
+        .to_hex();
+    let server = TestServer::start(&format!(
+        "{GATED}[[pins]]\nserver = \"docs-search\"\nfingerprint = \"{fingerprint}\"\n"
+    ))
+    .await;
+    let answer = assess(&server, unsafe_manifest).await.expect("assess");
+    assert_eq!(answer.reason(), pb::AssessReason::Matched);
+    assert!(!answer.accepted);
+    assert_eq!(answer.diffs[0].change(), pb::ToolChange::Unsafe);
+    let decided = search(&server, "c1").await;
+    assert_eq!(decided.reason, "manifest-unverified");
+    assert!(decided.message.contains("was unsafe"), "{decided:?}");
+    server.stop().await;
+}
+
+/// A tool gated on the `docs-search` manifest server, and an actor that may call it.
+const GATED: &str = r#"
+[profiles.reader]
+roles = ["reader"]
+max_decisions = 100
+max_tool_calls = 10
+max_session_seconds = 3600
+
+[actors.agent]
+profile = "reader"
+
+[tools.search_docs]
+mode = "read"
+roles = ["reader"]
+server = "docs-search"
+"#;
+
+async fn search(server: &TestServer, call_id: &str) -> pb::DecideResponse {
+    server
+        .decide_ok(
+            "",
+            &common::session("agent", "s1", "w"),
+            &common::proposal(call_id, "agent", "search_docs", 0, "{}"),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn manifest_unverified_says_never_assessed_or_differed() {
+    let server = TestServer::start(&format!("{GATED}{PIN}")).await;
+    let never = search(&server, "c1").await;
+    assert_eq!(never.reason, "manifest-unverified");
+    assert_eq!(
+        never.message,
+        "the manifest server of \"search_docs\" was never assessed: send its manifest with AssessManifest (`toolgate manifest assess FILE`) first"
+    );
+
+    let mut changed = example_manifest();
+    changed.tools[0].description.push_str(" Also sends email.");
+    assert!(!assess(&server, changed).await.expect("assess").accepted);
+    let differed = search(&server, "c2").await;
+    assert_eq!(differed.reason, "manifest-unverified");
+    assert_eq!(
+        differed.message,
+        "the last assessment of the manifest server of \"search_docs\" differed from its pin: its tools changed since review; re-review first"
+    );
+
+    assert!(
+        assess(&server, example_manifest())
+            .await
+            .expect("assess")
+            .accepted
+    );
+    assert_eq!(search(&server, "c3").await.reason, "allowed");
+    server.stop().await;
+
+    let unpinned = TestServer::start(GATED).await;
+    let answer = search(&unpinned, "c1").await;
+    assert_eq!(answer.reason, "manifest-unverified");
+    assert!(answer.message.contains("has no pin"), "{answer:?}");
+    unpinned.stop().await;
+}
+
+#[tokio::test]
+async fn mcp_fields_are_hashed_and_diffed_only_when_present() {
+    let server = TestServer::start(REVIEWER).await;
+    let base = worked_example();
+    let mut with_mcp = worked_example();
+    with_mcp.tools[0].title = Some("Read".into());
+    with_mcp.tools[0].annotations_json = r#"{"readOnlyHint":true}"#.into();
+    with_mcp.tools[1].output_schema_json = r#"{"type":"object"}"#.into();
+    let plain = assess(&server, base).await.expect("assess");
+    assert_eq!(plain.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
+    server
+        .pins()
+        .pin_manifest(authed(
+            pb::PinManifestRequest {
+                manifest: Some(with_mcp.clone()),
+                expected_fingerprint: String::new(),
+            },
+            ALICE,
+        ))
+        .await
+        .expect("pin");
+    let matched = assess(&server, with_mcp.clone()).await.expect("assess");
+    assert!(matched.accepted);
+    assert_ne!(matched.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
+
+    // An empty title is present (hashed); a changed annotation is a change.
+    let mut changed = with_mcp;
+    changed.tools[0].annotations_json = r#"{"readOnlyHint":false}"#.into();
+    changed.tools[1].title = Some(String::new());
+    let answer = assess(&server, changed).await.expect("assess");
+    assert_eq!(answer.reason(), pb::AssessReason::Changed);
+    let summary: Vec<(&str, bool, bool, bool)> = answer
+        .diffs
+        .iter()
+        .map(|diff| {
+            (
+                diff.tool.as_str(),
+                diff.annotations_changed,
+                diff.title_changed,
+                diff.output_schema_changed,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![("paint", false, true, false), ("read", true, false, false)]
+    );
     server.stop().await;
 }
 

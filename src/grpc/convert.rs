@@ -53,35 +53,68 @@ impl TryFrom<pb::Manifest> for Manifest {
                 manifest_tool(tool).map_err(|error| error.under(&format!("tools[{index}]")))
             })
             .collect::<Result<Vec<_>>>()?;
-        Manifest::new(message.server_id, message.revision, tools)
+        Manifest::new(message.server_id, message.revision, tools).map_err(proto_field_names)
     }
 }
 
-fn manifest_tool(tool: pb::ManifestTool) -> Result<ManifestTool> {
-    let input_schema = if tool.input_schema_json.is_empty() {
-        None
-    } else {
-        if tool.input_schema_json.len() > MAX_INPUT_SCHEMA_LEN {
-            return Err(Error::invalid(
-                "input_schema_json",
-                format!("must be at most {MAX_INPUT_SCHEMA_LEN} bytes"),
-            ));
-        }
-        let schema = canonical::parse_str(&tool.input_schema_json)
-            .map_err(|error| Error::invalid("input_schema_json", error.to_string()))?;
-        if !matches!(schema, Value::Object(_)) {
-            return Err(Error::invalid("input_schema_json", "must be a JSON object"));
-        }
-        Some(schema)
+/// The domain names the reference's keys (`server`, `tools[1].tool`,
+/// `tools[1].inputSchema`); a gRPC caller is told its own field names.
+fn proto_field_names(error: Error) -> Error {
+    let Error::InvalidArgument { field, rule } = error else {
+        return error;
     };
+    let renamed = [
+        ("server", "server_id"),
+        ("tool", "name"),
+        ("inputSchema", "input_schema_json"),
+        ("outputSchema", "output_schema_json"),
+        ("annotations", "annotations_json"),
+    ];
+    let (head, last) = match field.rsplit_once('.') {
+        Some((head, last)) => (Some(head), last),
+        None => (None, field.as_str()),
+    };
+    let Some((_, proto)) = renamed.iter().find(|(domain, _)| *domain == last) else {
+        return Error::InvalidArgument { field, rule };
+    };
+    let field = match head {
+        Some(head) => format!("{head}.{proto}"),
+        None => proto.to_string(),
+    };
+    Error::InvalidArgument { field, rule }
+}
+
+fn manifest_tool(tool: pb::ManifestTool) -> Result<ManifestTool> {
     Ok(ManifestTool {
+        input_schema: json_object_field(&tool.input_schema_json, "input_schema_json")?,
+        output_schema: json_object_field(&tool.output_schema_json, "output_schema_json")?,
+        annotations: json_object_field(&tool.annotations_json, "annotations_json")?,
         name: tool.name,
         description: tool.description,
         parameters: tool.parameters,
         read_only: tool.read_only,
         scopes: tool.scopes,
-        input_schema,
+        title: tool.title,
     })
+}
+
+/// An optional JSON-object field sent as text; empty means absent.
+fn json_object_field(text: &str, field: &str) -> Result<Option<Value>> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if text.len() > MAX_INPUT_SCHEMA_LEN {
+        return Err(Error::invalid(
+            field,
+            format!("must be at most {MAX_INPUT_SCHEMA_LEN} bytes"),
+        ));
+    }
+    let value =
+        canonical::parse_str(text).map_err(|error| Error::invalid(field, error.to_string()))?;
+    if !matches!(value, Value::Object(_)) {
+        return Err(Error::invalid(field, "must be a JSON object"));
+    }
+    Ok(Some(value))
 }
 
 impl From<Assessment> for pb::AssessManifestResponse {
@@ -116,6 +149,11 @@ impl From<ToolDiff> for pb::ToolDiff {
             ToolChange::Added => pb::ToolChange::Added,
             ToolChange::Removed => pb::ToolChange::Removed,
             ToolChange::Modified => pb::ToolChange::Modified,
+            ToolChange::Unsafe => pb::ToolChange::Unsafe,
+        };
+        let (problem, problem_message) = match &diff.problem {
+            Some(problem) => (problem.kind.as_str().to_string(), problem.to_string()),
+            None => (String::new(), String::new()),
         };
         pb::ToolDiff {
             tool: diff.tool,
@@ -130,6 +168,11 @@ impl From<ToolDiff> for pb::ToolDiff {
             scopes_added: diff.scopes_added,
             scopes_removed: diff.scopes_removed,
             widened: diff.widened,
+            title_changed: diff.title_changed,
+            output_schema_changed: diff.output_schema_changed,
+            annotations_changed: diff.annotations_changed,
+            problem,
+            problem_message,
         }
     }
 }
@@ -166,15 +209,18 @@ impl From<&Manifest> for pb::Manifest {
                     parameters: tool.parameters.clone(),
                     read_only: tool.read_only,
                     scopes: tool.scopes.clone(),
-                    input_schema_json: tool
-                        .input_schema
-                        .as_ref()
-                        .map(canonical::to_canonical)
-                        .unwrap_or_default(),
+                    input_schema_json: json_text(tool.input_schema.as_ref()),
+                    title: tool.title.clone(),
+                    output_schema_json: json_text(tool.output_schema.as_ref()),
+                    annotations_json: json_text(tool.annotations.as_ref()),
                 })
                 .collect(),
         }
     }
+}
+
+fn json_text(value: Option<&Value>) -> String {
+    value.map(canonical::to_canonical).unwrap_or_default()
 }
 
 /// The trusted session and the proposal of a Decide or Dispatch request,

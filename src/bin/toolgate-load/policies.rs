@@ -205,6 +205,7 @@ pub fn manifest_message() -> pb::Manifest {
                 format!("scope_{index}"),
             ],
             input_schema_json: r#"{"type":"object","properties":{"query":{"type":"string","maxLength":256},"limit":{"type":"integer","minimum":1,"maximum":50}},"required":["query"]}"#.into(),
+            ..pb::ManifestTool::default()
         })
         .collect();
     pb::Manifest {
@@ -224,17 +225,17 @@ pub fn manifest_json() -> String {
             let schema: serde_json::Value =
                 serde_json::from_str(&tool.input_schema_json).unwrap_or_default();
             serde_json::json!({
-                "name": tool.name,
+                "tool": tool.name,
                 "description": tool.description,
                 "parameters": tool.parameters,
                 "read_only": tool.read_only,
                 "scopes": tool.scopes,
-                "input_schema": schema,
+                "inputSchema": schema,
             })
         })
         .collect();
     serde_json::json!({
-        "server_id": manifest.server_id,
+        "server": manifest.server_id,
         "revision": manifest.revision,
         "tools": tools,
     })
