@@ -125,7 +125,8 @@ class Receipt:
 
     @property
     def value(self) -> Any:
-        """The resource's value after the commit (None when the effect touches none)."""
+        """What the commit wrote (None when the effect touches none): the value set,
+        or for an append the item appended, never the whole queue."""
         return json.loads(self.value_json) if self.value_json else None
 
 
@@ -275,4 +276,14 @@ class Host:
         found = self.resources_stub.GetResource(pb2.GetResourceRequest(name=name),
                                                 timeout=self.rpc_timeout,
                                                 metadata=self._metadata)
-        return Resource(name=found.name, value_json=found.value_json, version=found.version)
+        if not found.next_page_token:
+            return Resource(name=found.name, value_json=found.value_json, version=found.version)
+        # A queue comes a page at a time: join the pages' items.
+        items = json.loads(found.value_json)
+        while found.next_page_token:
+            found = self.resources_stub.GetResource(
+                pb2.GetResourceRequest(name=name, page_token=found.next_page_token),
+                timeout=self.rpc_timeout, metadata=self._metadata)
+            items.extend(json.loads(found.value_json))
+        return Resource(name=found.name, value_json=json.dumps(items, separators=(",", ":")),
+                        version=found.version)

@@ -172,7 +172,7 @@ class DispatchRequest(_message.Message):
     def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., proposal: _Optional[_Union[Proposal, _Mapping]] = ...) -> None: ...
 
 class DispatchResponse(_message.Message):
-    __slots__ = ("status", "reason", "message", "fingerprint", "version", "resource", "value_json", "receipt_id", "replayed", "approval_id", "policy_revision")
+    __slots__ = ("status", "reason", "message", "fingerprint", "version", "resource", "value_json", "receipt_id", "replayed", "approval_id", "policy_revision", "appended_index")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,7 @@ class DispatchResponse(_message.Message):
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_REVISION_FIELD_NUMBER: _ClassVar[int]
+    APPENDED_INDEX_FIELD_NUMBER: _ClassVar[int]
     status: DispatchStatus
     reason: str
     message: str
@@ -195,7 +196,8 @@ class DispatchResponse(_message.Message):
     replayed: bool
     approval_id: str
     policy_revision: str
-    def __init__(self, status: _Optional[_Union[DispatchStatus, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., fingerprint: _Optional[str] = ..., version: _Optional[int] = ..., resource: _Optional[str] = ..., value_json: _Optional[str] = ..., receipt_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., approval_id: _Optional[str] = ..., policy_revision: _Optional[str] = ...) -> None: ...
+    appended_index: int
+    def __init__(self, status: _Optional[_Union[DispatchStatus, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., fingerprint: _Optional[str] = ..., version: _Optional[int] = ..., resource: _Optional[str] = ..., value_json: _Optional[str] = ..., receipt_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., approval_id: _Optional[str] = ..., policy_revision: _Optional[str] = ..., appended_index: _Optional[int] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -464,17 +466,27 @@ class ApprovalEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[ApprovalEventKind, str]] = ..., approval: _Optional[_Union[Approval, _Mapping]] = ..., lagged: _Optional[int] = ...) -> None: ...
 
 class GetResourceRequest(_message.Message):
-    __slots__ = ("name",)
+    __slots__ = ("name", "page_token", "page_size")
     NAME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    page_token: str
+    page_size: int
+    def __init__(self, name: _Optional[str] = ..., page_token: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
 
 class Resource(_message.Message):
-    __slots__ = ("name", "value_json", "version")
+    __slots__ = ("name", "value_json", "version", "next_page_token", "item_count", "first_index")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VALUE_JSON_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ITEM_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     name: str
     value_json: str
     version: int
-    def __init__(self, name: _Optional[str] = ..., value_json: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    item_count: int
+    first_index: int
+    def __init__(self, name: _Optional[str] = ..., value_json: _Optional[str] = ..., version: _Optional[int] = ..., next_page_token: _Optional[str] = ..., item_count: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
