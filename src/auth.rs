@@ -17,7 +17,8 @@
 //! [`RequestContext`] (for the call's `request_rejected` lines), and writes
 //! an `auth_failed` audit line for every refusal: method, code, a stable
 //! reason (`missing-token`, `malformed-authorization`, `unknown-token`,
-//! `reviewer-api-closed`, `wrong-credential-kind`), never the token.
+//! `reviewer-api-closed`, `wrong-credential-kind`, and from the handlers
+//! `actor-not-permitted`), never the token.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -65,6 +66,28 @@ impl Caller {
     /// Whether a host caller may speak for `actor`.
     pub fn may_assert(&self, actor: &str) -> bool {
         self.kind == CredentialKind::Host && self.0.may_assert(actor)
+    }
+
+    /// Refuses a host that may not speak for `actor`, with an `auth_failed`
+    /// line (reason `actor-not-permitted`) for the call being served.
+    #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
+    pub fn require_actor(&self, actor: &str) -> Result<(), Status> {
+        if self.may_assert(actor) {
+            return Ok(());
+        }
+        let refused = Refused {
+            status: Status::permission_denied(format!(
+                "host {:?} may not act for actor {actor:?}",
+                self.identity
+            )),
+            code: "PERMISSION_DENIED",
+            reason: "actor-not-permitted",
+            identity: Some(self.identity.clone()),
+        };
+        RequestContext::with_current(|context| {
+            audit_refused(context.engine(), context, &refused);
+        });
+        Err(refused.status)
     }
 }
 

@@ -652,6 +652,11 @@ async fn failed_authentication_leaves_auth_failed_lines_without_the_token() {
         .list_approvals(authed(pb::ListApprovalsRequest::default(), HOST))
         .await
         .expect_err("refused");
+    // A host that may not speak for the session's actor.
+    let other_actor = pdp
+        .decide(authed(request(), "other-host-secret"))
+        .await
+        .expect_err("refused");
 
     let cases = [
         (
@@ -682,6 +687,13 @@ async fn failed_authentication_leaves_auth_failed_lines_without_the_token() {
             Some("agent-host"),
             "toolgate.v1.Approvals/ListApprovals",
         ),
+        (
+            other_actor,
+            Code::PermissionDenied,
+            "actor-not-permitted",
+            Some("other-host"),
+            "toolgate.v1.PolicyDecisionPoint/Decide",
+        ),
     ];
     let lines = audit.named("auth_failed");
     assert_eq!(lines.len(), cases.len(), "{lines:#?}");
@@ -702,7 +714,12 @@ async fn failed_authentication_leaves_auth_failed_lines_without_the_token() {
         assert_eq!(line["policy_revision"], revision.as_str(), "{line}");
     }
     let text = audit.text();
-    for secret in ["stolen-token-0123", "c3RvbGVuLXRva2VuLTAxMjM=", HOST] {
+    for secret in [
+        "stolen-token-0123",
+        "c3RvbGVuLXRva2VuLTAxMjM=",
+        HOST,
+        "other-host-secret",
+    ] {
         assert!(!text.contains(secret), "{secret} in {text}");
     }
     // No request_rejected for these: the calls never reached a handler.

@@ -74,6 +74,15 @@ impl RequestContext {
         self.method
     }
 
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Runs `with` on the context of the call being served, if any.
+    pub fn with_current(with: impl FnOnce(&RequestContext)) {
+        let _ = REQUEST.try_with(with);
+    }
+
     /// Runs `call` (a call's whole future) with this context.
     pub fn scope<F: Future>(self, call: F) -> TaskLocalFuture<RequestContext, F> {
         REQUEST.scope(self, call)
