@@ -975,3 +975,34 @@ fn a_failed_reload_is_logged_at_warn() {
     );
     assert!(failed.contains(" kept_revision=\""), "{failed}");
 }
+
+#[tokio::test]
+async fn a_closed_reviewer_api_says_so_in_its_auth_failed_line() {
+    let audit = AuditLog::capture(AuditFormat::Json);
+    let text = std::fs::read_to_string(repo_path("tests/fixtures/decide.toml"))
+        .expect("fixture")
+        .replace("manifest = \"../../examples", "manifest = \"examples");
+    // The same policy without its reviewer credentials.
+    let mut blocks = text.split("[[credentials]]");
+    let mut without_reviewers = blocks.next().expect("head").to_string();
+    for block in blocks {
+        if !block.contains("kind = \"reviewer\"") {
+            without_reviewers.push_str("[[credentials]]");
+            without_reviewers.push_str(block);
+        }
+    }
+    let policy =
+        Policy::parse(&without_reviewers, "decide.toml", Some(&repo_path(""))).expect("policy");
+    let server = TestServer::start_with(policy).await;
+    let status = server
+        .approvals()
+        .list_approvals(pb::ListApprovalsRequest::default())
+        .await
+        .expect_err("closed");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let line = audit.one_more("auth_failed", 0);
+    assert_eq!(line["reason"], "reviewer-api-closed");
+    assert_eq!(line["method"], "toolgate.v1.Approvals/ListApprovals");
+    assert_eq!(line["identity"], Value::Null);
+    server.stop().await;
+}
