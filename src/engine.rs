@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::audit;
-use crate::audit::Blank;
+use crate::audit::blank;
 use crate::canonical::Fingerprint;
 use crate::canonical::Value;
 use crate::clock::{Clock, Timestamp};
@@ -52,6 +52,8 @@ struct Shared {
     metrics: std::sync::OnceLock<Arc<Metrics>>,
     /// Set once when the server begins to shut down; ends watch streams.
     closing: tokio::sync::watch::Sender<bool>,
+    /// Budgets for the audit lines clients can cause at will.
+    coalescer: audit::Coalescer,
 }
 
 impl Engine {
@@ -67,6 +69,7 @@ impl Engine {
                 runtime_credentials: RwLock::new(HashMap::new()),
                 metrics: std::sync::OnceLock::new(),
                 closing: tokio::sync::watch::Sender::new(false),
+                coalescer: audit::Coalescer::default(),
             }),
         }
     }
@@ -156,13 +159,47 @@ impl Engine {
                 tool = approval.tool.as_str(),
                 call_id = approval.call_id.as_str(),
                 status = approval.status.as_str(),
-                reviewer = approval.decided_by.as_deref().unwrap_or(""),
+                reviewer = approval.decided_by.as_deref(),
+                // The reviewer's words: a grant's comment, a denial's or
+                // revocation's reason.
+                note = Some(approval.decision_note.as_str()).filter(|note| !note.is_empty()),
             );
             if let Some(metrics) = self.metrics() {
                 metrics.transition(event.kind.audit_name());
             }
             // No receivers is fine: nobody is watching.
             let _ = self.shared.events.send(event);
+        }
+    }
+
+    /// Writes the audit line of a client-caused rejection through the
+    /// coalescer: `write` gets the count of earlier lines of this kind that
+    /// were coalesced (to report) and the policy revision; over the budget
+    /// nothing is written and the line is only counted. Never waits.
+    pub fn audit_rejection(&self, kind: audit::Rejection, write: impl FnOnce(u64, &str)) {
+        match self.shared.coalescer.admit(kind, self.now()) {
+            Some(coalesced) => write(coalesced, &self.policy().revision),
+            None => {
+                if let Some(metrics) = self.metrics() {
+                    metrics.audit_coalesced(kind.event_name());
+                }
+            }
+        }
+    }
+
+    /// Reports the rejections coalesced since their kind's last line, so
+    /// that the count of a flood that has stopped still reaches the log.
+    fn report_coalesced(&self) {
+        for kind in audit::Rejection::ALL {
+            let coalesced = self.shared.coalescer.take_pending(kind);
+            if coalesced > 0 {
+                audit!(
+                    "audit_coalesced",
+                    of = kind.event_name(),
+                    coalesced,
+                    policy_revision = self.policy().revision.as_str(),
+                );
+            }
         }
     }
 
@@ -193,7 +230,7 @@ impl Engine {
             workspace = session.workspace.as_str(),
             tool = proposal.name.as_str(),
             call_id = proposal.call_id.as_str(),
-            approval_id = %Blank(decision.approval.map(|(id, _)| id)),
+            approval_id = blank(decision.approval.map(|(id, _)| id)),
             policy_revision = policy.revision.as_str(),
         );
         Ok((decision, policy.revision.clone()))
@@ -225,14 +262,14 @@ impl Engine {
             reason = dispatched.reason,
             replayed = dispatched.replayed,
             fingerprint = %dispatched.fingerprint,
-            receipt_id = %Blank(dispatched.receipt_id),
+            receipt_id = blank(dispatched.receipt_id),
             version = result.map_or(0, |result| result.version),
             resource = result.and_then(|result| result.resource.as_deref()).unwrap_or(""),
             actor = session.actor.as_str(),
             session_id = session.session_id.as_str(),
             tool = proposal.name.as_str(),
             call_id = proposal.call_id.as_str(),
-            approval_id = %Blank(dispatched.approval_id),
+            approval_id = blank(dispatched.approval_id),
             policy_revision = policy.revision.as_str(),
         );
         Ok((dispatched, policy.revision.clone()))
@@ -270,9 +307,36 @@ impl Engine {
         note: String,
     ) -> Result<Approval> {
         let policy = self.policy();
-        let event = self.with_expiry(&policy, |state, now| {
+        let reviewed = self.with_expiry(&policy, |state, now| {
             state.review(&policy, now, id, verdict, reviewer, note)
-        })?;
+        });
+        let event = match reviewed {
+            Ok(event) => event,
+            Err(error) => {
+                if matches!(
+                    error,
+                    Error::PermissionDenied(_) | Error::FailedPrecondition(_) | Error::NotFound(_)
+                ) {
+                    self.audit_rejection(audit::Rejection::ReviewRefused, |coalesced, revision| {
+                        audit!(
+                            "review_refused",
+                            reviewer,
+                            approval_id = %id,
+                            verdict = match verdict {
+                                Verdict::Grant => "grant",
+                                Verdict::Deny => "deny",
+                                Verdict::Revoke => "revoke",
+                            },
+                            code = error.code_name(),
+                            rule = %error,
+                            policy_revision = revision,
+                            coalesced,
+                        );
+                    });
+                }
+                return Err(error);
+            }
+        };
         let approval = event.approval.clone();
         self.publish([event]);
         Ok(approval)
@@ -285,6 +349,7 @@ impl Engine {
         let now = self.now();
         let expired = self.state()?.sweep(&policy, now);
         self.publish(expired);
+        self.report_coalesced();
         Ok(())
     }
 
@@ -351,7 +416,7 @@ impl Engine {
             "manifest_assessed",
             server_id = %manifest.server_id,
             fingerprint = %assessment.fingerprint,
-            pinned_fingerprint = ?assessment.pinned_fingerprint.map(|fingerprint| fingerprint.to_hex()),
+            pinned_fingerprint = blank(assessment.pinned_fingerprint),
             reason = assessment.reason.as_str(),
             changed_tools = assessment.diffs.len(),
             accepted = assessment.accepted,

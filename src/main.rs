@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
@@ -99,14 +99,6 @@ fn serve(args: ServeArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let engine = Engine::new(policy, Arc::new(SystemClock));
-    if args.config.is_none() && !engine.has_credentials(CredentialKind::Reviewer) {
-        let token = bootstrap::reviewer_token(&engine);
-        // Once, to stderr, never through tracing: tokens stay out of logs.
-        eprintln!(
-            "toolgate: reviewer token for {:?} (embedded policy, valid until exit): {token}",
-            bootstrap::REVIEWER
-        );
-    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -115,6 +107,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Everything that can fail is done before anything is announced, so
+        // that a busy port prints `cannot bind` and nothing else: no token,
+        // no `listening on` for a server that is about to exit.
         let listener = match TcpListener::bind(args.listen).await {
             Ok(listener) => listener,
             Err(error) => {
@@ -122,6 +117,36 @@ fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let metrics = match args.metrics_listen {
+            None => None,
+            Some(address) => match TcpListener::bind(address).await {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        // SIGHUP is caught from before the address is announced: a reload
+        // sent right after `listening on` must not kill the process.
+        let hangups = match &args.config {
+            Some(path) => match signal(SignalKind::hangup()) {
+                Ok(hangups) => Some((hangups, path.clone())),
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
+                    None
+                }
+            },
+            None => None,
+        };
+        if args.config.is_none() && !engine.has_credentials(CredentialKind::Reviewer) {
+            let token = bootstrap::reviewer_token(&engine);
+            // Once, to stderr, never through tracing: tokens stay out of logs.
+            eprintln!(
+                "toolgate: reviewer token for {:?} (embedded policy, valid until exit): {token}",
+                bootstrap::REVIEWER
+            );
+        }
         let local = listener
             .local_addr()
             .map(|addr| addr.to_string())
@@ -129,24 +154,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         tracing::info!(listen = %local, policy_revision = %engine.policy().revision, "toolgate serving");
         // One machine-readable line for scripts that start toolgate on port 0.
         println!("toolgate listening on {local}");
-        if let Some(path) = args.config.clone() {
-            tokio::spawn(reload_on_hangup(engine.clone(), path));
+        if let Some(metrics) = &metrics {
+            let local = metrics.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
+            tracing::info!(metrics_listen = %local, "serving /metrics");
+            println!("toolgate metrics on {local}");
         }
-        let metrics = match args.metrics_listen {
-            None => None,
-            Some(address) => match TcpListener::bind(address).await {
-                Ok(listener) => {
-                    let local = listener.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
-                    tracing::info!(metrics_listen = %local, "serving /metrics");
-                    println!("toolgate metrics on {local}");
-                    Some(listener)
-                }
-                Err(error) => {
-                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
-                    return ExitCode::FAILURE;
-                }
-            },
-        };
+        if let Some((hangups, path)) = hangups {
+            tokio::spawn(reload_on_hangup(engine.clone(), path, hangups));
+        }
         let listeners = toolgate::server::Listeners {
             grpc: listener,
             metrics,
@@ -181,25 +196,23 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// Reloads the policy file on SIGHUP; a bad file keeps the old policy.
-async fn reload_on_hangup(engine: Engine, path: PathBuf) {
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(error) => {
-            tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
-            return;
-        }
-    };
+/// Reloads the policy file on SIGHUP; a bad file keeps the old policy and
+/// is reported at WARN.
+async fn reload_on_hangup(engine: Engine, path: PathBuf, mut hangups: Signal) {
     while hangups.recv().await.is_some() {
         let load_path = path.clone();
         match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
             Ok(Ok(policy)) => engine.replace_policy(policy),
-            Ok(Err(error)) => audit!(
+            Ok(Err(error)) => toolgate::audit_warn!(
                 "policy_reload_failed",
                 %error,
                 kept_revision = %engine.policy().revision,
             ),
-            Err(error) => audit!("policy_reload_failed", %error),
+            Err(error) => toolgate::audit_warn!(
+                "policy_reload_failed",
+                %error,
+                kept_revision = %engine.policy().revision,
+            ),
         }
     }
 }

@@ -120,6 +120,7 @@ pub struct Metrics {
     dispatches: HashMap<&'static str, Counter>,
     transitions: HashMap<&'static str, Counter>,
     load_shed: Counter,
+    audit_coalesced: HashMap<&'static str, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -193,6 +194,17 @@ impl Metrics {
             })
             .collect();
         let load_shed = recorder.register_counter(&key("toolgate_load_shed_total", &[]), &metadata);
+        let audit_coalesced = crate::audit::Rejection::ALL
+            .iter()
+            .map(|kind| {
+                let event = kind.event_name();
+                let counter = recorder.register_counter(
+                    &key("toolgate_audit_coalesced_total", &[("event", event)]),
+                    &metadata,
+                );
+                (event, counter)
+            })
+            .collect();
         Arc::new(Metrics {
             handle: recorder.handle(),
             rpc_latency,
@@ -200,6 +212,7 @@ impl Metrics {
             dispatches,
             transitions,
             load_shed,
+            audit_coalesced,
         })
     }
 
@@ -227,6 +240,13 @@ impl Metrics {
 
     pub fn load_shed(&self) {
         self.load_shed.increment(1);
+    }
+
+    /// One audit line of `event` coalesced instead of written.
+    pub fn audit_coalesced(&self, event: &'static str) {
+        if let Some(counter) = self.audit_coalesced.get(event) {
+            counter.increment(1);
+        }
     }
 
     fn rpc(&self, method: &'static str, code: i32, seconds: f64) {

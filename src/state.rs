@@ -128,9 +128,20 @@ pub struct Stats {
 /// a request if there was none usable.
 enum Gate {
     Granted(ApprovalRef),
-    Denied(ApprovalRef),
+    /// With the answer's message, which carries the reviewer's reason.
+    Denied(ApprovalRef, String),
     /// With the request event when this call made the request.
     Pending(ApprovalRef, Option<Box<ApprovalEvent>>),
+}
+
+/// The message of a Decide or Dispatch refused because a reviewer denied
+/// the proposal: the reviewer's reason, when they gave one, reaches the host.
+fn denial_message(reason: &str) -> String {
+    if reason.is_empty() {
+        "a reviewer denied this exact proposal".to_string()
+    } else {
+        format!("a reviewer denied this exact proposal: {reason}")
+    }
 }
 
 impl State {
@@ -178,7 +189,14 @@ impl State {
                 .standing(&session_ref.workspace, proposal.fingerprint)
             {
                 Standing::Granted(approval) => Gate::Granted(approval),
-                Standing::Denied(approval) => Gate::Denied(approval),
+                Standing::Denied(approval) => {
+                    let reason = self
+                        .ledger
+                        .get(approval.id)
+                        .map(|record| record.decision_note.as_str())
+                        .unwrap_or("");
+                    Gate::Denied(approval, denial_message(reason))
+                }
                 Standing::Pending(approval) => Gate::Pending(approval, None),
                 Standing::None => {
                     self.ledger
@@ -306,11 +324,11 @@ impl State {
                         },
                         None,
                     ),
-                    Gate::Denied(approval) => (
+                    Gate::Denied(approval, message) => (
                         Decision {
                             outcome: Outcome::Deny,
                             reason: "approval-denied",
-                            message: "a reviewer denied this exact proposal".to_string(),
+                            message,
                             fingerprint: proposal.fingerprint,
                             approval: Some((approval.id, approval.expires_at)),
                         },
@@ -454,11 +472,11 @@ impl State {
             Some(reason) => {
                 match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
                     Gate::Granted(approval) => Some(approval.id),
-                    Gate::Denied(approval) => {
+                    Gate::Denied(approval, message) => {
                         let mut refused = Dispatched::refused(
                             DispatchStatus::ApprovalRequired,
                             "approval-denied",
-                            "a reviewer denied this exact proposal".to_string(),
+                            message,
                             fingerprint,
                         );
                         refused.approval_id = Some(approval.id);

@@ -232,6 +232,7 @@ pub fn session_and_proposal(
     let session = required(session, "session")?;
     let session = SessionRef::new(session.actor, session.session_id, session.workspace)
         .map_err(|error| error.under("session"))?;
+    crate::grpc::status::note_session(&session);
     let proposal = required(proposal, "proposal")?;
     let proposal = Proposal::new(
         proposal.call_id,

@@ -13,13 +13,7 @@ use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
 use crate::policy::CredentialKind;
 
 fn may_assert(caller: &Caller, actor: &str) -> Result<(), Status> {
-    if caller.may_assert(actor) {
-        return Ok(());
-    }
-    Err(Status::permission_denied(format!(
-        "host {:?} may not act for actor {actor:?}",
-        caller.identity
-    )))
+    caller.require_actor(actor)
 }
 
 #[derive(Debug, Clone)]
