@@ -9,20 +9,39 @@
 //! line costs a lock and a copy; the writer is woken only when it sleeps on
 //! an empty buffer, then lets lines gather for [`BATCH_WINDOW`].
 //!
-//! Nothing is dropped: when [`CAPACITY`] bytes wait, callers block until the
-//! writer has taken them. Dropping the [`LogGuard`] writes what is left.
+//! Nothing is dropped, and a sink that stops reading (a stderr pipe nobody
+//! drains) does not freeze the server: [`SinkStatus`] reports the sink as
+//! stalled once a write has been blocked (or failing) for the stall bound, or
+//! [`CAPACITY`] bytes wait; the server then turns health NOT_SERVING and
+//! refuses the calls that would write audit lines, so the buffer stops
+//! growing, until the sink drains. Callers wait only past
+//! [`HARD_CAPACITY`], which the refusals keep the buffer far from. A failed
+//! write is retried, never skipped. Dropping the [`LogGuard`] writes what is
+//! left.
+//!
+//! [`RotatingFile`] is a file sink with size-based rotation.
 
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing_subscriber::fmt::MakeWriter;
 
 /// How long lines gather after the writer wakes up.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(2);
-/// Bytes buffered before callers wait for the writer.
+/// Bytes buffered at which the sink counts as stalled.
 pub const CAPACITY: usize = 8 << 20;
+/// Bytes buffered before callers wait for the writer (a last resort: calls
+/// are refused long before).
+pub const HARD_CAPACITY: usize = 64 << 20;
+/// How long a write may block before the sink counts as stalled.
+pub const STALL_AFTER: Duration = Duration::from_secs(5);
+/// Pause between attempts at a write that failed.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Buffer {
@@ -30,6 +49,8 @@ struct Buffer {
     writer_asleep: bool,
     callers_waiting: usize,
     closed: bool,
+    /// When the write in progress (or being retried) started.
+    write_started: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -40,6 +61,13 @@ struct Shared {
     /// Callers wait here for room.
     room: Condvar,
     capacity: usize,
+    hard_capacity: usize,
+    stall_after: Duration,
+    /// The last verdict of [`SinkStatus::check`] (or of a caller that found
+    /// the buffer at capacity).
+    stalled: AtomicBool,
+    /// Times the sink went from draining to stalled.
+    stalls: AtomicU64,
 }
 
 impl Shared {
@@ -49,6 +77,13 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    fn set_stalled(&self, stalled: bool) {
+        let was = self.stalled.swap(stalled, Ordering::AcqRel);
+        if stalled && !was {
+            self.stalls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The caller side; cheap to clone. A `MakeWriter` for tracing layers.
@@ -57,23 +92,85 @@ pub struct LogWriter {
     shared: Arc<Shared>,
 }
 
+impl LogWriter {
+    pub fn status(&self) -> SinkStatus {
+        SinkStatus {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Whether the sink keeps up; cheap to clone.
+#[derive(Clone)]
+pub struct SinkStatus {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SinkStatus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SinkStatus")
+            .field("stalled", &self.stalled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SinkStatus {
+    /// The last verdict: one atomic load, for every call.
+    pub fn stalled(&self) -> bool {
+        self.shared.stalled.load(Ordering::Acquire)
+    }
+
+    /// Looks at the sink now and updates the verdict: stalled while a write
+    /// has been blocked or failing for the stall bound, or while the buffer
+    /// is at capacity.
+    pub fn check(&self) -> bool {
+        let stalled = {
+            let buffer = self.shared.lock();
+            let blocked = buffer
+                .write_started
+                .is_some_and(|started| started.elapsed() >= self.shared.stall_after);
+            blocked || buffer.bytes.len() >= self.shared.capacity
+        };
+        self.shared.set_stalled(stalled);
+        stalled
+    }
+
+    /// Times the sink went from draining to stalled.
+    pub fn stalls(&self) -> u64 {
+        self.shared.stalls.load(Ordering::Relaxed)
+    }
+
+    /// Bytes waiting for the sink.
+    pub fn buffered(&self) -> usize {
+        self.shared.lock().bytes.len()
+    }
+}
+
 /// Stops the writer thread when dropped, after it has written everything.
 pub struct LogGuard {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// Starts the writer thread for `output`.
+/// Starts the writer thread for `output`, with the default bounds.
 pub fn spawn<W: Write + Send + 'static>(output: W) -> io::Result<(LogWriter, LogGuard)> {
-    spawn_with_capacity(output, CAPACITY)
+    spawn_with(output, CAPACITY, HARD_CAPACITY, STALL_AFTER)
 }
 
-fn spawn_with_capacity<W: Write + Send + 'static>(
+/// Starts the writer thread for `output`: the sink counts as stalled when
+/// `capacity` bytes wait or a write blocks for `stall_after`; callers wait
+/// past `hard_capacity`.
+pub fn spawn_with<W: Write + Send + 'static>(
     mut output: W,
     capacity: usize,
+    hard_capacity: usize,
+    stall_after: Duration,
 ) -> io::Result<(LogWriter, LogGuard)> {
     let shared = Arc::new(Shared {
         capacity,
+        hard_capacity: hard_capacity.max(capacity),
+        stall_after,
         ..Shared::default()
     });
     let for_thread = Arc::clone(&shared);
@@ -89,6 +186,14 @@ fn spawn_with_capacity<W: Write + Send + 'static>(
             thread: Some(thread),
         },
     ))
+}
+
+#[cfg(test)]
+fn spawn_with_capacity<W: Write + Send + 'static>(
+    output: W,
+    capacity: usize,
+) -> io::Result<(LogWriter, LogGuard)> {
+    spawn_with(output, capacity, capacity, STALL_AFTER)
 }
 
 fn write_batches(shared: &Shared, output: &mut impl Write) {
@@ -115,15 +220,39 @@ fn write_batches(shared: &Shared, output: &mut impl Write) {
         {
             let mut buffer = shared.lock();
             std::mem::swap(&mut buffer.bytes, &mut batch);
+            buffer.write_started = Some(Instant::now());
             if buffer.callers_waiting > 0 {
                 shared.room.notify_all();
             }
         }
-        // Where the log goes is the operator's: if it cannot be written
-        // there is nowhere left to report that, and callers must not stall.
-        let _ = output.write_all(&batch).and_then(|()| output.flush());
+        write_batch(shared, output, &batch);
+        shared.lock().write_started = None;
         batch.clear();
     }
+}
+
+/// Writes the whole batch, retrying what fails: a line is never skipped.
+/// Once the guard is dropped, a failing output gets one more attempt only.
+fn write_batch(shared: &Shared, output: &mut impl Write, batch: &[u8]) {
+    let mut written = 0;
+    while written < batch.len() {
+        match output.write(&batch[written..]) {
+            Ok(0) => {}
+            Ok(count) => {
+                written += count;
+                continue;
+            }
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => {}
+        }
+        // Where the log goes is the operator's: if it cannot be written
+        // there is nowhere left to report that. The stall verdict tells.
+        if shared.lock().closed {
+            return;
+        }
+        std::thread::sleep(RETRY_AFTER);
+    }
+    let _ = output.flush();
 }
 
 impl Write for &LogWriter {
@@ -131,7 +260,7 @@ impl Write for &LogWriter {
         let shared = &self.shared;
         let mut buffer = shared.lock();
         while !buffer.bytes.is_empty()
-            && buffer.bytes.len() + line.len() > shared.capacity
+            && buffer.bytes.len() + line.len() > shared.hard_capacity
             && !buffer.closed
         {
             buffer.callers_waiting += 1;
@@ -142,6 +271,9 @@ impl Write for &LogWriter {
             buffer.callers_waiting -= 1;
         }
         buffer.bytes.extend_from_slice(line);
+        if buffer.bytes.len() >= shared.capacity {
+            shared.set_stalled(true);
+        }
         if buffer.writer_asleep {
             buffer.writer_asleep = false;
             shared.lines.notify_one();
@@ -170,6 +302,73 @@ impl Drop for LogGuard {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// A log file that is rotated by size: when a batch would take it past
+/// `max_bytes`, `PATH` becomes `PATH.1` (`PATH.1` becomes `PATH.2`, and so
+/// on; the oldest past `keep` is removed) and a new `PATH` is started.
+/// Batches hold whole lines, so every file holds whole lines.
+#[derive(Debug)]
+pub struct RotatingFile {
+    path: PathBuf,
+    max_bytes: u64,
+    keep: usize,
+    file: File,
+    written: u64,
+}
+
+impl RotatingFile {
+    /// Opens (appends to) `path`; `keep` rotated files are kept (at least one).
+    pub fn open(path: &Path, max_bytes: u64, keep: usize) -> io::Result<RotatingFile> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let written = file.metadata()?.len();
+        Ok(RotatingFile {
+            path: path.to_path_buf(),
+            max_bytes: max_bytes.max(1),
+            keep: keep.max(1),
+            file,
+            written,
+        })
+    }
+
+    fn rotated(&self, index: usize) -> PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".{index}"));
+        PathBuf::from(name)
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        self.file.flush()?;
+        let _ = std::fs::remove_file(self.rotated(self.keep));
+        for index in (1..self.keep).rev() {
+            let from = self.rotated(index);
+            if from.exists() {
+                std::fs::rename(&from, self.rotated(index + 1))?;
+            }
+        }
+        std::fs::rename(&self.path, self.rotated(1))?;
+        self.file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        self.written = 0;
+        Ok(())
+    }
+}
+
+impl Write for RotatingFile {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if self.written > 0 && self.written + bytes.len() as u64 > self.max_bytes {
+            self.rotate()?;
+        }
+        let count = self.file.write(bytes)?;
+        self.written += count as u64;
+        Ok(count)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
     }
 }
 
