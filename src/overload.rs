@@ -423,14 +423,26 @@ impl Limits {
             return http::Response::from_parts(parts, body);
         }
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        let outgoing = Outgoing {
+        let mut outgoing = Outgoing {
             inner: body,
+            first: None,
             slot: Arc::new(Mutex::new(Slot::default())),
             limits: Arc::clone(self),
             generation: 0,
             done: false,
             _call: call,
         };
+        // A unary answer is ready now: take it into account before hyper
+        // asks for it, which it does only once the peer's window has room
+        // (perhaps never).
+        let mut context = Context::from_waker(std::task::Waker::noop());
+        if let Poll::Ready(Some(frame)) = Pin::new(&mut outgoing.inner).poll_frame(&mut context) {
+            match frame.map(|frame| outgoing.take(frame)) {
+                Ok(Ok(first)) => outgoing.first = first.map(Ok),
+                Ok(Err(refused)) => return refused.into_http(),
+                Err(error) => outgoing.first = Some(Err(error)),
+            }
+        }
         http::Response::from_parts(parts, Body::new(outgoing))
     }
 }
@@ -615,6 +627,8 @@ struct Slot {
 /// timeout.
 struct Outgoing {
     inner: Body,
+    /// A frame taken from `inner` before hyper asked for one.
+    first: Option<Result<http_body::Frame<Bytes>, Status>>,
     slot: Arc<Mutex<Slot>>,
     limits: Arc<Limits>,
     /// Counts messages, so that a watchdog acts on its own message only.
@@ -639,6 +653,55 @@ impl Outgoing {
             }
         }
         http_body::Frame::trailers(trailers)
+    }
+
+    /// Takes a frame from the inner body: a small data frame or trailers to
+    /// pass on (`Some`), or a large data frame moved to the slot (`None`:
+    /// its chunks follow), or the refusal when the response budget has no
+    /// room for it.
+    fn take(
+        &mut self,
+        frame: http_body::Frame<Bytes>,
+    ) -> Result<Option<http_body::Frame<Bytes>>, Status> {
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                let frame = match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        if let Some(status) = normalised(&trailers) {
+                            trailers.insert(
+                                "grpc-status",
+                                http::HeaderValue::from(status.code() as i32),
+                            );
+                        }
+                        http_body::Frame::trailers(trailers)
+                    }
+                    Err(frame) => frame,
+                };
+                return Ok(Some(frame));
+            }
+        };
+        if data.len() <= CHUNK {
+            return Ok(Some(http_body::Frame::data(data)));
+        }
+        let mut held = Reservation::new(&self.limits.response_bytes);
+        if !held.grow(data.len()) {
+            self.limits
+                .metrics
+                .transport_refused("response-buffer-full");
+            return Err(Status::resource_exhausted(
+                "toolgate's response buffer is full; retry with backoff",
+            ));
+        }
+        self.generation += 1;
+        {
+            let mut slot = lock(&self.slot);
+            slot.pending = data;
+            slot.held = Some(held);
+            slot.generation = self.generation;
+        }
+        self.watch();
+        Ok(None)
     }
 
     /// Arms the watchdog for the message now pending.
@@ -674,81 +737,52 @@ impl http_body::Body for Outgoing {
         mut self: Pin<&mut Self>,
         context: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        {
-            let mut slot = lock(&self.slot);
-            if slot.timed_out {
-                drop(slot);
-                self.done = true;
-                return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
-                    "the response could not be sent within the server's {} ms write timeout",
-                    self.limits.settings.write_timeout.as_millis()
-                )))));
+        loop {
+            if self.done {
+                return Poll::Ready(None);
             }
-            if !slot.pending.is_empty() {
-                let take = slot.pending.len().min(CHUNK);
-                let chunk = slot.pending.split_to(take);
-                if slot.pending.is_empty() {
-                    slot.held = None;
+            {
+                let mut slot = lock(&self.slot);
+                if slot.timed_out {
+                    drop(slot);
+                    self.done = true;
+                    return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+                        "the response could not be sent within the server's {} ms write timeout",
+                        self.limits.settings.write_timeout.as_millis()
+                    )))));
                 }
-                return Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
-            }
-        }
-        let polled = Pin::new(&mut self.inner).poll_frame(context);
-        match polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                let frame = match frame.into_data() {
-                    Ok(mut data) => {
-                        if data.len() <= CHUNK {
-                            return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
-                        }
-                        let mut held = Reservation::new(&self.limits.response_bytes);
-                        if !held.grow(data.len() - CHUNK) {
-                            self.limits
-                                .metrics
-                                .transport_refused("response-buffer-full");
-                            self.done = true;
-                            return Poll::Ready(Some(Ok(Outgoing::trailers(
-                                &Status::resource_exhausted(
-                                    "toolgate's response buffer is full; retry with backoff",
-                                ),
-                            ))));
-                        }
-                        let first = data.split_to(CHUNK);
-                        self.generation += 1;
-                        {
-                            let mut slot = lock(&self.slot);
-                            slot.pending = data;
-                            slot.held = Some(held);
-                            slot.generation = self.generation;
-                        }
-                        self.watch();
-                        return Poll::Ready(Some(Ok(http_body::Frame::data(first))));
+                if !slot.pending.is_empty() {
+                    let take = slot.pending.len().min(CHUNK);
+                    let chunk = slot.pending.split_to(take);
+                    if slot.pending.is_empty() {
+                        slot.held = None;
                     }
-                    Err(frame) => frame,
-                };
-                let frame = match frame.into_trailers() {
-                    Ok(mut trailers) => {
-                        if let Some(status) = normalised(&trailers) {
-                            trailers.insert(
-                                "grpc-status",
-                                http::HeaderValue::from(status.code() as i32),
-                            );
-                        }
-                        http_body::Frame::trailers(trailers)
-                    }
-                    Err(frame) => frame,
-                };
-                Poll::Ready(Some(Ok(frame)))
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(chunk))));
+                }
             }
-            other => other,
+            if let Some(first) = self.first.take() {
+                return Poll::Ready(Some(first));
+            }
+            let frame = match Pin::new(&mut self.inner).poll_frame(context) {
+                Poll::Ready(Some(Ok(frame))) => frame,
+                other => return other,
+            };
+            match self.take(frame) {
+                Ok(Some(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Ok(None) => continue, // chunks from the slot
+                Err(refused) => {
+                    self.done = true;
+                    return Poll::Ready(Some(Ok(Outgoing::trailers(&refused))));
+                }
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || (lock(&self.slot).pending.is_empty() && self.inner.is_end_stream())
+        self.done
+            || (self.first.is_none()
+                && lock(&self.slot).pending.is_empty()
+                && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
