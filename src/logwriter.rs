@@ -459,4 +459,156 @@ mod tests {
         // Writing after the guard is gone does not block (nobody reads it).
         (&writer).write_all(b"too late\n").unwrap();
     }
+
+    /// An output whose writes block while its gate is shut.
+    #[derive(Clone, Default)]
+    struct Gated {
+        bytes: Arc<Mutex<Vec<u8>>>,
+        shut: Arc<(Mutex<bool>, Condvar)>,
+    }
+
+    impl Gated {
+        fn set_shut(&self, shut: bool) {
+            *self.shut.0.lock().unwrap() = shut;
+            self.shut.1.notify_all();
+        }
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            let mut shut = self.shut.0.lock().unwrap();
+            while *shut {
+                shut = self.shut.1.wait(shut).unwrap();
+            }
+            self.bytes.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Polls `check` until it says `stalled` (a wait for a condition, not a
+    /// timed assertion).
+    fn wait_until(status: &SinkStatus, stalled: bool) {
+        for _ in 0..10_000 {
+            if status.check() == stalled {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("the sink never became stalled = {stalled}");
+    }
+
+    #[test]
+    fn a_stalled_sink_is_reported_callers_keep_going_and_nothing_is_lost() {
+        let output = Gated::default();
+        output.set_shut(true);
+        let (writer, guard) =
+            spawn_with(output.clone(), 1 << 20, 4 << 20, Duration::from_millis(20)).unwrap();
+        let status = writer.status();
+        assert!(!status.stalled());
+        (&writer).write_all(b"t0 l0\n").unwrap();
+        wait_until(&status, true);
+        assert_eq!(status.stalls(), 1);
+        // Callers are not blocked by the stalled sink (below the hard cap).
+        for line in 1..2_000 {
+            (&writer)
+                .write_all(format!("t0 l{line}\n").as_bytes())
+                .unwrap();
+        }
+        assert!(status.stalled());
+        assert!(status.buffered() > 0);
+        output.set_shut(false);
+        wait_until(&status, false);
+        drop(guard);
+        check_every_line_once_in_order(&output.bytes.lock().unwrap(), 1, 2_000);
+        assert_eq!(status.stalls(), 1);
+    }
+
+    #[test]
+    fn a_full_buffer_counts_as_stalled_at_once() {
+        let output = Gated::default();
+        output.set_shut(true);
+        let (writer, guard) = spawn_with(output.clone(), 64, 1 << 20, STALL_AFTER).unwrap();
+        let status = writer.status();
+        (&writer).write_all(&[b'x'; 63]).unwrap();
+        (&writer).write_all(b"\n").unwrap();
+        assert!(status.stalled());
+        output.set_shut(false);
+        wait_until(&status, false);
+        drop(guard);
+        assert_eq!(output.bytes.lock().unwrap().len(), 64);
+    }
+
+    /// An output that fails its first writes.
+    struct Flaky {
+        failures: usize,
+        bytes: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Flaky {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            if self.failures > 0 {
+                self.failures -= 1;
+                return Err(io::Error::other("disk full"));
+            }
+            // Half at a time: partial writes must not repeat or skip bytes.
+            let half = bytes.len().div_ceil(2);
+            self.bytes.lock().unwrap().extend_from_slice(&bytes[..half]);
+            Ok(half)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn failed_and_partial_writes_are_retried_never_skipped() {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let output = Flaky {
+            failures: 3,
+            bytes: Arc::clone(&bytes),
+        };
+        let (writer, guard) = spawn(output).unwrap();
+        lines_from_threads(&writer, 2, 200);
+        // Wait for everything before closing: a closed writer gives up.
+        while writer.status().buffered() > 0 || bytes.lock().unwrap().len() < 2 * 200 * 6 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(guard);
+        check_every_line_once_in_order(&bytes.lock().unwrap(), 2, 200);
+    }
+
+    #[test]
+    fn the_file_sink_rotates_by_size_and_keeps_whole_lines() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("toolgate.log");
+        let mut file = RotatingFile::open(&path, 100, 2).unwrap();
+        for batch in 0..10 {
+            let line = format!("{batch:039}\n");
+            file.write_all(line.as_bytes()).unwrap();
+        }
+        file.flush().unwrap();
+        let read = |suffix: &str| {
+            let mut name = path.clone().into_os_string();
+            name.push(suffix);
+            std::fs::read_to_string(PathBuf::from(name)).ok()
+        };
+        // 40-byte batches, 100 bytes a file: two batches per file, the
+        // newest in PATH, two rotated files kept.
+        let current = read("").unwrap();
+        let newer = read(".1").unwrap();
+        let older = read(".2").unwrap();
+        assert_eq!(read(".3"), None);
+        let lines: Vec<String> = [older, newer, current]
+            .iter()
+            .flat_map(|text| {
+                assert!(text.len() <= 100, "{} bytes", text.len());
+                text.lines().map(str::to_string).collect::<Vec<_>>()
+            })
+            .collect();
+        let expected: Vec<String> = (4..10).map(|batch| format!("{batch:039}")).collect();
+        assert_eq!(lines, expected);
+    }
 }

@@ -888,4 +888,70 @@ mod tests {
         drop(second);
         assert_eq!(budget.used.load(Ordering::Acquire), 0);
     }
+
+    fn settings(max_concurrent_requests: usize) -> OverloadSettings {
+        OverloadSettings {
+            max_concurrent_requests,
+            request_timeout: Duration::from_secs(60),
+            read_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(60),
+            max_message_bytes: 1024,
+            max_buffered_request_bytes: 1 << 20,
+            max_buffered_response_bytes: 1 << 20,
+        }
+    }
+
+    fn request() -> http::Request<Body> {
+        http::Request::post("/toolgate.v1.PolicyDecisionPoint/Decide")
+            .header("content-type", "application/grpc")
+            .body(Body::new(Replayed {
+                data: Some(Bytes::from(framed(0, b""))),
+                trailers: None,
+            }))
+            .unwrap()
+    }
+
+    fn code(response: &http::Response<Body>) -> Option<&[u8]> {
+        response
+            .headers()
+            .get("grpc-status")
+            .map(|value| value.as_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_call_beyond_the_limit_is_shed_at_once_and_the_permit_comes_back() {
+        let release = Arc::new(tokio::sync::Notify::new());
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let service = {
+            let release = Arc::clone(&release);
+            let entered = Arc::clone(&entered);
+            tower::service_fn(move |_request: http::Request<Body>| {
+                let release = Arc::clone(&release);
+                let entered = Arc::clone(&entered);
+                async move {
+                    entered.notify_one();
+                    release.notified().await;
+                    Ok::<_, std::convert::Infallible>(Status::ok("done").into_http::<Body>())
+                }
+            })
+        };
+        let layer = OverloadLayer::new(settings(1), Metrics::new(), None);
+        let mut overload = layer.layer(service);
+        let first = tokio::spawn(overload.call(request()));
+        entered.notified().await;
+        // The one permit is taken by a call whose message has arrived.
+        let shed = overload.call(request()).await.unwrap();
+        assert_eq!(code(&shed), Some(&b"8"[..]));
+        assert_eq!(
+            grpc_message(shed.headers()).as_deref(),
+            Some("toolgate is at its concurrency limit; retry with backoff")
+        );
+        release.notify_one();
+        let served = first.await.unwrap().unwrap();
+        assert_eq!(code(&served), Some(&b"0"[..]));
+        let again = tokio::spawn(overload.call(request()));
+        entered.notified().await;
+        release.notify_one();
+        assert_eq!(code(&again.await.unwrap().unwrap()), Some(&b"0"[..]));
+    }
 }
