@@ -259,6 +259,19 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`); off when absent.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Write logs and audit lines to this file instead of stderr, rotated by size.
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+    /// Rotate the log file when a write would take it past this many bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 100 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub log_max_bytes: u64,
+    /// Rotated log files kept (`PATH.1` is the newest).
+    #[arg(long, value_name = "COUNT", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub log_max_files: u64,
+    /// Seconds a log write may block before the sink counts as stalled
+    /// (health NOT_SERVING, calls UNAVAILABLE until it drains).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub log_stall_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -17,7 +17,7 @@ use tracing_subscriber::prelude::*;
 
 use toolgate::audit;
 use toolgate::audit::{AuditFormat, AuditLayer};
-use toolgate::logwriter::{self, LogGuard};
+use toolgate::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
 
 use toolgate::cli::{Cli, Command, LogFormat, ServeArgs};
 use toolgate::clock::SystemClock;
@@ -42,17 +42,39 @@ fn main() -> ExitCode {
 /// Decide never waits for a `write` system call. It is not lossy: when its
 /// buffer is full, callers wait rather than drop audit events. The guard
 /// writes what is left at exit. Audit events have their own formatter
-/// ([`AuditLayer`]); `RUST_LOG` filters both.
-fn init_tracing(format: LogFormat) -> std::io::Result<LogGuard> {
+/// ([`AuditLayer`]); `RUST_LOG` filters both. `--log-file` writes to a file
+/// rotated by size instead.
+fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
+    let format = args.log_format;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = logwriter::spawn(std::io::stderr())?;
+    let stall_after = std::time::Duration::from_secs(args.log_stall_seconds);
+    let (writer, guard) = match &args.log_file {
+        Some(path) => logwriter::spawn_with(
+            RotatingFile::open(
+                path,
+                args.log_max_bytes,
+                usize::try_from(args.log_max_files).unwrap_or(usize::MAX),
+            )?,
+            logwriter::CAPACITY,
+            logwriter::HARD_CAPACITY,
+            stall_after,
+        )?,
+        None => logwriter::spawn_with(
+            std::io::stderr(),
+            logwriter::CAPACITY,
+            logwriter::HARD_CAPACITY,
+            stall_after,
+        )?,
+    };
+    let sink = writer.status();
+    let ansi = args.log_file.is_none() && std::io::stderr().is_terminal();
     // Both layers are filtered by target, so that a callsite neither wants
     // (h2's trace events, say) stays disabled once and for all instead of
     // being asked about on every event.
     let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET);
     let only_audit = filter_fn(|metadata| metadata.target() == audit::TARGET);
     let logs = tracing_subscriber::fmt::layer()
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .with_writer(writer.clone());
     let registry = tracing_subscriber::registry().with(filter);
     match format {
@@ -65,12 +87,12 @@ fn init_tracing(format: LogFormat) -> std::io::Result<LogGuard> {
             .with(AuditLayer::new(writer, AuditFormat::Json).with_filter(only_audit))
             .init(),
     }
-    Ok(guard)
+    Ok((guard, sink))
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let _flush_logs_at_exit = match init_tracing(args.log_format) {
-        Ok(guard) => guard,
+    let (_flush_logs_at_exit, log_sink) = match init_tracing(&args) {
+        Ok(started) => started,
         Err(error) => {
             eprintln!("toolgate: cannot start the log writer: {error}");
             return ExitCode::FAILURE;
@@ -166,7 +188,12 @@ fn serve(args: ServeArgs) -> ExitCode {
             grpc: listener,
             metrics,
         };
-        match toolgate::server::serve_with(listeners, engine, shutdown_signal()).await {
+        let options = toolgate::server::ServeOptions {
+            log_sink: Some(log_sink),
+        };
+        match toolgate::server::serve_with_options(listeners, engine, options, shutdown_signal())
+            .await
+        {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!(%error, "server failed");

@@ -58,6 +58,18 @@ pub struct ServerSettings {
     pub max_concurrent_streams: u32,
     /// How long in-flight calls may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Connections open at once, and from one peer address.
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    /// Time a new connection has for its HTTP/2 preface and first request.
+    pub handshake_timeout: Duration,
+    /// Time a call has for its whole request message to arrive.
+    pub read_timeout: Duration,
+    /// Time a response (or a blocked socket write) has to make progress.
+    pub write_timeout: Duration,
+    /// Request and response bytes buffered at once, over all calls.
+    pub max_buffered_request_bytes: usize,
+    pub max_buffered_response_bytes: usize,
 }
 
 impl Default for ServerSettings {
@@ -76,6 +88,13 @@ impl From<RawServer> for ServerSettings {
             http2_keepalive_timeout: Duration::from_secs(raw.http2_keepalive_timeout_seconds),
             max_concurrent_streams: raw.max_concurrent_streams,
             shutdown_grace: Duration::from_secs(raw.shutdown_grace_seconds),
+            max_connections: raw.max_connections,
+            max_connections_per_peer: raw.max_connections_per_peer,
+            handshake_timeout: Duration::from_millis(raw.handshake_timeout_ms),
+            read_timeout: Duration::from_millis(raw.read_timeout_ms),
+            write_timeout: Duration::from_millis(raw.write_timeout_ms),
+            max_buffered_request_bytes: raw.max_buffered_request_bytes,
+            max_buffered_response_bytes: raw.max_buffered_response_bytes,
         }
     }
 }
@@ -290,6 +309,13 @@ struct RawServer {
     http2_keepalive_timeout_seconds: u64,
     max_concurrent_streams: u32,
     shutdown_grace_seconds: u64,
+    max_connections: usize,
+    max_connections_per_peer: usize,
+    handshake_timeout_ms: u64,
+    read_timeout_ms: u64,
+    write_timeout_ms: u64,
+    max_buffered_request_bytes: usize,
+    max_buffered_response_bytes: usize,
 }
 
 impl Default for RawServer {
@@ -300,8 +326,15 @@ impl Default for RawServer {
             max_message_bytes: 1024 * 1024,
             http2_keepalive_interval_seconds: 30,
             http2_keepalive_timeout_seconds: 10,
-            max_concurrent_streams: 1024,
+            max_concurrent_streams: 100,
             shutdown_grace_seconds: 10,
+            max_connections: 1024,
+            max_connections_per_peer: 256,
+            handshake_timeout_ms: 5_000,
+            read_timeout_ms: 5_000,
+            write_timeout_ms: 10_000,
+            max_buffered_request_bytes: 64 * 1024 * 1024,
+            max_buffered_response_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -639,6 +672,22 @@ fn server_settings(loader: &Loader<'_>, raw: RawServer) -> Result<ServerSettings
         (
             "max_concurrent_streams",
             u64::from(raw.max_concurrent_streams),
+        ),
+        ("max_connections", raw.max_connections as u64),
+        (
+            "max_connections_per_peer",
+            raw.max_connections_per_peer as u64,
+        ),
+        ("handshake_timeout_ms", raw.handshake_timeout_ms),
+        ("read_timeout_ms", raw.read_timeout_ms),
+        ("write_timeout_ms", raw.write_timeout_ms),
+        (
+            "max_buffered_request_bytes",
+            raw.max_buffered_request_bytes as u64,
+        ),
+        (
+            "max_buffered_response_bytes",
+            raw.max_buffered_response_bytes as u64,
         ),
     ];
     for (key, value) in positive {

@@ -796,6 +796,7 @@ fn unpinned_manifest() -> pb::Manifest {
             read_only: true,
             scopes: vec!["read".into()],
             input_schema_json: String::new(),
+            ..Default::default()
         }],
     }
 }

@@ -2108,8 +2108,9 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         },
     ));
     // --- Wrong wire types, invalid UTF-8, truncation, unknown fields ------------
-    // Protobuf that cannot be decoded is INTERNAL (tonic follows
-    // grpc/doc/statuscodes.md: a parse failure of the request is INTERNAL).
+    // Protobuf that cannot be decoded is INVALID_ARGUMENT, as the proto
+    // promises, with the field path where decoding failed (tonic alone
+    // would answer INTERNAL).
     let valid_session = payer().encode_to_vec();
     let decide_path = "/toolgate.v1.PolicyDecisionPoint/Decide";
     let raw_decide = |body: Vec<u8>| Call::Raw {
@@ -2121,7 +2122,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
     add(case(
         "session sent as a varint",
         raw_decide(wire_varint(1, 7)),
-        error(Code::Internal, "invalid wire type"),
+        invalid("session", "invalid wire type"),
     ));
     let mut bad_utf8 = read(r#"{"account":"X"}"#).encode_to_vec();
     let position = bad_utf8
@@ -2132,7 +2133,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
     add(case(
         "arguments text that is not UTF-8",
         raw_decide([wire_bytes(1, &valid_session), wire_bytes(2, &bad_utf8)].concat()),
-        error(Code::Internal, "UTF-8"),
+        invalid("proposal.arguments_json", "not UTF-8"),
     ));
     let mut bad_actor = session("pXyer", "s-base", "acme").encode_to_vec();
     let position = bad_actor
@@ -2149,19 +2150,19 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             ]
             .concat(),
         ),
-        error(Code::Internal, "UTF-8"),
+        invalid("session.actor", "not UTF-8"),
     ));
     let mut truncated = wire_bytes(1, &valid_session);
     truncated.truncate(truncated.len() - 3);
     add(case(
         "a truncated message",
         raw_decide(truncated),
-        error(Code::Internal, "buffer underflow"),
+        invalid("session", "buffer underflow"),
     ));
     add(case(
         "a length prefix larger than the message",
         raw_decide([vec![0x0a], vec![0xff, 0xff, 0xff, 0x7f], b"abc".to_vec()].concat()),
-        error(Code::Internal, "buffer underflow"),
+        invalid("session", "buffer underflow"),
     ));
     add(case(
         "page size sent as a string",
@@ -2171,7 +2172,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             body: wire_bytes(4, b"500"),
             answer: RawAnswer::List,
         },
-        error(Code::Internal, "invalid wire type"),
+        invalid("page_size", "invalid wire type"),
     ));
     // Unknown fields are skipped by protobuf and never trusted: a proposal
     // with an extra `approved = true` field and an extra `reviewer` string is
