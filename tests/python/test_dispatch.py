@@ -200,7 +200,13 @@ def test_approval_is_bound_to_what_the_reviewer_saw(tickets):
 
     # (B) Granted for customer-42, sent to customer-99 under the same call id: refused.
     granted = t.approve(learner, t.reply("b1", 0, "customer-42"))
+    # The session decided b1 for the other proposal: a conflict (SPEC §4 step 6).
     swapped = t.dispatch(learner, t.reply("b1", 0, "customer-99"))
+    assert (swapped.status, swapped.reason) == (
+        pb2.DISPATCH_STATUS_CALL_ID_CONFLICT, "call-id-conflict")
+    assert swapped.receipt_id == ""
+    # Under a new call id it needs an approval of its own.
+    swapped = t.dispatch(learner, t.reply("b2", 0, "customer-99"))
     assert (swapped.status, swapped.reason) == (
         pb2.DISPATCH_STATUS_APPROVAL_REQUIRED, "approval-required")
     assert swapped.approval_id not in ("", granted)
