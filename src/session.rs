@@ -14,6 +14,8 @@
 //! credential's identity: two hosts using one id have two sessions. Idle
 //! sessions are evicted after the policy's TTL and the table is capped.
 
+use std::collections::HashMap;
+
 use crate::canonical::Fingerprint;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
@@ -306,6 +308,8 @@ pub fn refusal_message(reason: &'static str, call_id: &str) -> String {
 #[derive(Debug, Default)]
 pub struct Sessions {
     sessions: Table<Box<Session>>,
+    /// Sessions per host identity (for the per-host cap).
+    per_host: HashMap<String, usize>,
 }
 
 impl Sessions {
@@ -391,6 +395,7 @@ impl Sessions {
             self.check_room(&session.host, now, limits)?;
             self.sessions
                 .insert_unique(hash, Box::new(Session::new(session, now)));
+            *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
         }
         let entry = self
             .sessions
@@ -427,10 +432,18 @@ impl Sessions {
         Ok(())
     }
 
+    /// Sessions `host` holds.
+    pub fn count_of(&self, host: &str) -> usize {
+        self.per_host.get(host).copied().unwrap_or(0)
+    }
+
     /// Room for one more session of `host`: idle sessions are evicted when
-    /// the table is full; still full is RESOURCE_EXHAUSTED.
-    pub fn check_room(&mut self, _host: &str, now: Timestamp, limits: &Limits) -> Result<()> {
-        if self.sessions.len() >= limits.max_sessions {
+    /// the table or the host's share of it is full; still full is
+    /// RESOURCE_EXHAUSTED. The per-host share keeps one host from filling
+    /// the table for every other.
+    pub fn check_room(&mut self, host: &str, now: Timestamp, limits: &Limits) -> Result<()> {
+        let per_host = limits.max_sessions_per_host;
+        if self.sessions.len() >= limits.max_sessions || self.count_of(host) >= per_host {
             self.evict_idle(now, limits);
         }
         if self.sessions.len() >= limits.max_sessions {
@@ -439,13 +452,27 @@ impl Sessions {
                 limits.max_sessions
             )));
         }
+        if self.count_of(host) >= per_host {
+            return Err(Error::ResourceExhausted(format!(
+                "this host holds its maximum of {per_host} sessions (limits.max_sessions_per_host)"
+            )));
+        }
         Ok(())
     }
 
     /// Drops sessions idle for longer than the policy's TTL.
     pub fn evict_idle(&mut self, now: Timestamp, limits: &Limits) {
         let idle_millis = u64::try_from(limits.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
-        self.sessions
-            .retain(|session| now.millis_since(session.last_seen) < idle_millis);
+        let per_host = &mut self.per_host;
+        self.sessions.retain(|session| {
+            let keep = now.millis_since(session.last_seen) < idle_millis;
+            if !keep && let Some(count) = per_host.get_mut(&session.host) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    per_host.remove(&session.host);
+                }
+            }
+            keep
+        });
     }
 }

@@ -181,11 +181,15 @@ impl State {
                 Standing::Denied(approval) => Gate::Denied(approval),
                 Standing::Pending(approval) => Gate::Pending(approval, None),
                 Standing::None => {
-                    self.ledger
-                        .check_capacity(&session_ref.actor, &policy.limits)?;
+                    self.ledger.check_capacity(
+                        &session_ref.host,
+                        &session_ref.actor,
+                        &policy.limits,
+                    )?;
                     let event = self.ledger.create(
                         NewApproval {
                             fingerprint: proposal.fingerprint,
+                            host: session_ref.host.clone(),
                             actor: session_ref.actor.clone(),
                             session_id: session_ref.session_id.clone(),
                             workspace: session_ref.workspace.clone(),
@@ -500,7 +504,10 @@ impl State {
         };
         let tool = admitted.tool;
         // 4. A receipt for this call id.
-        if let Some(receipt) = self.receipts.get(&proposal.actor, &proposal.call_id) {
+        if let Some(receipt) =
+            self.receipts
+                .get(&session_ref.host, &proposal.actor, &proposal.call_id)
+        {
             if receipt.fingerprint != fingerprint {
                 return refuse(
                     DispatchStatus::CallIdConflict,
@@ -614,8 +621,12 @@ impl State {
             created_at: now,
         };
         let receipt_id = receipt.id;
-        self.receipts
-            .insert(&proposal.actor, &proposal.call_id, receipt);
+        self.receipts.insert(
+            &session_ref.host,
+            &proposal.actor,
+            &proposal.call_id,
+            receipt,
+        );
         Ok((
             Dispatched {
                 status: DispatchStatus::Ok,

@@ -1051,3 +1051,333 @@ async fn budget_cases_replay_the_reference_loop() {
         run_budget_case(case).await;
     }
 }
+
+/// Two host credentials that may both assert actor `agent` (tokens
+/// `host-a-secret`, `host-b-secret`), a small session table and ledger.
+fn two_hosts_policy() -> String {
+    let digest = |token: &str| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token));
+    format!(
+        r#"
+[limits]
+max_sessions = 4
+max_pending_total = 4
+max_pending_per_actor = 4
+
+[profiles.agent]
+roles = ["agent"]
+max_decisions = 4
+
+[actors.agent]
+profile = "agent"
+
+[tools.work]
+mode = "execute"
+roles = ["agent"]
+cost = 5
+
+[tools.gated]
+mode = "execute"
+roles = ["agent"]
+approvers = ["lead"]
+approval = "always"
+
+[reviewers.lead]
+roles = ["lead"]
+workspaces = ["*"]
+
+[[credentials]]
+kind = "host"
+identity = "host-a"
+actors = ["agent"]
+sha256 = "{a}"
+
+[[credentials]]
+kind = "host"
+identity = "host-b"
+actors = ["agent", "other"]
+sha256 = "{b}"
+"#,
+        a = digest(HOST_A),
+        b = digest(HOST_B),
+    )
+}
+
+const HOST_A: &str = "host-a-secret";
+const HOST_B: &str = "host-b-secret";
+
+async fn session_info(
+    server: &TestServer,
+    token: &str,
+    session_id: &str,
+) -> Result<pb::SessionInfo, tonic::Status> {
+    server
+        .pdp()
+        .get_session(authed(
+            pb::GetSessionRequest {
+                session_id: session_id.into(),
+            },
+            token,
+        ))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+async fn dispatch_as(
+    server: &TestServer,
+    token: &str,
+    session: &pb::Session,
+    proposal: &pb::Proposal,
+) -> pb::DispatchResponse {
+    server
+        .pdp()
+        .dispatch(authed(
+            pb::DispatchRequest {
+                session: Some(session.clone()),
+                proposal: Some(proposal.clone()),
+            },
+            token,
+        ))
+        .await
+        .expect("dispatch answers")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn session_ids_are_namespaced_by_host() {
+    let server = TestServer::start(&two_hosts_policy()).await;
+    // Host B uses `sid` first, as another actor and workspace.
+    let taken = server
+        .decide_ok(
+            HOST_B,
+            &session("other", "sid", "elsewhere"),
+            &proposal("b1", "other", "work", 0, "{}"),
+        )
+        .await;
+    assert_eq!(taken.reason, "not-authorized");
+    // Host A's Decide in `sid` is unaffected and learns nothing of B's.
+    let mine = session("agent", "sid", "w");
+    let answer = server
+        .decide(HOST_A, &mine, &proposal("a1", "agent", "work", 0, "{}"))
+        .await
+        .expect("host A's own session");
+    assert_eq!(answer.reason, "allowed");
+    let info_a = session_info(&server, HOST_A, "sid").await.expect("A's sid");
+    assert_eq!(
+        (
+            info_a.actor.as_str(),
+            info_a.workspace.as_str(),
+            info_a.decisions
+        ),
+        ("agent", "w", 1)
+    );
+    let info_b = session_info(&server, HOST_B, "sid").await.expect("B's sid");
+    assert_eq!(
+        (
+            info_b.actor.as_str(),
+            info_b.workspace.as_str(),
+            info_b.decisions
+        ),
+        ("other", "elsewhere", 1)
+    );
+    // A session only host A made is NOT_FOUND for host B, exactly like none.
+    let only_a = session("agent", "only-a", "w");
+    server
+        .decide_ok(HOST_A, &only_a, &proposal("a2", "agent", "work", 0, "{}"))
+        .await;
+    let hidden = session_info(&server, HOST_B, "only-a")
+        .await
+        .expect_err("another host's session");
+    let missing = session_info(&server, HOST_B, "never-made")
+        .await
+        .expect_err("no session");
+    assert_eq!(hidden.code(), Code::NotFound);
+    assert_eq!(missing.code(), Code::NotFound);
+    assert_eq!(
+        hidden.message().replace("only-a", "X"),
+        missing.message().replace("never-made", "X")
+    );
+    // Budgets are per host's session: B's Decide charged only B's `sid`.
+    assert_eq!(
+        session_info(&server, HOST_A, "sid")
+            .await
+            .expect("sid")
+            .decisions,
+        1
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn receipts_are_keyed_by_host_actor_and_call_id() {
+    let server = TestServer::start(&two_hosts_policy()).await;
+    let in_a = session("agent", "s1", "w");
+    let in_b = session("agent", "s1", "w");
+    let work = proposal("c1", "agent", "work", 0, "{}");
+    let committed = dispatch_as(&server, HOST_A, &in_a, &work).await;
+    assert_eq!(
+        (committed.status(), committed.reason.as_str()),
+        (pb::DispatchStatus::Ok, "committed")
+    );
+    // Host B never replays host A's receipt: A's exact proposal is, for
+    // host B, a new commit against a version that has moved on.
+    let again = dispatch_as(&server, HOST_B, &in_b, &work).await;
+    assert_eq!(
+        (again.status(), again.reason.as_str(), again.replayed),
+        (pb::DispatchStatus::StaleVersion, "stale-version", false)
+    );
+    assert_eq!(again.receipt_id, "");
+    // Host B's c1 (another proposal) is no conflict with host A's.
+    let other = proposal("c1", "agent", "work", 1, "{}");
+    let answer = dispatch_as(&server, HOST_B, &session("agent", "s2", "w"), &other).await;
+    assert_eq!(
+        (answer.status(), answer.reason.as_str(), answer.replayed),
+        (pb::DispatchStatus::Ok, "committed", false)
+    );
+    assert_ne!(answer.receipt_id, committed.receipt_id);
+    // Host A still replays its own.
+    let replay = dispatch_as(&server, HOST_A, &in_a, &work).await;
+    assert_eq!(
+        (replay.status(), replay.replayed, replay.receipt_id.as_str()),
+        (pb::DispatchStatus::Ok, true, committed.receipt_id.as_str())
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn one_host_cannot_fill_the_session_table_or_the_ledger_for_another() {
+    let server = TestServer::start(&two_hosts_policy()).await;
+    // max_sessions = 4 with two host credentials: two each by default.
+    for index in 0..2 {
+        let answer = server
+            .decide_ok(
+                HOST_A,
+                &session("agent", &format!("a{index}"), "w"),
+                &proposal("c1", "agent", "work", 0, "{}"),
+            )
+            .await;
+        assert_eq!(answer.reason, "allowed");
+    }
+    let refused = server
+        .decide(
+            HOST_A,
+            &session("agent", "a2", "w"),
+            &proposal("c1", "agent", "work", 0, "{}"),
+        )
+        .await
+        .expect_err("host A's share is full");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("max_sessions_per_host"),
+        "{}",
+        refused.message()
+    );
+    assert!(matches!(
+        session_info(&server, HOST_A, "a2").await,
+        Err(status) if status.code() == Code::NotFound
+    ));
+    let answer = server
+        .decide_ok(
+            HOST_B,
+            &session("agent", "b0", "w"),
+            &proposal("c1", "agent", "work", 0, "{}"),
+        )
+        .await;
+    assert_eq!(answer.reason, "allowed");
+
+    // max_pending_total = 4: two pending requests each by default.
+    let in_a = session("agent", "a0", "w");
+    for call_id in ["g1", "g2"] {
+        let answer = server
+            .decide_ok(HOST_A, &in_a, &proposal(call_id, "agent", "gated", 0, "{}"))
+            .await;
+        assert_eq!(answer.reason, "approval-required");
+    }
+    let in_a_again = session("agent", "a1", "w");
+    let refused = server
+        .decide(
+            HOST_A,
+            &in_a_again,
+            &proposal("g3", "agent", "gated", 0, "{}"),
+        )
+        .await
+        .expect_err("host A's pending share is full");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("max_pending_per_host"),
+        "{}",
+        refused.message()
+    );
+    let in_b = session("agent", "b0", "w");
+    let answer = server
+        .decide_ok(HOST_B, &in_b, &proposal("g1", "agent", "gated", 0, "{}"))
+        .await;
+    assert_eq!(answer.reason, "approval-required");
+    server.stop().await;
+}
+
+#[test]
+fn per_host_shares_are_validated_and_default_to_half_with_two_hosts() {
+    let base = two_hosts_policy();
+    let parse = |extra: &str| {
+        let text = base.replace("[limits]\n", &format!("[limits]\n{extra}\n"));
+        toolgate::policy::Policy::parse(&text, "two-hosts.toml", None)
+    };
+    let defaults = parse("").expect("valid").limits;
+    assert_eq!(
+        (
+            defaults.max_sessions_per_host,
+            defaults.max_pending_per_host
+        ),
+        (2, 2)
+    );
+    let set = parse("max_sessions_per_host = 3\nmax_pending_per_host = 4")
+        .expect("valid")
+        .limits;
+    assert_eq!(
+        (set.max_sessions_per_host, set.max_pending_per_host),
+        (3, 4)
+    );
+    for (extra, key, rule) in [
+        (
+            "max_sessions_per_host = 0",
+            "limits.max_sessions_per_host",
+            "greater than 0",
+        ),
+        (
+            "max_sessions_per_host = 5",
+            "limits.max_sessions_per_host",
+            "at most the global cap (4)",
+        ),
+        (
+            "max_pending_per_host = 9",
+            "limits.max_pending_per_host",
+            "at most the global cap (4)",
+        ),
+    ] {
+        let error = parse(extra).expect_err(extra).to_string();
+        assert!(
+            error.contains(key) && error.contains(rule),
+            "{extra}: {error}"
+        );
+    }
+    // One host credential (or the open host API) keeps the whole table.
+    let one_host = toolgate::policy::Policy::parse(POLICY_ONE_HOST, "one-host.toml", None)
+        .expect("valid")
+        .limits;
+    assert_eq!(
+        (
+            one_host.max_sessions_per_host,
+            one_host.max_pending_per_host
+        ),
+        (one_host.max_sessions, one_host.max_pending_total)
+    );
+}
+
+const POLICY_ONE_HOST: &str = r#"
+[limits]
+max_sessions = 10
+
+[tools.look]
+mode = "read"
+roles = ["agent"]
+"#;
