@@ -1159,6 +1159,8 @@ fn limit_fields(policy: &Policy) -> Vec<(&'static str, u64)> {
             "receipt_retention_seconds",
             limits.receipt_retention.as_secs(),
         ),
+        ("max_sessions_per_host", count(limits.max_sessions_per_host)),
+        ("max_pending_per_host", count(limits.max_pending_per_host)),
     ]
 }
 

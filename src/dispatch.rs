@@ -97,45 +97,57 @@ pub struct Receipt {
     pub created_at: Timestamp,
 }
 
-/// An actor's name and a call id in one shared allocation (the log's table
-/// and its age index hold the same one), ordered as the pair.
+/// A host identity, an actor's name and a call id in one shared allocation
+/// (the log's table and its age index hold the same one), ordered as the
+/// triple.
 #[derive(Debug, Clone)]
 struct CallKey {
-    actor_and_call_id: Arc<str>,
+    text: Arc<str>,
+    host_len: usize,
     actor_len: usize,
 }
 
 impl CallKey {
-    fn new(actor: &str, call_id: &str) -> Self {
-        let mut text = String::with_capacity(actor.len() + call_id.len());
+    fn new(host: &str, actor: &str, call_id: &str) -> Self {
+        let mut text = String::with_capacity(host.len() + actor.len() + call_id.len());
+        text.push_str(host);
         text.push_str(actor);
         text.push_str(call_id);
         CallKey {
-            actor_and_call_id: Arc::from(text),
+            text: Arc::from(text),
+            host_len: host.len(),
             actor_len: actor.len(),
         }
     }
 
+    fn host(&self) -> &str {
+        self.text.get(..self.host_len).unwrap_or_default()
+    }
+
     fn actor(&self) -> &str {
-        self.actor_and_call_id
-            .get(..self.actor_len)
+        self.text
+            .get(self.host_len..self.host_len + self.actor_len)
             .unwrap_or_default()
     }
 
     fn call_id(&self) -> &str {
-        self.actor_and_call_id
-            .get(self.actor_len..)
+        self.text
+            .get(self.host_len + self.actor_len..)
             .unwrap_or_default()
     }
 
-    fn is(&self, actor: &str, call_id: &str) -> bool {
-        self.actor() == actor && self.call_id() == call_id
+    fn parts(&self) -> (&str, &str, &str) {
+        (self.host(), self.actor(), self.call_id())
+    }
+
+    fn is(&self, host: &str, actor: &str, call_id: &str) -> bool {
+        self.parts() == (host, actor, call_id)
     }
 }
 
 impl PartialEq for CallKey {
     fn eq(&self, other: &Self) -> bool {
-        self.is(other.actor(), other.call_id())
+        self.parts() == other.parts()
     }
 }
 
@@ -143,7 +155,7 @@ impl Eq for CallKey {}
 
 impl Ord for CallKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.actor(), self.call_id()).cmp(&(other.actor(), other.call_id()))
+        self.parts().cmp(&other.parts())
     }
 }
 
@@ -161,13 +173,14 @@ struct StoredReceipt {
     receipt: Receipt,
 }
 
-/// Receipts by (actor, call id): each actor has its own call-id space, so one
-/// actor cannot occupy another's call ids. Capped; receipts older than the
+/// Receipts by (host identity, actor, call id): each host and each actor has
+/// its own call-id space, so one cannot replay or occupy another's call ids
+/// (SPEC §6 step 4). Capped; receipts older than the
 /// retention window may be evicted to make room, younger ones never are.
 #[derive(Debug, Default)]
 pub struct ReceiptLog {
     receipts: Table<Box<StoredReceipt>>,
-    /// Oldest first; among receipts of the same millisecond, by (actor, call id).
+    /// Oldest first; among receipts of the same millisecond, by key.
     by_age: BTreeSet<(Timestamp, CallKey)>,
 }
 
@@ -181,14 +194,14 @@ impl ReceiptLog {
     }
 
     /// The hash a key is found under, from borrowed parts (no allocation).
-    fn hash(&self, actor: &str, call_id: &str) -> u64 {
-        self.receipts.hash(&(actor, call_id))
+    fn hash(&self, host: &str, actor: &str, call_id: &str) -> u64 {
+        self.receipts.hash(&(host, actor, call_id))
     }
 
-    pub fn get(&self, actor: &str, call_id: &str) -> Option<&Receipt> {
+    pub fn get(&self, host: &str, actor: &str, call_id: &str) -> Option<&Receipt> {
         self.receipts
-            .find(self.hash(actor, call_id), |stored| {
-                stored.key.is(actor, call_id)
+            .find(self.hash(host, actor, call_id), |stored| {
+                stored.key.is(host, actor, call_id)
             })
             .map(|stored| &stored.receipt)
     }
@@ -207,18 +220,19 @@ impl ReceiptLog {
             let Some((_, key)) = self.by_age.pop_first() else {
                 return false;
             };
-            let hash = self.hash(key.actor(), key.call_id());
+            let (host, actor, call_id) = key.parts();
+            let hash = self.hash(host, actor, call_id);
             self.receipts
-                .remove(hash, |stored| stored.key.is(key.actor(), key.call_id()));
+                .remove(hash, |stored| stored.key.is(host, actor, call_id));
         }
         true
     }
 
     /// Stores the receipt of a call id; the caller has checked that it has
     /// none yet (Dispatch step 4, under the same lock).
-    pub fn insert(&mut self, actor: &str, call_id: &str, receipt: Receipt) {
-        let hash = self.hash(actor, call_id);
-        let key = CallKey::new(actor, call_id);
+    pub fn insert(&mut self, host: &str, actor: &str, call_id: &str, receipt: Receipt) {
+        let hash = self.hash(host, actor, call_id);
+        let key = CallKey::new(host, actor, call_id);
         self.by_age.insert((receipt.created_at, key.clone()));
         self.receipts
             .insert_unique(hash, Box::new(StoredReceipt { key, receipt }));

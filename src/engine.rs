@@ -284,10 +284,12 @@ impl Engine {
         self.state()?.resource(name)
     }
 
-    pub fn session(&self, session_id: &str) -> Result<SessionSummary> {
+    /// A session of the host credential `host` (sessions are namespaced by
+    /// host identity).
+    pub fn session(&self, host: &str, session_id: &str) -> Result<SessionSummary> {
         let policy = self.policy();
         self.state()?
-            .session(session_id, policy.limits.decision_cost)
+            .session(host, session_id, policy.limits.decision_cost)
     }
 
     pub fn get_approval(&self, id: Uuid) -> Result<Approval> {

@@ -48,6 +48,8 @@ impl ApprovalStatus {
 pub struct Approval {
     pub id: Uuid,
     pub fingerprint: Fingerprint,
+    /// The identity of the host credential whose call made the request.
+    pub host: String,
     pub actor: String,
     pub session_id: String,
     pub workspace: String,
@@ -73,6 +75,7 @@ pub struct Approval {
 #[derive(Debug, Clone)]
 pub struct NewApproval {
     pub fingerprint: Fingerprint,
+    pub host: String,
     pub actor: String,
     pub session_id: String,
     pub workspace: String,
@@ -220,6 +223,8 @@ pub struct Ledger {
     /// All records by (requested_at, id): listing order and page tokens.
     by_request: BTreeSet<(Timestamp, Uuid)>,
     pending_by_actor: HashMap<String, usize>,
+    /// Pending requests per host identity (for the per-host cap).
+    pending_by_host: HashMap<String, usize>,
     pending_total: usize,
 }
 
@@ -284,12 +289,18 @@ impl Ledger {
         }
     }
 
-    /// Checks the caps for one more pending request by `actor`.
-    pub fn check_capacity(&self, actor: &str, limits: &Limits) -> Result<()> {
+    /// Checks the caps for one more pending request by `actor` of `host`.
+    pub fn check_capacity(&self, host: &str, actor: &str, limits: &Limits) -> Result<()> {
         if self.pending_total >= limits.max_pending_total {
             return Err(Error::ResourceExhausted(format!(
                 "the approval ledger holds its maximum of {} pending requests",
                 limits.max_pending_total
+            )));
+        }
+        if self.pending_by_host.get(host).copied().unwrap_or(0) >= limits.max_pending_per_host {
+            return Err(Error::ResourceExhausted(format!(
+                "this host has its maximum of {} pending approval requests (limits.max_pending_per_host)",
+                limits.max_pending_per_host
             )));
         }
         if self.pending_by_actor.get(actor).copied().unwrap_or(0) >= limits.max_pending_per_actor {
@@ -326,6 +337,7 @@ impl Ledger {
         let approval = Approval {
             id: Uuid::new_v4(),
             fingerprint: new.fingerprint,
+            host: new.host,
             actor: new.actor,
             session_id: new.session_id,
             workspace: new.workspace,
@@ -348,6 +360,10 @@ impl Ledger {
                 self.pending_by_actor.insert(approval.actor.clone(), 1);
             }
         }
+        *self
+            .pending_by_host
+            .entry(approval.host.clone())
+            .or_insert(0) += 1;
         self.pending_total += 1;
         self.deadlines.insert((approval.expires_at, approval.id));
         self.by_request.insert((approval.requested_at, approval.id));
@@ -404,7 +420,8 @@ impl Ledger {
                 decrement_pending(
                     &mut self.pending_total,
                     &mut self.pending_by_actor,
-                    &approval.actor,
+                    &mut self.pending_by_host,
+                    approval,
                 );
                 self.deadlines.remove(&(approval.expires_at, id));
                 approval.status = ApprovalStatus::Granted;
@@ -503,7 +520,8 @@ impl Ledger {
             decrement_pending(
                 &mut self.pending_total,
                 &mut self.pending_by_actor,
-                &approval.actor,
+                &mut self.pending_by_host,
+                approval,
             );
         }
         self.deadlines.remove(&(approval.expires_at, id));
@@ -551,17 +569,23 @@ impl Ledger {
     }
 }
 
-/// One pending request fewer for `actor`.
+/// One pending request fewer for the approval's actor and host.
 fn decrement_pending(
     pending_total: &mut usize,
     pending_by_actor: &mut HashMap<String, usize>,
-    actor: &str,
+    pending_by_host: &mut HashMap<String, usize>,
+    approval: &Approval,
 ) {
     *pending_total = pending_total.saturating_sub(1);
-    if let Some(count) = pending_by_actor.get_mut(actor) {
-        *count = count.saturating_sub(1);
-        if *count == 0 {
-            pending_by_actor.remove(actor);
+    for (counts, key) in [
+        (pending_by_actor, &approval.actor),
+        (pending_by_host, &approval.host),
+    ] {
+        if let Some(count) = counts.get_mut(key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(key);
+            }
         }
     }
 }

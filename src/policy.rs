@@ -237,6 +237,13 @@ pub struct Limits {
     pub decision_cost: u64,
     pub receipt_capacity: usize,
     pub receipt_retention: Duration,
+    /// Sessions one host credential may hold (sessions are namespaced by
+    /// host identity); by default the whole table when the policy declares
+    /// at most one host credential, half of it otherwise.
+    pub max_sessions_per_host: usize,
+    /// Pending approval requests one host credential may hold; by default
+    /// `max_pending_total` with at most one host credential, half otherwise.
+    pub max_pending_per_host: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -353,6 +360,8 @@ struct RawLimits {
     decision_cost: u64,
     receipt_capacity: usize,
     receipt_retention_seconds: u64,
+    max_sessions_per_host: Option<usize>,
+    max_pending_per_host: Option<usize>,
 }
 
 impl Default for RawLimits {
@@ -369,6 +378,8 @@ impl Default for RawLimits {
             decision_cost: 1,
             receipt_capacity: 100_000,
             receipt_retention_seconds: 86_400,
+            max_sessions_per_host: None,
+            max_pending_per_host: None,
         }
     }
 }
@@ -540,7 +551,12 @@ impl Policy {
                 .unwrap_or_default();
             loader.error(location, message)
         })?;
-        let limits = limits(&loader, raw.limits)?;
+        let host_credentials = raw
+            .credentials
+            .iter()
+            .filter(|credential| credential.kind == CredentialKind::Host)
+            .count();
+        let limits = limits(&loader, raw.limits, host_credentials)?;
         let profiles = raw.profiles;
         let mut actors = HashMap::new();
         for (name, actor) in raw.actors {
@@ -701,7 +717,32 @@ fn server_settings(loader: &Loader<'_>, raw: RawServer) -> Result<ServerSettings
     Ok(ServerSettings::from(raw))
 }
 
-fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {
+/// A per-host share of a global cap: as set (at most the cap), else the
+/// whole cap for one host and half of it (rounded up) for more.
+fn per_host_share(
+    loader: &Loader<'_>,
+    key: &str,
+    set: Option<usize>,
+    global: usize,
+    host_credentials: usize,
+) -> Result<usize, PolicyError> {
+    match set {
+        Some(0) => Err(loader.error(format!("limits.{key}"), "must be greater than 0")),
+        Some(share) if share > global => Err(loader.error(
+            format!("limits.{key}"),
+            format!("must be at most the global cap ({global})"),
+        )),
+        Some(share) => Ok(share),
+        None if host_credentials > 1 => Ok(global.div_ceil(2)),
+        None => Ok(global),
+    }
+}
+
+fn limits(
+    loader: &Loader<'_>,
+    raw: RawLimits,
+    host_credentials: usize,
+) -> Result<Limits, PolicyError> {
     let positive = [
         ("pending_ttl_seconds", raw.pending_ttl_seconds as usize),
         ("grant_ttl_seconds", raw.grant_ttl_seconds as usize),
@@ -735,6 +776,20 @@ fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {
         decision_cost: raw.decision_cost,
         receipt_capacity: raw.receipt_capacity,
         receipt_retention: Duration::from_secs(raw.receipt_retention_seconds),
+        max_sessions_per_host: per_host_share(
+            loader,
+            "max_sessions_per_host",
+            raw.max_sessions_per_host,
+            raw.max_sessions,
+            host_credentials,
+        )?,
+        max_pending_per_host: per_host_share(
+            loader,
+            "max_pending_per_host",
+            raw.max_pending_per_host,
+            raw.max_pending_total,
+            host_credentials,
+        )?,
     })
 }
 

@@ -22,7 +22,7 @@ use crate::ledger::{
 use crate::manifest::{self, Assessment, LastAssessment, Manifest, ManifestStatus, PinReference};
 use crate::policy::{Mode, Policy, Tool};
 use crate::proposal::{self, Proposal, Refusal, Screened, SessionRef};
-use crate::session::{self, BudgetCheck, Session, SessionSummary, Sessions};
+use crate::session::{self, Budget, CallStanding, Charge, SessionSummary, Sessions};
 
 /// Most pins that may be made through the API.
 pub const MAX_API_PINS: usize = 1024;
@@ -199,11 +199,15 @@ impl State {
                 }
                 Standing::Pending(approval) => Gate::Pending(approval, None),
                 Standing::None => {
-                    self.ledger
-                        .check_capacity(&session_ref.actor, &policy.limits)?;
+                    self.ledger.check_capacity(
+                        &session_ref.host,
+                        &session_ref.actor,
+                        &policy.limits,
+                    )?;
                     let event = self.ledger.create(
                         NewApproval {
                             fingerprint: proposal.fingerprint,
+                            host: session_ref.host.clone(),
                             actor: session_ref.actor.clone(),
                             session_id: session_ref.session_id.clone(),
                             workspace: session_ref.workspace.clone(),
@@ -235,8 +239,10 @@ impl State {
 
     /// Decide (SPEC §4). The policy-only steps (2, 3 and the schema check of
     /// 5) were screened without the lock; their answers are reported here in
-    /// the contract's order. Returns the decision and the approval request it
-    /// created, if any. The engine expires due approvals first.
+    /// the contract's order. Every answer is charged to the session as SPEC
+    /// §4 "Charging" says; an error changes nothing. Returns the decision and
+    /// the approval request it created, if any. The engine expires due
+    /// approvals first.
     pub fn decide(
         &mut self,
         policy: &Policy,
@@ -245,55 +251,87 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<(Decision, Option<ApprovalEvent>)> {
-        // Step 1 (the part that needs state): the session id's binding.
+        // Step 1 (the part that needs state): the session id's binding, and
+        // room for the session if it is new.
         self.sessions.check_binding(session_ref)?;
+        self.sessions.reserve(session_ref, now, &policy.limits)?;
+        let standing = CallStanding::of(
+            self.sessions.find(session_ref),
+            &proposal.call_id,
+            proposal.fingerprint,
+        );
+        let is_tool_call = is_tool_call(policy, proposal);
+        let (decision, created, refused) =
+            self.decide_steps(policy, now, session_ref, proposal, screened, standing)?;
+        let charge = Charge::of(standing, is_tool_call, refused);
+        self.sessions.settle(
+            session_ref,
+            &proposal.call_id,
+            proposal.fingerprint,
+            charge,
+            now,
+            &policy.limits,
+        )?;
+        Ok((decision, created))
+    }
+
+    /// SPEC §4 steps 2–8 for a call of this standing; also returns the
+    /// budget that refused it, if one did.
+    fn decide_steps(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        screened: Screened<'_>,
+        standing: CallStanding,
+    ) -> Result<(Decision, Option<ApprovalEvent>, Option<&'static str>)> {
+        // Charging: once the decisions are spent, a new call id is refused
+        // before anything else, and costs nothing.
+        let budget = Budget::of(policy.actors.get(&session_ref.actor));
+        if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
+        {
+            let reason = "decision-budget";
+            let message = session::refusal_message(reason, &proposal.call_id);
+            return Ok((
+                Decision::deny(proposal, reason, message),
+                None,
+                Some(reason),
+            ));
+        }
         // Steps 2–3.
         let (admitted, schema) = match screened {
             Ok(screened) => screened,
-            Err(refusal) => return Ok((Decision::refused(refusal, proposal, session_ref), None)),
+            Err(refusal) => {
+                return Ok((
+                    Decision::refused(refusal, proposal, session_ref),
+                    None,
+                    None,
+                ));
+            }
         };
         let tool = admitted.tool;
         // Step 4: the manifest gate.
         if let Err(refusal) = self.manifest_gate(policy, tool) {
-            return Ok((Decision::refused(refusal, proposal, session_ref), None));
+            return Ok((
+                Decision::refused(refusal, proposal, session_ref),
+                None,
+                None,
+            ));
         }
         // Step 5: the input schema.
         schema?;
-        // Step 6: the session budget. A new session is only checked here and
-        // made at the end, once nothing can refuse the call any more.
+        // Step 6: the session budget.
         let is_tool_call = tool.mode == Mode::Execute;
-        let fresh;
-        let session = match self.sessions.get(&session_ref.session_id) {
-            Some(existing) => existing,
-            None => {
-                self.sessions.check_room(now, &policy.limits)?;
-                fresh = Session::new(session_ref, now);
-                &fresh
-            }
-        };
-        let budget = session::check_budget(
-            session,
-            admitted.profile,
-            &proposal.call_id,
-            proposal.fingerprint,
-            is_tool_call,
-            now,
-        );
-        if let BudgetCheck::Refused(reason) = budget {
-            if reason != "call-id-conflict"
-                && let Some(session) = self.sessions.get_mut(&session_ref.session_id)
-            {
-                session.stopped_reason.get_or_insert(reason);
-            }
-            let message = match reason {
-                "call-id-conflict" => format!(
-                    "call id {:?} was already decided in this session for a different proposal",
-                    proposal.call_id
-                ),
-                "session-expired" => "the session is older than its profile allows".to_string(),
-                _ => format!("the session's {reason} is spent"),
-            };
-            return Ok((Decision::deny(proposal, reason, message), None));
+        if let Some(reason) =
+            budget.check(standing, self.sessions.find(session_ref), is_tool_call, now)
+        {
+            let message = session::refusal_message(reason, &proposal.call_id);
+            return Ok((
+                Decision::deny(proposal, reason, message),
+                None,
+                Some(reason),
+            ));
         }
         // Step 7: no approval needed; step 8: the ledger.
         let approval_reason = match tool.mode {
@@ -347,23 +385,17 @@ impl State {
                 }
             }
         };
-        let session = self.sessions.open(session_ref, now, &policy.limits)?;
-        if budget == BudgetCheck::NewCall {
-            session::charge(
-                session,
-                &proposal.call_id,
-                proposal.fingerprint,
-                is_tool_call,
-            );
-        }
-        Ok((decision, created.map(|event| *event)))
+        Ok((decision, created.map(|event| *event), None))
     }
 
     /// Dispatch (SPEC §6), in the contract's order, in one critical section:
     /// a refusal changes no resource, version, grant or receipt; a commit
     /// applies the effect, bumps the version, consumes the grant and stores
-    /// the receipt together. Returns the answer and the ledger transitions
-    /// (a request made, a grant consumed).
+    /// the receipt together. A call id the session never decided is charged
+    /// and checked as a Decide of it first (SPEC §4 "Charging"); a decided
+    /// one costs nothing more and keeps the budget verdict it got. Returns
+    /// the answer and the ledger transitions (a request made, a grant
+    /// consumed).
     pub fn dispatch(
         &mut self,
         policy: &Policy,
@@ -372,15 +404,57 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
+        // 1. The session id's binding (the envelope was checked at the
+        // edge), and room for the session if it is new.
+        self.sessions.check_binding(session_ref)?;
+        self.sessions.reserve(session_ref, now, &policy.limits)?;
+        let standing = CallStanding::of(
+            self.sessions.find(session_ref),
+            &proposal.call_id,
+            proposal.fingerprint,
+        );
+        let is_tool_call = is_tool_call(policy, proposal);
+        let (dispatched, events, refused) =
+            self.dispatch_steps(policy, now, session_ref, proposal, screened, standing)?;
+        let charge = Charge::of(standing, is_tool_call, refused);
+        self.sessions.settle(
+            session_ref,
+            &proposal.call_id,
+            proposal.fingerprint,
+            charge,
+            now,
+            &policy.limits,
+        )?;
+        Ok((dispatched, events))
+    }
+
+    /// SPEC §6 steps 2–3 and the session budget of SPEC §4 step 6, then the
+    /// commit steps; also returns the budget that refused it, if one did.
+    fn dispatch_steps(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        screened: Screened<'_>,
+        standing: CallStanding,
+    ) -> Result<(Dispatched, Vec<ApprovalEvent>, Option<&'static str>)> {
         let fingerprint = proposal.fingerprint;
         let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
             Ok((
                 Dispatched::refused(status, reason, message, fingerprint),
                 Vec::new(),
+                None,
             ))
         };
-        // 1. The session id's binding (the envelope was checked at the edge).
-        self.sessions.check_binding(session_ref)?;
+        let budget = Budget::of(policy.actors.get(&session_ref.actor));
+        if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
+        {
+            let reason = "decision-budget";
+            let message = session::refusal_message(reason, &proposal.call_id);
+            let refused = Dispatched::refused(DispatchStatus::Denied, reason, message, fingerprint);
+            return Ok((refused, Vec::new(), Some(reason)));
+        }
         // 2–3. Actor, tool, policy refusals, schema.
         let (admitted, schema) = match screened {
             Ok(screened) => screened,
@@ -416,8 +490,43 @@ impl State {
             );
         }
         schema?;
+        // The session budget, as Decide's step 6 would answer.
+        if let Some(reason) = budget.check(standing, self.sessions.find(session_ref), true, now) {
+            let status = match reason {
+                "call-id-conflict" => DispatchStatus::CallIdConflict,
+                _ => DispatchStatus::Denied,
+            };
+            let message = session::refusal_message(reason, &proposal.call_id);
+            let refused = Dispatched::refused(status, reason, message, fingerprint);
+            return Ok((refused, Vec::new(), Some(reason)));
+        }
+        let (dispatched, events) =
+            self.commit_steps(policy, now, session_ref, proposal, admitted)?;
+        Ok((dispatched, events, None))
+    }
+
+    /// SPEC §6 steps 4–9 for a proposal that passed steps 1–3.
+    fn commit_steps(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        admitted: proposal::Admitted<'_>,
+    ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
+        let fingerprint = proposal.fingerprint;
+        let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
+            Ok((
+                Dispatched::refused(status, reason, message, fingerprint),
+                Vec::new(),
+            ))
+        };
+        let tool = admitted.tool;
         // 4. A receipt for this call id.
-        if let Some(receipt) = self.receipts.get(&proposal.actor, &proposal.call_id) {
+        if let Some(receipt) =
+            self.receipts
+                .get(&session_ref.host, &proposal.actor, &proposal.call_id)
+        {
             if receipt.fingerprint != fingerprint {
                 return refuse(
                     DispatchStatus::CallIdConflict,
@@ -517,9 +626,9 @@ impl State {
             );
         }
         // 9. Commit: all of it, under this one lock, with nothing left that can fail.
-        let session = self.sessions.open(session_ref, now, &policy.limits)?;
-        session.executed_tools += 1;
-        session.executed_cost = session.executed_cost.saturating_add(tool.cost);
+        self.sessions
+            .open(session_ref, now, &policy.limits)?
+            .executed(tool.cost);
         if let Some(grant) = grant {
             events.push(self.ledger.consume(grant, now)?);
         }
@@ -531,8 +640,12 @@ impl State {
             created_at: now,
         };
         let receipt_id = receipt.id;
-        self.receipts
-            .insert(&proposal.actor, &proposal.call_id, receipt);
+        self.receipts.insert(
+            &session_ref.host,
+            &proposal.actor,
+            &proposal.call_id,
+            receipt,
+        );
         Ok((
             Dispatched {
                 status: DispatchStatus::Ok,
@@ -556,9 +669,15 @@ impl State {
             .ok_or_else(|| Error::NotFound(format!("no resource {name:?}")))
     }
 
-    pub fn session(&self, session_id: &str, decision_cost: u64) -> Result<SessionSummary> {
+    /// A session of host `host` (GetSession).
+    pub fn session(
+        &self,
+        host: &str,
+        session_id: &str,
+        decision_cost: u64,
+    ) -> Result<SessionSummary> {
         self.sessions
-            .get(session_id)
+            .get(host, session_id)
             .map(|session| session.summary(decision_cost))
             .ok_or_else(|| Error::NotFound(format!("no session {session_id:?}")))
     }
@@ -720,6 +839,15 @@ impl State {
         }
         Err(Error::NotFound(format!("no pin for server {server_id:?}")))
     }
+}
+
+/// Whether a call of this proposal's tool costs a tool attempt: an unknown
+/// tool or an `execute` one (SPEC §4 "Charging").
+fn is_tool_call(policy: &Policy, proposal: &Proposal) -> bool {
+    policy
+        .tools
+        .get(&proposal.name)
+        .is_none_or(|tool| tool.mode == Mode::Execute)
 }
 
 fn api_pin_record(api_pin: &ApiPin) -> PinRecord {
