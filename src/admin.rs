@@ -661,6 +661,7 @@ async fn list_approvals(
             tool: filters.tool.clone().unwrap_or_default(),
             page_size,
             page_token: page_token.clone(),
+            ..Default::default()
         };
         let page = client.list_approvals(request).await?.into_inner();
         approvals.extend(page.approvals);

@@ -23,7 +23,7 @@ use tower::{Layer, Service};
 use crate::engine::Engine;
 
 /// Every RPC toolgate serves, as `service/method` labels.
-pub const METHODS: [&str; 18] = [
+pub const METHODS: [&str; 19] = [
     "toolgate.v1.PolicyDecisionPoint/Decide",
     "toolgate.v1.PolicyDecisionPoint/Dispatch",
     "toolgate.v1.PolicyDecisionPoint/AssessManifest",
@@ -38,6 +38,7 @@ pub const METHODS: [&str; 18] = [
     "toolgate.v1.ManifestPins/ListPins",
     "toolgate.v1.ManifestPins/RemovePin",
     "toolgate.v1.Resources/GetResource",
+    "toolgate.v1.Resources/ListResources",
     "grpc.health.v1.Health/Check",
     "grpc.health.v1.Health/Watch",
     "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
