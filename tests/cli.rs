@@ -58,6 +58,17 @@ impl Run {
     }
 }
 
+/// JSON printed by the CLI, read back through protobuf's JSON mapping
+/// into the generated message `M` (named `full_name` in the descriptors).
+fn parse_proto<M: prost::Message + Default>(text: &str, full_name: &str) -> M {
+    let pool = prost_reflect::DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptors");
+    let descriptor = pool.get_message_by_name(full_name).expect("message");
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let dynamic = prost_reflect::DynamicMessage::deserialize(descriptor, &mut deserializer)
+        .unwrap_or_else(|error| panic!("not {full_name} JSON ({error}): {text}"));
+    dynamic.transcode_to::<M>().expect("transcode")
+}
+
 fn toolgate_command(args: &[String], token: Option<&str>) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
     command
@@ -135,21 +146,25 @@ async fn approvals_list_and_get_as_table_and_json() {
                 "ACTOR",
                 "TOOL",
                 "WORKSPACE",
-                "REASON",
-                "REQUESTED",
-                "EXPIRES"
+                "EXPIRES",
+                "ARGUMENTS"
             ],
             vec![
-                id,
+                &id[..8],
                 "pending",
                 "payer",
                 "payment_execute",
                 "acme",
-                "approval-threshold-exceeded",
-                REQUESTED_AT,
-                PENDING_EXPIRES_AT
+                "00:05:00",
+                // Cut so that the line fits 100 columns.
+                r#"{"account_number":"[redacted]","amo…"#,
             ],
         ]
+    );
+    assert!(
+        table.stdout.lines().all(|line| line.chars().count() <= 100),
+        "{}",
+        table.stdout
     );
     assert_eq!(table.stderr, "");
 
@@ -167,27 +182,32 @@ async fn approvals_list_and_get_as_table_and_json() {
     )
     .await;
     assert_eq!(listed.code, Some(0), "{listed:?}");
+    // Protobuf's canonical JSON mapping: camelCase, enum names, RFC 3339
+    // timestamps, default values (version 0, empty decidedBy) left out.
     assert_eq!(
         listed.json(),
         json!({"approvals": [{
-            "approval_id": id,
+            "approvalId": id,
             "fingerprint": answer.fingerprint,
             "actor": "payer",
-            "session_id": "s1",
+            "sessionId": "s1",
             "workspace": "acme",
             "tool": "payment_execute",
-            "call_id": "c1",
-            "arguments": {"account_number": "[redacted]", "amount": 15000},
+            "callId": "c1",
+            "argumentsJson": r#"{"account_number":"[redacted]","amount":15000}"#,
             "reason": "approval-threshold-exceeded",
-            "status": "pending",
-            "requested_at": REQUESTED_AT,
-            "expires_at": PENDING_EXPIRES_AT,
-            "decided_by": "",
-            "decided_at": null,
-            "decision_note": "",
-            "version": 0,
+            "status": "APPROVAL_STATUS_PENDING",
+            "requestedAt": REQUESTED_AT,
+            "expiresAt": PENDING_EXPIRES_AT,
         }]})
     );
+    // Parsed back through the same mapping, it is the server's message.
+    let parsed = parse_proto::<pb::ListApprovalsResponse>(
+        &listed.stdout,
+        "toolgate.v1.ListApprovalsResponse",
+    );
+    let stored = server.get_approval(ALICE, id).await.expect("get");
+    assert_eq!(parsed.approvals, vec![stored]);
 
     let got = toolgate(
         &[
@@ -233,7 +253,7 @@ async fn approvals_list_and_get_as_table_and_json() {
         Some(ALICE),
     )
     .await;
-    assert_eq!(granted.json(), json!({"approvals": []}));
+    assert_eq!(granted.json(), json!({}));
     let by_tool = toolgate(
         &[
             "approvals",
@@ -250,7 +270,7 @@ async fn approvals_list_and_get_as_table_and_json() {
         Some(ALICE),
     )
     .await;
-    assert_eq!(by_tool.json(), json!({"approvals": []}));
+    assert_eq!(by_tool.json(), json!({}));
     server.stop().await;
 }
 
@@ -269,7 +289,7 @@ async fn approvals_list_follows_pages_and_stops_at_the_limit() {
             .as_array()
             .expect("approvals array")
             .iter()
-            .map(|approval| approval["approval_id"].as_str().expect("id").to_string())
+            .map(|approval| approval["approvalId"].as_str().expect("id").to_string())
             .collect();
         listed.sort();
         listed
@@ -371,9 +391,9 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     .await;
     assert_eq!(revoked.code, Some(0), "{revoked:?}");
     let revoked_json = revoked.json();
-    assert_eq!(revoked_json["status"], "revoked");
-    assert_eq!(revoked_json["decision_note"], "changed my mind");
-    assert_eq!(revoked_json["approval_id"], payment_id.as_str());
+    assert_eq!(revoked_json["status"], "APPROVAL_STATUS_REVOKED");
+    assert_eq!(revoked_json["decisionNote"], "changed my mind");
+    assert_eq!(revoked_json["approvalId"], payment_id.as_str());
     let stored = server.get_approval(ALICE, &payment_id).await.expect("get");
     assert_eq!(stored.status(), pb::ApprovalStatus::Revoked);
 
@@ -393,8 +413,8 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     )
     .await;
     assert_eq!(denied.code, Some(0), "{denied:?}");
-    assert_eq!(denied.json()["status"], "denied");
-    assert_eq!(denied.json()["arguments"], json!({"to": "x"}));
+    assert_eq!(denied.json()["status"], "APPROVAL_STATUS_DENIED");
+    assert_eq!(denied.json()["argumentsJson"], r#"{"to":"x"}"#);
     let stored = server.get_approval(ALICE, &wire_id).await.expect("get");
     assert_eq!(stored.status(), pb::ApprovalStatus::Denied);
     assert_eq!(stored.decision_note, "unknown payee");
@@ -606,26 +626,36 @@ async fn watch_prints_each_transition_as_json_lines() {
     let wire = proposal("w1", "payer", "wire_transfer", 0, r#"{"to":"x"}"#);
     let answer = pending(&server, &wire).await;
     let requested: Value = serde_json::from_str(&watcher.next_line().await).expect("json line");
-    assert_eq!(requested["kind"], "requested");
-    assert_eq!(requested["lagged"], 0);
+    assert_eq!(requested["kind"], "APPROVAL_EVENT_KIND_REQUESTED");
+    assert_eq!(requested.get("lagged"), None, "0 is left out");
     assert_eq!(
-        requested["approval"]["approval_id"],
+        requested["approval"]["approvalId"],
         answer.approval_id.as_str()
     );
-    assert_eq!(requested["approval"]["status"], "pending");
+    assert_eq!(requested["approval"]["status"], "APPROVAL_STATUS_PENDING");
     assert_eq!(requested["approval"]["tool"], "wire_transfer");
-    assert_eq!(requested["approval"]["arguments"], json!({"to": "x"}));
+    assert_eq!(requested["approval"]["argumentsJson"], r#"{"to":"x"}"#);
     assert_eq!(requested["approval"]["reason"], "approval-required");
 
     server
         .grant(ALICE, &answer.approval_id)
         .await
         .expect("grant");
-    let granted: Value = serde_json::from_str(&watcher.next_line().await).expect("json line");
-    assert_eq!(granted["kind"], "granted");
-    assert_eq!(granted["approval"]["status"], "granted");
-    assert_eq!(granted["approval"]["decided_by"], "alice");
-    assert_eq!(granted["approval"]["decision_note"], "looks right");
+    let line = watcher.next_line().await;
+    let granted: Value = serde_json::from_str(&line).expect("json line");
+    assert_eq!(granted["kind"], "APPROVAL_EVENT_KIND_GRANTED");
+    assert_eq!(granted["approval"]["status"], "APPROVAL_STATUS_GRANTED");
+    assert_eq!(granted["approval"]["decidedBy"], "alice");
+    assert_eq!(granted["approval"]["decisionNote"], "looks right");
+    let event = parse_proto::<pb::ApprovalEvent>(&line, "toolgate.v1.ApprovalEvent");
+    assert_eq!(event.kind(), pb::ApprovalEventKind::Granted);
+    assert_eq!(
+        event.approval.expect("approval"),
+        server
+            .get_approval(ALICE, &answer.approval_id)
+            .await
+            .expect("get")
+    );
     drop(watcher);
     server.stop().await;
 }
@@ -639,9 +669,8 @@ async fn watch_prints_human_lines_and_exits_zero_when_the_server_ends_the_stream
     assert_eq!(
         watcher.next_line().await,
         format!(
-            "requested approval_id={} status=pending actor=payer tool=wire_transfer \
-             workspace=acme reason=approval-required\n",
-            answer.approval_id
+            "requested {} pending payer wire_transfer acme {{\"to\":\"x\"}}\n",
+            &answer.approval_id[..8]
         )
     );
 
@@ -730,9 +759,9 @@ async fn pins_add_list_and_remove() {
         .iter()
         .map(|pin| {
             (
-                pin["server_id"].as_str().expect("id").to_string(),
+                pin["serverId"].as_str().expect("id").to_string(),
                 pin["source"].as_str().expect("source").to_string(),
-                pin["pinned_by"].as_str().expect("by").to_string(),
+                pin["pinnedBy"].as_str().unwrap_or_default().to_string(),
             )
         })
         .collect();
@@ -740,8 +769,16 @@ async fn pins_add_list_and_remove() {
     assert_eq!(
         pins,
         vec![
-            ("docs-search".into(), "policy".into(), String::new()),
-            ("docs-search-copy".into(), "api".into(), "alice".into()),
+            (
+                "docs-search".into(),
+                "PIN_SOURCE_POLICY".into(),
+                String::new()
+            ),
+            (
+                "docs-search-copy".into(),
+                "PIN_SOURCE_API".into(),
+                "alice".into()
+            ),
         ]
     );
     let table = toolgate(&["pins", "list", "--server", &addr], Some(ALICE)).await;
@@ -782,7 +819,7 @@ async fn pins_add_list_and_remove() {
     )
     .await;
     assert_eq!(removed.code, Some(0), "{removed:?}");
-    assert_eq!(removed.json()["server_id"], "docs-search-copy");
+    assert_eq!(removed.json()["serverId"], "docs-search-copy");
     assert_eq!(removed.json()["fingerprint"], fingerprint.as_str());
     let after = toolgate(
         &["pins", "list", "--server", &addr, "--output", "json"],
@@ -794,7 +831,7 @@ async fn pins_add_list_and_remove() {
         .as_array()
         .expect("pins")
         .iter()
-        .map(|pin| pin["server_id"].as_str().expect("id"))
+        .map(|pin| pin["serverId"].as_str().expect("id"))
         .collect();
     assert_eq!(ids, vec!["docs-search"]);
 
@@ -840,7 +877,7 @@ async fn resource_get_shows_value_and_version() {
     assert_eq!(json_run.code, Some(0), "{json_run:?}");
     assert_eq!(
         json_run.json(),
-        json!({"name": "outbox", "value": [], "version": 0})
+        json!({"name": "outbox", "valueJson": "[]"})
     );
     let lamp = toolgate(
         &[
@@ -851,7 +888,7 @@ async fn resource_get_shows_value_and_version() {
     .await;
     assert_eq!(
         lamp.json(),
-        json!({"name": "lamp", "value": "open", "version": 0})
+        json!({"name": "lamp", "valueJson": "\"open\""})
     );
 
     let missing = toolgate(&["resource", "get", "nothing", "--server", &addr], token).await;
