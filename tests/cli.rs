@@ -544,6 +544,11 @@ impl Watcher {
             .map(|arg| arg.to_string())
             .chain([url(server)])
             .collect();
+        Watcher::start_with(args).await
+    }
+
+    /// Starts `toolgate ARGS` as ALICE and waits for the stream to open.
+    async fn start_with(args: Vec<String>) -> Watcher {
         let mut child = toolgate_command(&args, Some(ALICE))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -562,6 +567,13 @@ impl Watcher {
             stdout: Some(stdout),
             stderr: Some(stderr),
         }
+    }
+
+    async fn next_error_line(&mut self) -> String {
+        let reader = self.stderr.take().expect("stderr reader");
+        let (reader, line) = read_line(reader).await;
+        self.stderr = Some(reader);
+        line
     }
 
     async fn next_line(&mut self) -> String {
@@ -1029,4 +1041,428 @@ async fn check_config_prints_what_a_policy_defines() {
     assert!(bad.stderr.starts_with("error: "), "{bad:?}");
     assert!(bad.stderr.contains(": tools.t.approval: "), "{bad:?}");
     assert_eq!(bad.stderr.lines().count(), 1);
+}
+
+/// A policy with room for many pending requests of one tool (`t`, approved
+/// by alice everywhere); host token `host-secret`, reviewer `alice-secret`.
+const ROOMY_POLICY: &str = r#"
+[limits]
+max_pending_per_actor = 600
+max_pending_total = 600
+max_approval_records = 1000
+[profiles.p]
+roles = ["r"]
+max_decisions = 1000
+[actors.a]
+profile = "p"
+[tools.t]
+mode = "execute"
+roles = ["r"]
+approval = "always"
+approvers = ["x"]
+sensitive = ["secret"]
+[reviewers.alice]
+roles = ["x"]
+workspaces = ["*"]
+[[credentials]]
+kind = "host"
+identity = "h"
+actors = ["a"]
+sha256 = "736340e6842adca333b34d6beca003ab19f13a13ccc70573114996ae6627b2f2"
+[[credentials]]
+kind = "reviewer"
+identity = "alice"
+sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
+"#;
+
+/// A pending request for tool `t` with these arguments; its approval id.
+async fn roomy_pending(server: &TestServer, call_id: &str, arguments: &str) -> String {
+    let answer = server
+        .decide_ok(
+            HOST,
+            &session("a", "s1", "w"),
+            &proposal(call_id, "a", "t", 0, arguments),
+        )
+        .await;
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval, "{answer:?}");
+    answer.approval_id
+}
+
+fn fits_100_columns(text: &str) -> bool {
+    text.lines().all(|line| line.chars().count() <= 100)
+}
+
+#[tokio::test]
+async fn list_and_watch_cut_long_arguments_and_hide_sensitive_values() {
+    let server = TestServer::start_file(POLICY).await;
+    let mut watcher = Watcher::start(&server, "table").await;
+    let memo = "m".repeat(140);
+    let arguments =
+        format!(r#"{{"amount": 20000, "account_number": "12345678", "memo": "{memo}"}}"#);
+    let answer = pending(
+        &server,
+        &proposal("c1", "payer", "payment_execute", 0, &arguments),
+    )
+    .await;
+
+    let line = watcher.next_line().await;
+    let expected_start = format!(
+        r#"requested {} pending payer payment_execute acme {{"account_number":"[redacted]","amount":20000"#,
+        &answer.approval_id[..8]
+    );
+    assert!(line.starts_with(&expected_start), "{line:?}");
+    assert!(line.ends_with("…\n"), "{line:?}");
+    assert_eq!(line.trim_end().chars().count(), 100, "{line:?}");
+    assert!(!line.contains("12345678"), "{line:?}");
+
+    let addr = url(&server);
+    let table = toolgate(&["approvals", "list", "--server", &addr], Some(ALICE)).await;
+    assert_eq!(table.code, Some(0), "{table:?}");
+    assert!(fits_100_columns(&table.stdout), "{}", table.stdout);
+    let row = table.stdout.lines().nth(1).expect("one row");
+    assert!(row.ends_with('…'), "{row:?}");
+    assert!(row.contains(r#"{"account_number":"[redacted]""#), "{row:?}");
+    assert!(!table.stdout.contains("12345678"));
+
+    let listed = toolgate(
+        &["approvals", "list", "--server", &addr, "--output", "json"],
+        Some(ALICE),
+    )
+    .await;
+    let arguments: Value = serde_json::from_str(
+        listed.json()["approvals"][0]["argumentsJson"]
+            .as_str()
+            .expect("argumentsJson"),
+    )
+    .expect("arguments are JSON");
+    assert_eq!(
+        arguments,
+        json!({"account_number": "[redacted]", "amount": 20000, "memo": memo})
+    );
+    drop(watcher);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
+    let server = TestServer::start(ROOMY_POLICY).await;
+    let addr = url(&server);
+    // 17 ids over 16 possible first digits: two of them share one.
+    let mut ids = Vec::new();
+    for index in 0..17 {
+        ids.push(
+            roomy_pending(
+                &server,
+                &format!("c{index}"),
+                &format!(r#"{{"n":{index}}}"#),
+            )
+            .await,
+        );
+    }
+    let shared_first = ids
+        .iter()
+        .map(|id| &id[..1])
+        .find(|first| ids.iter().filter(|id| id.starts_with(*first)).count() > 1)
+        .expect("pigeonhole");
+    let ambiguous = toolgate(
+        &["approvals", "get", shared_first, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(ambiguous.code, Some(2), "{ambiguous:?}");
+    assert!(
+        ambiguous.stderr.starts_with(&format!(
+            "error: approval id prefix \"{shared_first}\" is ambiguous: "
+        )),
+        "{ambiguous:?}"
+    );
+    assert_eq!(ambiguous.stdout, "");
+
+    // 17 ids cannot start with all 256 two-digit prefixes.
+    let unused = (0..256)
+        .map(|value| format!("{value:02x}"))
+        .find(|prefix| !ids.iter().any(|id| id.starts_with(prefix.as_str())))
+        .expect("an unused prefix");
+    let unknown = toolgate(
+        &["approvals", "grant", &unused, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(unknown.code, Some(1), "{unknown:?}");
+    assert_eq!(
+        unknown.stderr,
+        format!(
+            "error: no approval id starts with \"{unused}\" (among the approvals this reviewer can see)\n"
+        )
+    );
+
+    let invalid = toolgate(&["approvals", "get", "xyz", "--server", &addr], Some(ALICE)).await;
+    assert_eq!(invalid.code, Some(2), "{invalid:?}");
+    assert!(
+        invalid
+            .stderr
+            .contains("expected a UUID or the start of one"),
+        "{invalid:?}"
+    );
+
+    // The short ids the table shows are unique and accepted, in any case.
+    let table = toolgate(&["approvals", "list", "--server", &addr], Some(ALICE)).await;
+    let shown: Vec<String> = table.rows()[1..].iter().map(|row| row[0].clone()).collect();
+    assert_eq!(shown.len(), 17);
+    for short in &shown {
+        assert_eq!(
+            ids.iter()
+                .filter(|id| id.starts_with(short.as_str()))
+                .count(),
+            1,
+            "{short}"
+        );
+    }
+    let target = &ids[0];
+    let short = shown
+        .iter()
+        .find(|short| target.starts_with(short.as_str()))
+        .expect("shown");
+    let got = toolgate(
+        &[
+            "approvals",
+            "get",
+            &short.to_uppercase(),
+            "--server",
+            &addr,
+            "--output",
+            "json",
+        ],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(got.code, Some(0), "{got:?}");
+    assert_eq!(got.json()["approvalId"], target.as_str());
+    let granted = toolgate(
+        &["approvals", "grant", short, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(granted.code, Some(0), "{granted:?}");
+    assert_eq!(granted.record()["approval_id"], *target);
+    assert_eq!(
+        server
+            .get_approval(ALICE, target)
+            .await
+            .expect("get")
+            .status(),
+        pb::ApprovalStatus::Granted
+    );
+    let revoked = toolgate(
+        &["approvals", "revoke", short, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(revoked.record()["status"], "revoked", "{revoked:?}");
+    let other = &ids[1];
+    let denied = toolgate(
+        &["approvals", "deny", &other[..12], "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(denied.record()["status"], "denied", "{denied:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn resource_list_shows_every_resource() {
+    let server = TestServer::start_file(TICKETS).await;
+    let token = Some("example-reviewer-token");
+    let addr = server.addr.to_string();
+    let table = toolgate(&["resource", "list", "--server", &addr], token).await;
+    assert_eq!(table.code, Some(0), "{table:?}");
+    assert_eq!(
+        table.rows(),
+        [
+            vec!["NAME", "VERSION", "VALUE"],
+            vec!["lamp", "0", "\"open\""],
+            vec!["outbox", "0", "[]"],
+            vec!["sensor", "0", "\"open\""],
+        ]
+        .map(|row| row.into_iter().map(str::to_string).collect::<Vec<_>>())
+        .to_vec()
+    );
+    let listed = toolgate(
+        &["resource", "list", "--server", &addr, "--output", "json"],
+        token,
+    )
+    .await;
+    assert_eq!(listed.code, Some(0), "{listed:?}");
+    let parsed = parse_proto::<pb::ListResourcesResponse>(
+        &listed.stdout,
+        "toolgate.v1.ListResourcesResponse",
+    );
+    let mut expected = Vec::new();
+    for name in ["lamp", "outbox", "sensor"] {
+        expected.push(server.resource("example-reviewer-token", name).await);
+    }
+    assert_eq!(parsed.resources, expected);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn approvals_list_pages_by_bytes_through_500_large_requests() {
+    let server = TestServer::start(ROOMY_POLICY).await;
+    // As large as arguments may be (256 KiB in all).
+    let blob = "b".repeat(256 * 1024 - 64);
+    let mut ids = Vec::new();
+    for index in 0..500 {
+        let arguments = format!(r#"{{"blob":"{blob}","n":{index},"secret":"s3cr3t"}}"#);
+        ids.push(roomy_pending(&server, &format!("c{index}"), &arguments).await);
+    }
+    ids.sort();
+
+    // One page asked for 500 holds far fewer: it is bounded in bytes, well
+    // under the 4 MiB a client accepts, and says where to go on.
+    let page = server
+        .approvals()
+        .list_approvals(common::authed(
+            pb::ListApprovalsRequest {
+                page_size: 500,
+                ..Default::default()
+            },
+            ALICE,
+        ))
+        .await
+        .expect("first page")
+        .into_inner();
+    let encoded = prost::Message::encoded_len(&page);
+    assert!(encoded <= 3 * 1024 * 1024, "page of {encoded} bytes");
+    assert!(!page.approvals.is_empty() && page.approvals.len() < 500);
+    assert!(!page.next_page_token.is_empty());
+    let mut all: Vec<String> = server
+        .all_approvals(ALICE)
+        .await
+        .into_iter()
+        .map(|approval| approval.approval_id)
+        .collect();
+    all.sort();
+    assert_eq!(all, ids, "every approval exactly once across the pages");
+
+    let table = toolgate(
+        &["approvals", "list", "--server", &url(&server)],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(table.code, Some(0), "{:?}", table.stderr);
+    assert_eq!(table.stdout.lines().count(), 501);
+    assert!(fits_100_columns(&table.stdout));
+    assert!(!table.stdout.contains("s3cr3t"));
+    server.stop().await;
+}
+
+/// A `toolgate serve` child process, killed when dropped.
+struct ServeProcess {
+    child: Child,
+    addr: String,
+}
+
+impl ServeProcess {
+    /// Starts the binary on `listen` and waits for its `listening on` line.
+    async fn start(listen: &str) -> ServeProcess {
+        let args: Vec<String> = [
+            "serve",
+            "--config",
+            repo_path(POLICY).to_str().expect("utf-8"),
+            "--listen",
+            listen,
+        ]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect();
+        let mut child = toolgate_command(&args, None)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn serve");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let (stdout, line) = read_line(stdout).await;
+        let addr = line
+            .trim()
+            .strip_prefix("toolgate listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        // Keep draining stdout so the server never blocks on it.
+        std::thread::spawn(move || {
+            let mut rest = stdout;
+            let _ = std::io::copy(&mut rest, &mut std::io::sink());
+        });
+        ServeProcess { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A wire transfer decided on the server at `addr`; its approval id.
+async fn request_on(addr: &str) -> String {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let request = pb::DecideRequest {
+        session: Some(session("payer", "s1", "acme")),
+        proposal: Some(proposal("w1", "payer", "wire_transfer", 0, r#"{"to":"x"}"#)),
+    };
+    let answer = pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel)
+        .decide(common::authed(request, HOST))
+        .await
+        .expect("decide")
+        .into_inner();
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    answer.approval_id
+}
+
+#[tokio::test]
+async fn watch_follow_reconnects_after_the_server_restarts() {
+    let mut first = ServeProcess::start("127.0.0.1:0").await;
+    let addr = first.addr.clone();
+    let args: Vec<String> = ["approvals", "watch", "--follow", "--server", &addr]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect();
+    let mut watcher = Watcher::start_with(args).await;
+    let before = request_on(&addr).await;
+    assert!(
+        watcher
+            .next_line()
+            .await
+            .starts_with(&format!("requested {} ", &before[..8]))
+    );
+
+    first.kill();
+    let ended = watcher.next_error_line().await;
+    assert!(ended.starts_with("toolgate: watch ended: "), "{ended:?}");
+    assert!(ended.contains("; reconnecting in 200 ms"), "{ended:?}");
+
+    // The same port again; the watcher finds it on its own.
+    let _second = ServeProcess::start(&addr).await;
+    loop {
+        let line = watcher.next_error_line().await;
+        if line.starts_with("toolgate: watching approvals on ") {
+            break;
+        }
+        assert!(line.contains("reconnecting in "), "{line:?}");
+    }
+    let after = request_on(&addr).await;
+    assert!(
+        watcher
+            .next_line()
+            .await
+            .starts_with(&format!("requested {} ", &after[..8]))
+    );
 }
