@@ -19,7 +19,7 @@ enum Reach {
     Either,
 }
 
-const RPCS: [(&str, Reach); 14] = [
+const RPCS: [(&str, Reach); 15] = [
     ("Decide", Reach::Host),
     ("Dispatch", Reach::Host),
     ("AssessManifest", Reach::Host),
@@ -34,6 +34,7 @@ const RPCS: [(&str, Reach); 14] = [
     ("ListPins", Reach::Reviewer),
     ("RemovePin", Reach::Reviewer),
     ("GetResource", Reach::Either),
+    ("ListResources", Reach::Either),
 ];
 
 /// Calls one RPC with an empty request and returns the status code (OK when
@@ -98,6 +99,10 @@ async fn call(server: &TestServer, rpc: &str, token: &str) -> Code {
             .map(drop),
         "GetResource" => resources
             .get_resource(authed(pb::GetResourceRequest::default(), token))
+            .await
+            .map(drop),
+        "ListResources" => resources
+            .list_resources(authed(pb::ListResourcesRequest::default(), token))
             .await
             .map(drop),
         other => panic!("no such rpc {other}"),
@@ -511,4 +516,88 @@ async fn a_see_all_reviewer_sees_every_approval() {
     )
     .expect_err("see_all must be a boolean");
     assert!(error.to_string().contains("boolean"), "{error}");
+}
+
+#[tokio::test]
+async fn list_filters_by_id_prefix_and_refuses_a_bad_one() {
+    let server = TestServer::start_file(POLICY).await;
+    let first = pending_payment(&server, "c1", "acme").await;
+    let second = pending_payment(&server, "c2", "acme").await;
+    let list = |prefix: String| {
+        let mut approvals = server.approvals();
+        async move {
+            approvals
+                .list_approvals(authed(
+                    pb::ListApprovalsRequest {
+                        approval_id_prefix: prefix,
+                        ..Default::default()
+                    },
+                    ALICE,
+                ))
+                .await
+                .map(|response| response.into_inner().approvals)
+        }
+    };
+    // The whole id, upper case: only that approval.
+    let found = list(first.to_uppercase()).await.expect("list");
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].approval_id, first);
+    let found = list(second[..8].to_string()).await.expect("list");
+    assert!(
+        found
+            .iter()
+            .all(|approval| approval.approval_id.starts_with(&second[..8]))
+    );
+    assert!(found.iter().any(|approval| approval.approval_id == second));
+
+    for bad in ["xyz", &"a".repeat(37)] {
+        let refused = list(bad.to_string()).await.expect_err("not a UUID prefix");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{bad}");
+        assert_eq!(common::violation_field(&refused), "approval_id_prefix");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn list_resources_pages_in_name_order() {
+    let server = TestServer::start_file("examples/tickets.toml").await;
+    let token = "example-reviewer-token";
+    let mut client = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    let mut names = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_resources(authed(
+                pb::ListResourcesRequest {
+                    page_size: 1,
+                    page_token: page_token.clone(),
+                },
+                token,
+            ))
+            .await
+            .expect("page")
+            .into_inner();
+        assert_eq!(page.resources.len(), 1);
+        let resource = page.resources[0].clone();
+        assert_eq!(resource, server.resource(token, &resource.name).await);
+        names.push(resource.name);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(names, ["lamp", "outbox", "sensor"]);
+    let refused = client
+        .list_resources(authed(
+            pb::ListResourcesRequest {
+                page_size: 1001,
+                ..Default::default()
+            },
+            token,
+        ))
+        .await
+        .expect_err("too large");
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(common::violation_field(&refused), "page_size");
+    server.stop().await;
 }
