@@ -1466,3 +1466,32 @@ async fn watch_follow_reconnects_after_the_server_restarts() {
             .starts_with(&format!("requested {} ", &after[..8]))
     );
 }
+
+#[tokio::test]
+async fn watch_follow_exits_when_a_reload_revokes_its_credential() {
+    let server = TestServer::start_file(POLICY).await;
+    let args: Vec<String> = ["approvals", "watch", "--follow", "--server"]
+        .iter()
+        .map(|arg| arg.to_string())
+        .chain([url(&server)])
+        .collect();
+    let watcher = Watcher::start_with(args).await;
+    let alice_credential = "[[credentials]]\nkind = \"reviewer\"\nidentity = \"alice\"\nsha256 = \"0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376\"\n";
+    let text = std::fs::read_to_string(repo_path(POLICY)).expect("fixture");
+    assert!(text.contains(alice_credential));
+    let policy = toolgate::policy::Policy::parse(
+        &text.replace(alice_credential, ""),
+        "reloaded.toml",
+        Some(&repo_path("tests/fixtures")),
+    )
+    .expect("valid");
+    server.engine.replace_policy(policy);
+    let (rest_out, rest_err, code) = watcher.finish().await;
+    assert_eq!(rest_out, "");
+    assert_eq!(
+        rest_err,
+        "error: Unauthenticated: the credential of this watch was revoked by a policy reload\n"
+    );
+    assert_eq!(code, Some(1), "a refusal is not retried");
+    server.stop().await;
+}
