@@ -370,6 +370,11 @@ impl Resources {
         self.version_of(target.resource())
     }
 
+    /// Every resource name, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.resources.keys().map(String::as_str)
+    }
+
     /// A resource's value and the version a proposal against it must carry.
     pub fn get(&self, name: &str) -> Option<(&Value, u64)> {
         let resource = self.resources.get(name)?;

@@ -54,6 +54,8 @@ struct Shared {
     closing: tokio::sync::watch::Sender<bool>,
     /// Budgets for the audit lines clients can cause at will.
     coalescer: audit::Coalescer,
+    /// Counts policy swaps, so that watch streams re-check their credential.
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 impl Engine {
@@ -70,6 +72,7 @@ impl Engine {
                 metrics: std::sync::OnceLock::new(),
                 closing: tokio::sync::watch::Sender::new(false),
                 coalescer: audit::Coalescer::default(),
+                reloads: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -138,6 +141,11 @@ impl Engine {
         async move {
             let _ = closing.wait_for(|closing| *closing).await;
         }
+    }
+
+    /// Changes each time a new policy is swapped in.
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.reloads.subscribe()
     }
 
     /// A receiver of every ledger transition from now on.
@@ -296,8 +304,32 @@ impl Engine {
         self.with_expiry(&self.policy(), |state, _| state.get_approval(id))
     }
 
+    /// One approval as reviewer `viewer` may see it: one it may not see is
+    /// `NOT_FOUND`, exactly like one that does not exist.
+    pub fn get_approval_for(&self, id: Uuid, viewer: &str) -> Result<Approval> {
+        let policy = self.policy();
+        let approval = self.with_expiry(&policy, |state, _| state.get_approval(id))?;
+        if crate::ledger::visible_to(&approval, viewer, &policy) {
+            Ok(approval)
+        } else {
+            Err(Error::NotFound(format!("no approval {id}")))
+        }
+    }
+
     pub fn list_approvals(&self, query: &ListQuery) -> Result<Page> {
-        self.with_expiry(&self.policy(), |state, _| Ok(state.list_approvals(query)))
+        let policy = self.policy();
+        self.with_expiry(&policy, |state, _| Ok(state.list_approvals(&policy, query)))
+    }
+
+    /// A page of resources as (name, canonical JSON, version), and the name
+    /// to continue after when more follow.
+    pub fn list_resources(
+        &self,
+        after: Option<&str>,
+        page_size: usize,
+        max_bytes: usize,
+    ) -> Result<crate::state::ResourcePage> {
+        Ok(self.state()?.list_resources(after, page_size, max_bytes))
     }
 
     /// Grant, deny or revoke by the authenticated reviewer.
@@ -399,6 +431,9 @@ impl Engine {
             Ok(mut guard) => *guard = new_policy,
             Err(poisoned) => *poisoned.into_inner() = new_policy,
         }
+        self.shared
+            .reloads
+            .send_modify(|generation| *generation = generation.wrapping_add(1));
         audit!("policy_reloaded", policy_revision = %revision);
     }
 

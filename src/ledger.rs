@@ -163,8 +163,52 @@ pub struct ListQuery {
     pub status: Option<ApprovalStatus>,
     pub actor: Option<String>,
     pub tool: Option<String>,
+    /// Only approvals whose id (lowercase hyphenated form) starts with this.
+    pub id_prefix: Option<String>,
+    /// Only approvals this reviewer may see ([`visible_to`]); every
+    /// approval when `None` (in-process callers only).
+    pub viewer: Option<String>,
     pub after: Option<PageKey>,
     pub page_size: usize,
+    /// Stop a page before it exceeds this many bytes ([`approx_size`]);
+    /// a page always holds at least one approval. 0: no byte bound.
+    pub max_bytes: usize,
+}
+
+/// About how many bytes an approval takes on the wire: its text fields plus
+/// a fixed allowance for ids, timestamps and framing. Only used to bound
+/// pages, so it errs on the large side.
+pub fn approx_size(approval: &Approval) -> usize {
+    const FIXED: usize = 256;
+    FIXED
+        + approval.actor.len()
+        + approval.session_id.len()
+        + approval.workspace.len()
+        + approval.tool.len()
+        + approval.call_id.len()
+        + approval.arguments_view.len()
+        + approval.reason.len()
+        + approval.decided_by.as_ref().map_or(0, String::len)
+        + approval.decision_note.len()
+}
+
+/// Whether reviewer `viewer` may see an approval (list, get, watch): only
+/// what it could review (a tool one of its roles approves, in one of its
+/// workspaces), unless the policy gives it `see_all`. An identity that is
+/// not a reviewer in the policy sees nothing.
+pub fn visible_to(approval: &Approval, viewer: &str, policy: &Policy) -> bool {
+    let Some(reviewer) = policy.reviewers.get(viewer) else {
+        return false;
+    };
+    if reviewer.see_all {
+        return true;
+    }
+    reviewer.covers_workspace(&approval.workspace)
+        && policy.tools.get(&approval.tool).is_some_and(|tool| {
+            tool.approvers
+                .iter()
+                .any(|role| reviewer.roles.contains(role))
+        })
 }
 
 /// One page of approvals, in request order.
@@ -467,13 +511,16 @@ impl Ledger {
             .ok_or_else(|| Error::Internal("approval vanished while consuming".into()))
     }
 
-    /// A page of approvals in request order.
-    pub fn list(&self, query: &ListQuery) -> Page {
+    /// A page of approvals in request order, bounded by `page_size` and
+    /// `max_bytes`.
+    pub fn list(&self, query: &ListQuery, policy: &Policy) -> Page {
         let start = match query.after {
             Some(key) => std::ops::Bound::Excluded(key),
             None => std::ops::Bound::Unbounded,
         };
         let mut page = Page::default();
+        let mut page_bytes = 0usize;
+        let mut id_text = Uuid::encode_buffer();
         for key in self.by_request.range((start, std::ops::Bound::Unbounded)) {
             let Some(approval) = find_record(&self.records, key.1) else {
                 continue;
@@ -486,17 +533,33 @@ impl Ledger {
                 && query
                     .tool
                     .as_deref()
-                    .is_none_or(|tool| approval.tool == tool);
+                    .is_none_or(|tool| approval.tool == tool)
+                && query.id_prefix.as_deref().is_none_or(|prefix| {
+                    approval
+                        .id
+                        .hyphenated()
+                        .encode_lower(&mut id_text)
+                        .starts_with(prefix)
+                })
+                && query
+                    .viewer
+                    .as_deref()
+                    .is_none_or(|viewer| visible_to(approval, viewer, policy));
             if !matches {
                 continue;
             }
-            if page.approvals.len() == query.page_size {
+            let size = approx_size(approval);
+            let over_bytes = query.max_bytes > 0
+                && !page.approvals.is_empty()
+                && page_bytes.saturating_add(size) > query.max_bytes;
+            if page.approvals.len() == query.page_size || over_bytes {
                 page.next = page
                     .approvals
                     .last()
                     .map(|last| (last.requested_at, last.id));
                 return page;
             }
+            page_bytes = page_bytes.saturating_add(size);
             page.approvals.push(approval.clone());
         }
         page

@@ -25,7 +25,7 @@ use crate::engine::Engine;
 use crate::logwriter::SinkStatus;
 
 /// Every RPC toolgate serves, as `service/method` labels.
-pub const METHODS: [&str; 18] = [
+pub const METHODS: [&str; 19] = [
     "toolgate.v1.PolicyDecisionPoint/Decide",
     "toolgate.v1.PolicyDecisionPoint/Dispatch",
     "toolgate.v1.PolicyDecisionPoint/AssessManifest",
@@ -40,6 +40,7 @@ pub const METHODS: [&str; 18] = [
     "toolgate.v1.ManifestPins/ListPins",
     "toolgate.v1.ManifestPins/RemovePin",
     "toolgate.v1.Resources/GetResource",
+    "toolgate.v1.Resources/ListResources",
     "grpc.health.v1.Health/Check",
     "grpc.health.v1.Health/Watch",
     "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",

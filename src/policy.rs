@@ -179,6 +179,9 @@ pub struct Reviewer {
     pub roles: Vec<String>,
     /// Workspaces the reviewer may act in; `*` means all.
     pub workspaces: Vec<String>,
+    /// Sees (lists, reads, watches) every approval, not only those it could
+    /// review. Off unless the policy says `see_all = true`.
+    pub see_all: bool,
 }
 
 impl Reviewer {
@@ -443,6 +446,8 @@ struct RawEffect {
 struct RawReviewer {
     roles: Vec<String>,
     workspaces: Vec<String>,
+    #[serde(default)]
+    see_all: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -613,6 +618,7 @@ impl Policy {
                     identity,
                     roles: raw_reviewer.roles,
                     workspaces: raw_reviewer.workspaces,
+                    see_all: raw_reviewer.see_all,
                 },
             );
         }

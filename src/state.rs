@@ -114,6 +114,15 @@ pub struct State {
     receipts: ReceiptLog,
 }
 
+/// One page of resources (ListResources).
+#[derive(Debug, Clone, Default)]
+pub struct ResourcePage {
+    /// (name, value as canonical JSON, version), in name order.
+    pub resources: Vec<(String, String, u64)>,
+    /// The name to continue after, when more follow.
+    pub next: Option<String>,
+}
+
 /// Sizes of the state, for metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
@@ -698,8 +707,51 @@ impl State {
         self.ledger.get(id).cloned()
     }
 
-    pub fn list_approvals(&self, query: &ListQuery) -> Page {
-        self.ledger.list(query)
+    pub fn list_approvals(&self, policy: &Policy, query: &ListQuery) -> Page {
+        self.ledger.list(query, policy)
+    }
+
+    /// Resources in name order after `after` as (name, canonical JSON,
+    /// version): at most `page_size` of them and about `max_bytes` (at
+    /// least one). The name to continue after, when more follow.
+    pub fn list_resources(
+        &self,
+        after: Option<&str>,
+        page_size: usize,
+        max_bytes: usize,
+    ) -> ResourcePage {
+        let mut page: Vec<(String, String, u64)> = Vec::new();
+        let mut bytes = 0usize;
+        for name in self.resources.names() {
+            if after.is_some_and(|after| name <= after) {
+                continue;
+            }
+            let Some((value, version)) = self.resources.get(name) else {
+                continue;
+            };
+            if page.len() == page_size {
+                let next = page.last().map(|(name, _, _)| name.clone());
+                return ResourcePage {
+                    resources: page,
+                    next,
+                };
+            }
+            let value_json = crate::canonical::to_canonical(value);
+            let size = name.len() + value_json.len();
+            if !page.is_empty() && bytes.saturating_add(size) > max_bytes {
+                let next = page.last().map(|(name, _, _)| name.clone());
+                return ResourcePage {
+                    resources: page,
+                    next,
+                };
+            }
+            bytes = bytes.saturating_add(size);
+            page.push((name.to_string(), value_json, version));
+        }
+        ResourcePage {
+            resources: page,
+            next: None,
+        }
     }
 
     /// Grant, deny or revoke (SPEC §5) by the authenticated reviewer.
