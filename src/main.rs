@@ -87,15 +87,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let host_credentials = policy
-        .credentials
-        .values()
-        .any(|credential| credential.kind == CredentialKind::Host);
-    if !args.listen.ip().is_loopback() && !host_credentials {
-        tracing::error!(
-            listen = %args.listen,
-            "refusing to listen on a non-loopback address without host credentials in the policy"
-        );
+    if let Err(refusal) = policy.check_listen(args.listen) {
+        tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
     let engine = Engine::new(policy, Arc::new(SystemClock));
@@ -130,7 +123,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         // One machine-readable line for scripts that start toolgate on port 0.
         println!("toolgate listening on {local}");
         if let Some(path) = args.config.clone() {
-            tokio::spawn(reload_on_hangup(engine.clone(), path));
+            tokio::spawn(reload_on_hangup(engine.clone(), path, args.listen));
         }
         let metrics = match args.metrics_listen {
             None => None,
@@ -181,8 +174,9 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// Reloads the policy file on SIGHUP; a bad file keeps the old policy.
-async fn reload_on_hangup(engine: Engine, path: PathBuf) {
+/// Reloads the policy file on SIGHUP; a bad file, or one the reload
+/// decision ([`Engine::reload`]) refuses, keeps the old policy.
+async fn reload_on_hangup(engine: Engine, path: PathBuf, listen: std::net::SocketAddr) {
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(hangups) => hangups,
         Err(error) => {
@@ -193,7 +187,15 @@ async fn reload_on_hangup(engine: Engine, path: PathBuf) {
     while hangups.recv().await.is_some() {
         let load_path = path.clone();
         match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
-            Ok(Ok(policy)) => engine.replace_policy(policy),
+            Ok(Ok(policy)) => {
+                if let Err(refusal) = engine.reload(policy, listen) {
+                    audit!(
+                        "policy_reload_failed",
+                        error = %refusal,
+                        kept_revision = %engine.policy().revision,
+                    );
+                }
+            }
             Ok(Err(error)) => audit!(
                 "policy_reload_failed",
                 %error,

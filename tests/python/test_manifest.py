@@ -32,6 +32,7 @@ REVIEWER_TOKEN = "alice-secret"
 def policy_for_example():
     digest = hashlib.sha256(REVIEWER_TOKEN.encode()).hexdigest()
     return (
+        f'[tools.noop]\nmode = "forbidden"\n[server]\nopen_host_api = true\n'
         f'[reviewers.alice]\nroles = ["manifest-reviewer"]\nworkspaces = ["*"]\n'
         f'[[credentials]]\nkind = "reviewer"\nidentity = "alice"\nsha256 = "{digest}"\n'
         f'[[pins]]\nserver = "docs-search"\nmanifest = "{EXAMPLE}"\n'
