@@ -120,11 +120,15 @@ fn serve(args: ServeArgs) -> ExitCode {
             .map(|addr| addr.to_string())
             .unwrap_or_default();
         tracing::info!(listen = %local, policy_revision = %engine.policy().revision, "toolgate serving");
+        // SIGHUP is handled before anyone is told the server is up: sent
+        // before, its default action would end the process.
+        if let Some(path) = args.config.clone()
+            && let Some(reloads) = reload_on_hangup(engine.clone(), path, args.listen)
+        {
+            tokio::spawn(reloads);
+        }
         // One machine-readable line for scripts that start toolgate on port 0.
         println!("toolgate listening on {local}");
-        if let Some(path) = args.config.clone() {
-            tokio::spawn(reload_on_hangup(engine.clone(), path, args.listen));
-        }
         let metrics = match args.metrics_listen {
             None => None,
             Some(address) => match TcpListener::bind(address).await {
@@ -174,18 +178,32 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// Reloads the policy file on SIGHUP; a bad file, or one the reload
-/// decision ([`Engine::reload`]) refuses, keeps the old policy.
-async fn reload_on_hangup(engine: Engine, path: PathBuf, listen: std::net::SocketAddr) {
+/// Registers for SIGHUP at once and returns the task that reloads the
+/// policy file on each; a bad file, or one the reload decision
+/// ([`Engine::reload`]) refuses, keeps the old policy.
+fn reload_on_hangup(
+    engine: Engine,
+    path: PathBuf,
+    listen: std::net::SocketAddr,
+) -> Option<impl std::future::Future<Output = ()>> {
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(hangups) => hangups,
         Err(error) => {
             tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
-            return;
+            return None;
         }
     };
+    Some(async move { reload_each(&mut hangups, &engine, &path, listen).await })
+}
+
+async fn reload_each(
+    hangups: &mut tokio::signal::unix::Signal,
+    engine: &Engine,
+    path: &std::path::Path,
+    listen: std::net::SocketAddr,
+) {
     while hangups.recv().await.is_some() {
-        let load_path = path.clone();
+        let load_path = path.to_path_buf();
         match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
             Ok(Ok(policy)) => {
                 if let Err(refusal) = engine.reload(policy, listen) {
