@@ -562,7 +562,8 @@ fn support_request(call_id: &str) -> pb::DecideRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sighup_reload_of_a_file_cut_at_any_section_is_refused_and_the_old_policy_stays() {
     // (file, token, a request it allows)
-    let files: [(&str, &str, fn(&str) -> pb::DecideRequest); 2] = [
+    type Allowed = fn(&str) -> pb::DecideRequest;
+    let files: [(&str, &str, Allowed); 2] = [
         ("tests/fixtures/decide.toml", HOST, read_request),
         ("examples/policy.toml", "", support_request),
     ];
