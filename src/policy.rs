@@ -1914,4 +1914,19 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_file_cut_anywhere_never_panics_the_loader() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for relative in ["examples/policy.toml", "tests/fixtures/hostile.toml"] {
+            let path = root.join(relative);
+            let text = std::fs::read_to_string(&path).unwrap();
+            for end in (0..text.len()).step_by(17) {
+                if text.is_char_boundary(end) {
+                    // Errors or not, the loader answers.
+                    let _ = Policy::parse(&text[..end], relative, path.parent());
+                }
+            }
+        }
+    }
 }
