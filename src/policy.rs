@@ -498,6 +498,13 @@ impl Loader<'_> {
         }
     }
 
+    fn server_id(&self, key: &str, value: &str) -> Result<(), PolicyError> {
+        check_server_id(key, value).map_err(|error| match error {
+            crate::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
+            other => self.error(key, other.to_string()),
+        })
+    }
+
     fn identifier(&self, key: &str, value: &str) -> Result<(), PolicyError> {
         check_identifier(key, value).map_err(|error| match error {
             crate::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
@@ -940,8 +947,7 @@ fn tool(
         }
     }
     if let Some(server) = &raw.server {
-        check_server_id("server", server)
-            .map_err(|error| loader.error(format!("{key}.server"), error.to_string()))?;
+        loader.server_id(&format!("{key}.server"), server)?;
     }
     let schema_json = match raw.input_schema {
         None => serde_json::json!({"type": "object"}),
@@ -1109,8 +1115,7 @@ fn pins(
     let mut pins = HashMap::new();
     for (index, raw_pin) in raw_pins.into_iter().enumerate() {
         let key = |field: &str| format!("pins[{index}].{field}");
-        check_server_id("server", &raw_pin.server)
-            .map_err(|invalid| loader.error(key("server"), invalid.to_string()))?;
+        loader.server_id(&key("server"), &raw_pin.server)?;
         let manifest = match &raw_pin.manifest {
             None => None,
             Some(relative) => {
