@@ -1,5 +1,7 @@
 //! toolgate: a gRPC policy decision point for AI-agent hosts.
 //!
+//! "SPEC §N" in comments names section N of the contract, `docs/contract.md`.
+//!
 //! # Layout
 //! - [`canonical`]: canonical JSON (strict parser, Python-identical printer) and fingerprints (SPEC §1).
 //! - [`ids`]: identifier rules shared by proposals, sessions and manifests.

@@ -110,6 +110,9 @@ pub enum Refusal {
     UnknownTool,
     ForbiddenTool,
     NotAuthorized,
+    /// The session's actor is not defined in the policy (reason
+    /// `not-authorized`, with a message that says so).
+    UnknownActor,
     ManifestUnverified,
 }
 
@@ -119,7 +122,7 @@ impl Refusal {
             Refusal::Forbidden => "forbidden",
             Refusal::UnknownTool => "unknown-tool",
             Refusal::ForbiddenTool => "forbidden-tool",
-            Refusal::NotAuthorized => "not-authorized",
+            Refusal::NotAuthorized | Refusal::UnknownActor => "not-authorized",
             Refusal::ManifestUnverified => "manifest-unverified",
         }
     }
@@ -136,6 +139,9 @@ impl Refusal {
                 "actor {:?} holds no role that may call {:?}",
                 session.actor, proposal.name
             ),
+            Refusal::UnknownActor => {
+                format!("actor {:?} is not defined in the policy", session.actor)
+            }
             Refusal::ManifestUnverified => format!(
                 "the manifest server of {:?} is unpinned or its latest assessment did not match; re-review first",
                 proposal.name
@@ -170,7 +176,7 @@ pub fn admit<'p>(
     let profile = policy
         .actors
         .get(&session.actor)
-        .ok_or(Refusal::NotAuthorized)?;
+        .ok_or(Refusal::UnknownActor)?;
     if !tool.roles.iter().any(|role| profile.roles.contains(role)) {
         return Err(Refusal::NotAuthorized);
     }

@@ -31,6 +31,8 @@ use crate::pb::resources_server::ResourcesServer;
 pub enum ServeError {
     #[error("reflection descriptors: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("error-detail descriptors: {0}")]
+    ErrorDetailDescriptors(#[from] prost::DecodeError),
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("metrics listener: {0}")]
@@ -95,10 +97,12 @@ pub async fn serve_with(
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_file_descriptor_set(error_detail_descriptors()?)
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_file_descriptor_set(error_detail_descriptors()?)
         .build_v1alpha()?;
 
     // One signal, watched by the gRPC server, the metrics listener and the
@@ -199,6 +203,33 @@ pub async fn serve_with(
         tracing::warn!(%error, "metrics listener failed");
     }
     result
+}
+
+/// The `google.rpc` error-detail types (`Status`, `BadRequest`, `ErrorInfo`,
+/// …) for reflection, so that grpcurl and other reflection clients can decode
+/// the details of an error (the field and rule of every `INVALID_ARGUMENT`).
+///
+/// tonic-types compiles them as `status.proto` and `error_details.proto`;
+/// they are served under their canonical googleapis names
+/// (`google/rpc/status.proto`, `google/rpc/error_details.proto`) so that a
+/// client which also carries the googleapis files sees one file per name.
+fn error_detail_descriptors() -> Result<prost_types::FileDescriptorSet, prost::DecodeError> {
+    use prost::Message;
+
+    fn canonical(name: &str) -> String {
+        match name {
+            "status.proto" | "error_details.proto" => format!("google/rpc/{name}"),
+            other => other.to_owned(),
+        }
+    }
+    let mut set = prost_types::FileDescriptorSet::decode(tonic_types::pb::FILE_DESCRIPTOR_SET)?;
+    for file in &mut set.file {
+        file.name = file.name.as_deref().map(canonical);
+        for dependency in &mut file.dependency {
+            *dependency = canonical(dependency);
+        }
+    }
+    Ok(set)
 }
 
 /// Periodic upkeep: expires approvals, and folds the latency samples

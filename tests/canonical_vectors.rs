@@ -1,4 +1,5 @@
-//! Runs every vector of `shared/vectors/canonical_json.jsonl` (SPEC §1)
+//! Runs every vector of `tests/fixtures/canonical_json.jsonl` (SPEC §1; made
+//! from Python's `json` module by `tests/fixtures/make_canonical_vectors.py`)
 //! against `canonical`: exact canonical bytes, SHA-256, or exact error kind.
 
 use std::path::Path;
@@ -7,7 +8,7 @@ use toolgate::canonical::{Fingerprint, canonicalize, fingerprint, parse, to_cano
 
 #[test]
 fn canonical_json_vectors() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/vectors/canonical_json.jsonl");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/canonical_json.jsonl");
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) => panic!(

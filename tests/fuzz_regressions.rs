@@ -123,11 +123,11 @@ fn seeds_pass_their_harness() {
     }
 }
 
-/// The inputs of the shared canonical JSON vectors pass the round-trip
+/// The inputs of the canonical JSON vectors pass the round-trip
 /// harness too (the fuzzer's corpus starts from them; they are not copied).
 #[test]
 fn canonical_vectors_pass_the_round_trip_harness() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/vectors/canonical_json.jsonl");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/canonical_json.jsonl");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
     let mut ran = 0;

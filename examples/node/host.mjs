@@ -1,16 +1,22 @@
+#!/usr/bin/env node
 // A toolgate host in Node.js: Decide, wait for a reviewer, Dispatch.
 //
 //   cd examples/node && npm ci
-//   node examples/node/host.mjs --server 127.0.0.1:50051 [--session node-s1] [--timeout 30]
+//   examples/node/host.mjs --server 127.0.0.1:50051 [--session ID] [--timeout 120] [--token T]
 //
-// against `toolgate serve --config examples/tickets.toml`. The host proposes
-// set_ticket lamp -> done at version 0, asks Decide; on REQUIRE_APPROVAL it
-// prints `waiting approval_id=<id>` and asks Decide again with the same
-// proposal every 100 ms (same call id and fingerprint: it costs nothing) until
-// a reviewer granted it (ALLOW `approved`) or denied it, then commits it with
-// Dispatch and prints the receipt. Output lines and exit status are those of
-// examples/python/host.py: 0 when committed, 1 on any other outcome, 2 on bad
-// usage.
+// against `toolgate serve --config examples/tickets.toml`. The host reads the
+// current version of `lamp` (GetResource), proposes set_ticket lamp -> done at
+// that version and asks Decide; on REQUIRE_APPROVAL it prints
+// `waiting approval_id=<id>` and asks Decide again with the same proposal
+// every 100 ms (same call id and fingerprint: it costs nothing) until a
+// reviewer granted it (ALLOW `approved`, e.g. `toolgate approvals grant <id>`
+// from a second terminal) or denied it, then commits it with Dispatch and
+// prints the receipt. Every run is a new session (a random id unless
+// --session is given; the call id is `<session>-1`), so it can run again and
+// again on one server. `--token` (or TOOLGATE_TOKEN) is sent as
+// `authorization: Bearer <token>` when the policy has host credentials.
+// Output lines and exit status are those of examples/python/host.py: 0 when
+// committed, 1 on any other outcome, 2 on bad usage.
 //
 // The .proto is loaded at run time with @grpc/proto-loader from ../../proto;
 // google/protobuf/timestamp.proto resolves from the well-known types bundled
@@ -18,6 +24,7 @@
 // arrive as their names, and every 64-bit integer (`version`) is a decimal
 // string both ways.
 
+import { randomBytes } from "node:crypto";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
@@ -30,6 +37,7 @@ const PROTO_ROOT = path.resolve(HERE, "..", "..", "proto");
 const ACTOR = "learner";
 const WORKSPACE = "desk";
 const POLL_MS = 100;
+const DEFAULT_TIMEOUT_SECONDS = 120;
 const RPC_TIMEOUT_MS = 5000;
 const ID_PATTERN = /^[A-Za-z][A-Za-z0-9_-]{0,36}$/;
 
@@ -37,7 +45,8 @@ class HostError extends Error {}
 
 function usage(message) {
   process.stderr.write(
-    `usage: node host.mjs --server HOST:PORT [--session SESSION_ID] [--timeout SECONDS]\nhost.mjs: ${message}\n`,
+    "usage: host.mjs --server HOST:PORT [--session SESSION_ID] [--timeout SECONDS] [--token TOKEN]\n" +
+      `host.mjs: ${message}\n`,
   );
   process.exit(2);
 }
@@ -48,8 +57,9 @@ function parse() {
     ({ values } = parseArgs({
       options: {
         server: { type: "string" },
-        session: { type: "string", default: "node-s1" },
-        timeout: { type: "string", default: "30" },
+        session: { type: "string", default: `node-${randomBytes(4).toString("hex")}` },
+        timeout: { type: "string", default: String(DEFAULT_TIMEOUT_SECONDS) },
+        token: { type: "string", default: process.env.TOOLGATE_TOKEN ?? "" },
       },
       strict: true,
     }));
@@ -63,10 +73,10 @@ function parse() {
   }
   const timeout = Number(values.timeout);
   if (!(timeout > 0)) usage("--timeout must be a positive number of seconds");
-  return { server: values.server, session: values.session, timeoutMs: timeout * 1000 };
+  return { server: values.server, session: values.session, timeoutMs: timeout * 1000, token: values.token };
 }
 
-function loadPdp(server) {
+function loadClients(server) {
   const definition = protoLoader.loadSync("toolgate/v1/toolgate.proto", {
     includeDirs: [PROTO_ROOT],
     keepCase: true,
@@ -75,12 +85,21 @@ function loadPdp(server) {
     defaults: true,
   });
   const { toolgate } = grpc.loadPackageDefinition(definition);
-  return new toolgate.v1.PolicyDecisionPoint(server, grpc.credentials.createInsecure());
+  const pdp = new toolgate.v1.PolicyDecisionPoint(server, grpc.credentials.createInsecure());
+  // The second client shares the first one's channel.
+  const resources = new toolgate.v1.Resources(server, null, { channelOverride: pdp.getChannel() });
+  return { pdp, resources };
 }
 
-function unary(client, method, request) {
+function metadataFor(token) {
+  const metadata = new grpc.Metadata();
+  if (token) metadata.set("authorization", `Bearer ${token}`);
+  return metadata;
+}
+
+function unary(client, method, request, metadata) {
   return new Promise((resolve, reject) => {
-    client[method](request, { deadline: Date.now() + RPC_TIMEOUT_MS }, (error, response) =>
+    client[method](request, metadata, { deadline: Date.now() + RPC_TIMEOUT_MS }, (error, response) =>
       error ? reject(error) : resolve(response),
     );
   });
@@ -90,7 +109,7 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const emit = (line) => process.stdout.write(`${line}\n`);
 const outcomeName = (outcome) => outcome.replace(/^OUTCOME_/, "");
 
-async function waitUntilDecided(pdp, request, first, timeoutMs) {
+async function waitUntilDecided(pdp, request, first, timeoutMs, metadata) {
   emit(`waiting approval_id=${first.approval_id}`);
   const deadline = Date.now() + timeoutMs;
   let waitingFor = first.approval_id;
@@ -105,14 +124,16 @@ async function waitUntilDecided(pdp, request, first, timeoutMs) {
       throw new HostError(`no reviewer decided approval ${waitingFor} within ${timeoutMs / 1000} s`);
     }
     await sleep(POLL_MS);
-    answer = await unary(pdp, "Decide", request);
+    answer = await unary(pdp, "Decide", request, metadata);
   }
   return answer;
 }
 
-async function run({ server, session: sessionId, timeoutMs }) {
-  const pdp = loadPdp(server);
+async function run({ server, session: sessionId, timeoutMs, token }) {
+  const { pdp, resources } = loadClients(server);
+  const metadata = metadataFor(token);
   try {
+    const lamp = await unary(resources, "GetResource", { name: "lamp" }, metadata);
     const session = { actor: ACTOR, session_id: sessionId, workspace: WORKSPACE };
     const callId = `${sessionId}-1`;
     const argumentsJson = JSON.stringify({ ticket: "lamp", status: "done" });
@@ -120,22 +141,22 @@ async function run({ server, session: sessionId, timeoutMs }) {
       call_id: callId,
       actor: ACTOR,
       name: "set_ticket",
-      version: "0",
+      version: lamp.version,
       arguments_json: argumentsJson,
     };
     emit(`propose call_id=${callId} tool=set_ticket version=${proposal.version} arguments=${argumentsJson}`);
     const request = { session, proposal };
-    let answer = await unary(pdp, "Decide", request);
+    let answer = await unary(pdp, "Decide", request, metadata);
     emit(`decide call_id=${callId} outcome=${outcomeName(answer.outcome)} reason=${answer.reason}`);
     if (answer.outcome === "OUTCOME_REQUIRE_APPROVAL") {
-      answer = await waitUntilDecided(pdp, request, answer, timeoutMs);
+      answer = await waitUntilDecided(pdp, request, answer, timeoutMs, metadata);
       emit(`decide call_id=${callId} outcome=${outcomeName(answer.outcome)} reason=${answer.reason}`);
     }
     if (answer.outcome !== "OUTCOME_ALLOW") {
       throw new HostError(`${callId} may not run: ${answer.reason} (${answer.message})`);
     }
 
-    const result = await unary(pdp, "Dispatch", request);
+    const result = await unary(pdp, "Dispatch", request, metadata);
     if (result.status !== "DISPATCH_STATUS_OK") {
       throw new HostError(`${callId} was not committed: ${result.status} ${result.reason} (${result.message})`);
     }

@@ -2,9 +2,11 @@
 examples/tickets.toml: examples/python/host.py (grpcio) and
 examples/node/host.mjs (@grpc/grpc-js). The test plays the reviewer with the
 `toolgate approvals grant` CLI each time a host prints `waiting approval_id=`.
-Also checks that the request bodies of the ghz configs in benches/ghz/ are
+Each host runs as an executable (its shebang), twice on one server, and with
+a host token from `--token` or TOOLGATE_TOKEN. Also checks that the request bodies of the ghz configs in benches/ghz/ are
 accepted by the server and answer what benches/ghz/README.md says."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +26,14 @@ NODE_DIR = REPO / "examples" / "node"
 GHZ_DIR = REPO / "benches" / "ghz"
 REVIEWER_TOKEN = "example-reviewer-token"
 REVIEWER = [("authorization", f"Bearer {REVIEWER_TOKEN}")]
+HOST_TOKEN = "example-host-token"
+HOST_CREDENTIAL = f"""
+[[credentials]]
+kind = "host"
+identity = "example-host"
+sha256 = "{hashlib.sha256(HOST_TOKEN.encode()).hexdigest()}"
+actors = ["learner"]
+"""
 HOST_DEADLINE_SECONDS = 60  # a host that has not finished by then is killed
 REPLY = {"recipient": "customer-42", "text": "Your lamp is fixed."}
 
@@ -75,14 +85,14 @@ class Reviewer:
         return json.loads(found.value_json), found.version
 
 
-def run_host(args, reviewer, tmp_path, on_waiting=None):
+def run_host(args, reviewer, tmp_path, on_waiting=None, env=None):
     """Runs a host to its end, answering each `waiting approval_id=X` line
     (by default: grant X with the CLI). Returns (exit code, parsed lines, stderr)."""
     on_waiting = on_waiting or reviewer.grant_with_cli
     stderr_path = tmp_path / "host-stderr.txt"
     with open(stderr_path, "w") as stderr_file:
         process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr_file,
-                                   text=True)
+                                   text=True, env=env)
     watchdog = threading.Timer(HOST_DEADLINE_SECONDS, process.kill)
     watchdog.start()
     lines = []
@@ -102,9 +112,43 @@ def run_host(args, reviewer, tmp_path, on_waiting=None):
     return code, lines, stderr_path.read_text()
 
 
+def script_env(**overrides):
+    """The environment a host runs in as an executable: its shebang's
+    `env python3` finds this interpreter; no TOOLGATE_TOKEN unless given."""
+    env = {key: value for key, value in os.environ.items() if key != "TOOLGATE_TOKEN"}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    env.update(overrides)
+    return env
+
+
+def node_host():
+    """The path of host.mjs, once node and its packages are there."""
+    assert shutil.which("node") is not None, "node is not on PATH (CI installs node 20)"
+    assert (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir(), (
+        "examples/node has no node_modules: run `npm ci --no-audit --no-fund` in examples/node")
+    return NODE_DIR / "host.mjs"
+
+
 @pytest.fixture
 def tickets_server(start_server):
     return start_server(TICKETS.read_text())
+
+
+@pytest.fixture
+def tickets_server_with_host_token(start_server):
+    # A host credential closes the host API: the open setting goes.
+    return start_server(TICKETS.read_text().replace("open_host_api = true", "open_host_api = false")
+                        + HOST_CREDENTIAL)
+
+
+@pytest.mark.parametrize("script, interpreter", [
+    (PYTHON_HOST, "python3"),
+    (REPO / "examples" / "python" / "quickstart.py", "python3"),
+    (NODE_DIR / "host.mjs", "node"),
+])
+def test_examples_are_executable(script, interpreter):
+    assert os.access(script, os.X_OK), f"{script.relative_to(REPO)} has no run bit"
+    assert script.read_text().splitlines()[0] == f"#!/usr/bin/env {interpreter}"
 
 
 def test_python_host_runs_the_two_ticket_loop(pb, tickets_server, tmp_path):
@@ -164,14 +208,97 @@ def test_python_host_stops_when_the_reviewer_denies(pb, tickets_server, tmp_path
     reviewer.channel.close()
 
 
+def python_host_run(lines):
+    """(call ids, proposal versions, receipt versions) of one host.py run."""
+    proposals = [fields for word, fields in lines if word == "propose"]
+    receipts = [fields for word, fields in lines if word == "receipt"]
+    return ([p["call_id"] for p in proposals], [p["version"] for p in proposals],
+            [r["version"] for r in receipts])
+
+
+def test_python_host_runs_twice_on_one_server(pb, tickets_server, tmp_path):
+    reviewer = Reviewer(pb, tickets_server.address)
+    runs = []
+    for _ in range(2):
+        code, lines, stderr = run_host(
+            [str(PYTHON_HOST), "--server", tickets_server.address, "--timeout", "20"],
+            reviewer, tmp_path, env=script_env())
+        assert code == 0, f"host.py exited {code}: {lines} {stderr}"
+        assert [word for word, _ in lines] == [
+            "propose", "decide", "waiting", "decide", "receipt",
+            "propose", "decide", "waiting", "decide", "receipt", "done"]
+        runs.append(python_host_run(lines))
+
+    (first_ids, first_versions, first_receipts), (second_ids, second_versions, second_receipts) = runs
+    # Each run is a new session with new call ids, proposed at the version the state has.
+    session = first_ids[0].rsplit("-", 1)[0]
+    assert session.startswith("py-") and first_ids == [f"{session}-1", f"{session}-2"]
+    second_session = second_ids[0].rsplit("-", 1)[0]
+    assert second_session != session and second_ids == [f"{second_session}-1", f"{second_session}-2"]
+    assert (first_versions, first_receipts) == (["0", "1"], ["1", "2"])
+    assert (second_versions, second_receipts) == (["2", "3"], ["3", "4"])
+    assert reviewer.resource("lamp") == ("done", 4)
+    assert reviewer.resource("outbox") == ([REPLY, REPLY], 4)
+    reviewer.channel.close()
+
+
+def test_python_host_sends_its_token(pb, tickets_server_with_host_token, tmp_path):
+    address = tickets_server_with_host_token.address
+    reviewer = Reviewer(pb, address)
+    host = [str(PYTHON_HOST), "--server", address, "--timeout", "20"]
+
+    code, lines, stderr = run_host(host + ["--token", HOST_TOKEN], reviewer, tmp_path,
+                                   env=script_env())
+    assert code == 0, f"host.py --token exited {code}: {lines} {stderr}"
+    assert python_host_run(lines)[1:] == (["0", "1"], ["1", "2"])
+
+    code, lines, stderr = run_host(host, reviewer, tmp_path,
+                                   env=script_env(TOOLGATE_TOKEN=HOST_TOKEN))
+    assert code == 0, f"host.py with TOOLGATE_TOKEN exited {code}: {lines} {stderr}"
+    assert python_host_run(lines)[1:] == (["2", "3"], ["3", "4"])
+
+    code, lines, stderr = run_host(host, reviewer, tmp_path, env=script_env())
+    assert code == 1, f"host.py without a token exited {code}: {lines} {stderr}"
+    assert lines == []
+    assert stderr.startswith("host: UNAUTHENTICATED: ") and "authorization" in stderr, stderr
+    assert reviewer.resource("lamp") == ("done", 4), "the refused run changed nothing"
+    reviewer.channel.close()
+
+
+def test_node_host_runs_twice_with_its_token(pb, tickets_server_with_host_token, tmp_path):
+    address = tickets_server_with_host_token.address
+    reviewer = Reviewer(pb, address)
+    host = [str(node_host()), "--server", address, "--timeout", "20"]
+    runs = [
+        run_host(host + ["--token", HOST_TOKEN], reviewer, tmp_path, env=script_env()),
+        run_host(host, reviewer, tmp_path, env=script_env(TOOLGATE_TOKEN=HOST_TOKEN)),
+    ]
+    call_ids = []
+    for (code, lines, stderr), (version, committed) in zip(runs, [("0", "1"), ("1", "2")]):
+        assert code == 0, f"host.mjs exited {code}: {lines} {stderr}"
+        assert [word for word, _ in lines] == ["propose", "decide", "waiting", "decide", "receipt",
+                                               "done"]
+        assert lines[0][1]["version"] == version, "proposed at the version the state has"
+        assert (lines[4][1]["version"], lines[4][1]["replayed"]) == (committed, "false")
+        call_ids.append(lines[0][1]["call_id"])
+    assert all(call_id.startswith("node-") and call_id.endswith("-1") for call_id in call_ids)
+    assert call_ids[0] != call_ids[1], "each run is a new session"
+    assert reviewer.resource("lamp") == ("done", 2)
+
+    code, lines, stderr = run_host(host, reviewer, tmp_path, env=script_env())
+    assert code == 1, f"host.mjs without a token exited {code}: {lines} {stderr}"
+    assert lines == []
+    assert stderr.startswith("host: UNAUTHENTICATED: ") and "authorization" in stderr, stderr
+    assert reviewer.resource("lamp") == ("done", 2), "the refused run changed nothing"
+    reviewer.channel.close()
+
+
 def test_node_host_decides_and_dispatches(pb, tickets_server, tmp_path):
     node = shutil.which("node")
-    assert node is not None, "node is not on PATH (CI installs node 20)"
-    assert (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir(), (
-        "examples/node has no node_modules: run `npm ci --no-audit --no-fund` in examples/node")
     reviewer = Reviewer(pb, tickets_server.address)
     code, lines, stderr = run_host(
-        [node, str(NODE_DIR / "host.mjs"), "--server", tickets_server.address], reviewer, tmp_path)
+        [node, str(node_host()), "--server", tickets_server.address, "--session", "node-s1"],
+        reviewer, tmp_path)
     assert code == 0, f"host.mjs exited {code}: {lines} {stderr}"
     assert [word for word, _ in lines] == ["propose", "decide", "waiting", "decide", "receipt", "done"]
     assert (lines[0][1]["call_id"], lines[0][1]["tool"], lines[0][1]["version"],
