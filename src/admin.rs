@@ -37,7 +37,7 @@ use crate::pb::approvals_client::ApprovalsClient;
 use crate::pb::manifest_pins_client::ManifestPinsClient;
 use crate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 use crate::pb::resources_client::ResourcesClient;
-use crate::policy::{ApprovalRule, Effect, Mode, Policy};
+use crate::policy::{ApprovalRule, Effect, Mode, Policy, PolicyWarning};
 
 /// How long to wait for the TCP + HTTP/2 connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -1197,23 +1197,87 @@ async fn resource(args: ResourceArgs) -> Result<(), Failure> {
 
 // ----- check-config -------------------------------------------------------
 
-/// `toolgate check-config FILE`: 0 and a summary when valid, 1 and the
-/// error (with its key path) on stderr when not.
+/// `toolgate check-config FILE [--strict] [--output json]`.
+///
+/// - Valid: exit 0, the summary on stdout, each warning (a dangling name)
+///   as `warning: FILE: KEY: MESSAGE` on stderr.
+/// - Invalid: exit 1, `error: FILE: KEY: MESSAGE` on stderr, nothing on
+///   stdout. With `--strict` warnings are errors.
+/// - `--output json`: one object on stdout in every case: `valid`,
+///   `errors` and `warnings` (each `{"file", "key", "message"}`) and, when
+///   valid, the summary's fields; exit status as above.
 pub fn run_check_config(args: &CheckConfigArgs) -> ExitCode {
-    let policy = match Policy::load(&args.file) {
-        Ok(policy) => policy,
-        Err(error) => {
-            say(&format!("error: {error}"));
-            return ExitCode::FAILURE;
+    let file = args.file.display().to_string();
+    let (policy, errors, warnings) = match Policy::load(&args.file) {
+        Ok(policy) if args.strict && !policy.warnings.is_empty() => {
+            let errors = policy.warnings.clone();
+            (None, errors, Vec::new())
+        }
+        Ok(policy) => {
+            let warnings = policy.warnings.clone();
+            (Some(policy), Vec::new(), warnings)
+        }
+        Err(error) => (
+            None,
+            vec![PolicyWarning {
+                key: error.key,
+                message: error.message,
+            }],
+            Vec::new(),
+        ),
+    };
+    // A file that cannot be read is named by its message.
+    let source = |message: &str| {
+        if message.starts_with("cannot read ") {
+            ""
+        } else {
+            file.as_str()
         }
     };
     let written = match args.output {
-        OutputFormat::Table => emit(&policy_summary(&policy, &args.file)),
-        OutputFormat::Json => emit_json(&policy_json(&policy, &args.file)),
+        OutputFormat::Table => {
+            for (label, items) in [("error", &errors), ("warning", &warnings)] {
+                for item in items {
+                    let parts = [source(&item.message), item.key.as_str(), &item.message];
+                    let line: Vec<&str> =
+                        parts.into_iter().filter(|part| !part.is_empty()).collect();
+                    say(&format!("{label}: {}", line.join(": ")));
+                }
+            }
+            match &policy {
+                Some(policy) => emit(&policy_summary(policy, &args.file)),
+                None => Ok(()),
+            }
+        }
+        OutputFormat::Json => {
+            let entries = |items: &[PolicyWarning]| -> Vec<serde_json::Value> {
+                items
+                    .iter()
+                    .map(|item| {
+                        serde_json::json!({
+                            "file": file,
+                            "key": item.key,
+                            "message": item.message,
+                        })
+                    })
+                    .collect()
+            };
+            let mut object = match &policy {
+                Some(policy) => policy_json(policy, &args.file),
+                None => serde_json::json!({ "file": file }),
+            };
+            if let Some(fields) = object.as_object_mut() {
+                fields.insert("valid".to_string(), policy.is_some().into());
+                fields.insert("errors".to_string(), entries(&errors).into());
+                fields.insert("warnings".to_string(), entries(&warnings).into());
+            }
+            emit_json(&object)
+        }
     };
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
+    match (written, policy.is_some()) {
+        (Ok(()), true) => ExitCode::SUCCESS,
+        (Ok(()), false) => ExitCode::FAILURE,
+        (Err(failure), _) => failure.report(),
     }
 }
 
@@ -1356,6 +1420,7 @@ fn policy_summary(policy: &Policy, file: &Path) -> String {
     text.push_str(&record(&[
         ("revision", policy.revision.clone()),
         ("version_scope", version_scope_name(policy).to_string()),
+        ("open_host_api", policy.open_host_api.to_string()),
     ]));
 
     let tools: Vec<Vec<String>> = sorted(policy.tools.iter())
@@ -1573,6 +1638,7 @@ fn policy_json(policy: &Policy, file: &Path) -> serde_json::Value {
     json!({
         "file": file.display().to_string(),
         "revision": policy.revision,
+        "open_host_api": policy.open_host_api,
         "tools": tools,
         "actors": actors,
         "reviewers": reviewers,

@@ -6,9 +6,10 @@
 //! - Host credentials reach only `PolicyDecisionPoint`; reviewer credentials
 //!   only `Approvals` and `ManifestPins`; `Resources` takes either. Health
 //!   and reflection are open.
-//! - With no host credential in the policy the host API is open (the caller
-//!   is an anonymous host that may assert any actor). The reviewer API always
-//!   needs a reviewer credential: with none configured it is closed.
+//! - The host API is open only with `[server] open_host_api = true` (the
+//!   caller is then an anonymous host that may assert any actor); never
+//!   because credentials are absent. The reviewer API always needs a
+//!   reviewer credential: with none configured it is closed.
 //! - Missing or unknown token → `UNAUTHENTICATED`; the wrong kind →
 //!   `PERMISSION_DENIED`.
 //!
@@ -114,7 +115,7 @@ fn reach_of(path: &str) -> Reach {
     }
 }
 
-/// The caller of the host API when the policy declares no host credential.
+/// The caller of the host API when the policy says `open_host_api = true`.
 fn anonymous_host() -> Caller {
     static ANONYMOUS: LazyLock<Arc<Credential>> = LazyLock::new(|| {
         Arc::new(Credential {
@@ -178,7 +179,7 @@ fn authenticate(
         }
     };
     let Some(token) = token else {
-        if reach != Reach::Reviewer && !engine.has_credentials(CredentialKind::Host) {
+        if reach != Reach::Reviewer && engine.policy().open_host_api {
             return Ok(Some(anonymous_host()));
         }
         return Err(Box::new(match reach {

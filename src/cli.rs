@@ -44,8 +44,9 @@ pub enum Command {
     Resource(ResourceArgs),
     /// Validate a policy file and print what it defines (never credential digests).
     ///
-    /// Exit status 0 when the file is valid; 1 with the error (naming the
-    /// key path) on stderr otherwise.
+    /// Exit status 0 when the file is valid (warnings about dangling names
+    /// on stderr); 1 with the error (naming the key path) on stderr
+    /// otherwise, or on any warning with `--strict`.
     CheckConfig(CheckConfigArgs),
 }
 
@@ -254,6 +255,9 @@ pub struct CheckConfigArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Treat warnings (dangling names) as errors: exit 1 on any.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Debug, Args)]

@@ -413,8 +413,29 @@ impl Engine {
         }
     }
 
-    /// Swaps in a new policy whole. State made through the API (pins,
-    /// approvals, receipts) is kept.
+    /// The reload decision: swaps in `policy` unless
+    /// [`Policy::reload_refusal`] says why not (then the policy in force is
+    /// kept, and the reason returned). `listen` is the gRPC listener's address.
+    pub fn reload(
+        &self,
+        policy: Policy,
+        listen: std::net::SocketAddr,
+    ) -> std::result::Result<(), String> {
+        let running = self.policy();
+        let running_kinds: Vec<CredentialKind> = [CredentialKind::Host, CredentialKind::Reviewer]
+            .into_iter()
+            .filter(|kind| self.has_credentials(*kind))
+            .collect();
+        if let Some(refusal) = running.reload_refusal(&running_kinds, &policy, listen) {
+            return Err(refusal);
+        }
+        self.replace_policy(policy);
+        Ok(())
+    }
+
+    /// Swaps in a new policy whole, unchecked (tests; a reload goes through
+    /// [`Engine::reload`]). State made through the API (pins, approvals,
+    /// receipts) is kept.
     pub fn replace_policy(&self, policy: Policy) {
         let revision = policy.revision.clone();
         if policy.server != self.policy().server {

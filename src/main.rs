@@ -109,15 +109,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let host_credentials = policy
-        .credentials
-        .values()
-        .any(|credential| credential.kind == CredentialKind::Host);
-    if !args.listen.ip().is_loopback() && !host_credentials {
-        tracing::error!(
-            listen = %args.listen,
-            "refusing to listen on a non-loopback address without host credentials in the policy"
-        );
+    if let Err(refusal) = policy.check_listen(args.listen) {
+        tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
     let engine = Engine::new(policy, Arc::new(SystemClock));
@@ -182,7 +175,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             println!("toolgate metrics on {local}");
         }
         if let Some((hangups, path)) = hangups {
-            tokio::spawn(reload_on_hangup(engine.clone(), path, hangups));
+            tokio::spawn(reload_on_hangup(engine.clone(), path, args.listen, hangups));
         }
         let listeners = toolgate::server::Listeners {
             grpc: listener,
@@ -223,13 +216,27 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// Reloads the policy file on SIGHUP; a bad file keeps the old policy and
-/// is reported at WARN.
-async fn reload_on_hangup(engine: Engine, path: PathBuf, mut hangups: Signal) {
+/// Reloads the policy file on SIGHUP. A file that does not load, or one the
+/// reload decision ([`Engine::reload`]) refuses, keeps the old policy and is
+/// reported at WARN.
+async fn reload_on_hangup(
+    engine: Engine,
+    path: PathBuf,
+    listen: std::net::SocketAddr,
+    mut hangups: Signal,
+) {
     while hangups.recv().await.is_some() {
-        let load_path = path.clone();
+        let load_path = path.to_path_buf();
         match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
-            Ok(Ok(policy)) => engine.replace_policy(policy),
+            Ok(Ok(policy)) => {
+                if let Err(refusal) = engine.reload(policy, listen) {
+                    toolgate::audit_warn!(
+                        "policy_reload_failed",
+                        error = %refusal,
+                        kept_revision = %engine.policy().revision,
+                    );
+                }
+            }
             Ok(Err(error)) => toolgate::audit_warn!(
                 "policy_reload_failed",
                 %error,

@@ -181,7 +181,7 @@ async fn a_host_speaks_only_for_its_actors() {
 }
 
 #[tokio::test]
-async fn without_credentials_the_host_api_is_open_and_the_reviewer_api_closed() {
+async fn open_host_api_opens_the_host_api_and_the_reviewer_api_stays_closed() {
     let policy = r#"
 [profiles.p]
 roles = ["r"]
@@ -190,7 +190,20 @@ profile = "p"
 [tools.t]
 mode = "read"
 roles = ["r"]
+[server]
+open_host_api = true
 "#;
+    // Without the explicit setting the same policy is refused: an open host
+    // API is never the result of an absence.
+    let closed = policy.replace("open_host_api = true", "");
+    let error = toolgate::policy::Policy::parse(&closed, "closed.toml", None)
+        .expect_err("no host access declared");
+    assert_eq!(error.key, "credentials");
+    assert_eq!(
+        error.message,
+        "no host credential: declare one ([[credentials]] with kind = \"host\"), \
+         or set [server] open_host_api = true to let any local client call the host API"
+    );
     let server = TestServer::start(policy).await;
     let answer = server
         .decide_ok(
@@ -265,6 +278,8 @@ mode = "execute"
 roles = ["r"]
 approval = "always"
 approvers = ["x"]
+[server]
+open_host_api = true
 [reviewers.alice]
 roles = ["x"]
 workspaces = ["*"]

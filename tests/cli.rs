@@ -922,8 +922,16 @@ async fn check_config_prints_what_a_policy_defines() {
 
     let run = toolgate(&["check-config", path], None).await;
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert_eq!(run.stderr, "");
+    // Its reviewer has a token only when serving the embedded copy.
+    assert_eq!(
+        run.stderr,
+        format!(
+            "warning: {path}: reviewers.admin: no reviewer credential in [[credentials]]: \
+             this reviewer cannot sign in\n"
+        )
+    );
     let rows = run.rows();
+    assert!(rows.contains(&vec!["open_host_api".to_string(), "true".to_string()]));
     assert!(rows.contains(&vec!["revision".to_string(), revision.clone()]));
     assert!(rows.contains(&vec!["version_scope".to_string(), "global".to_string()]));
     assert!(rows.contains(&vec!["tools".to_string(), "(6)".to_string()]));
@@ -979,6 +987,10 @@ async fn check_config_prints_what_a_policy_defines() {
     .await;
     assert_eq!(json_run.code, Some(0), "{json_run:?}");
     let summary = json_run.json();
+    assert_eq!(summary["valid"], true);
+    assert_eq!(summary["errors"], json!([]));
+    assert_eq!(summary["warnings"], json!([]));
+    assert_eq!(summary["open_host_api"], false);
     let credentials: Vec<(String, String)> = summary["credentials"]
         .as_array()
         .expect("credentials")
@@ -1258,6 +1270,124 @@ async fn manifest_assess_sends_the_readme_example_to_the_default_policy() {
             "manifest",
             "assess",
             path_of(&changed_file),
+            "--server",
+            &addr,
+            "--output",
+            "json",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(answer.code, Some(3), "{answer:?}");
+    let answer = answer.json();
+    assert_eq!(answer["form"], "reference");
+    assert_eq!(answer["accepted"], false);
+    assert_eq!(answer["reason"], "changed");
+    assert_eq!(answer["diff_available"], false);
+    assert_eq!(answer["diffs"], json!([]));
+    let refused = server
+        .decide_ok(
+            "",
+            &agent,
+            &proposal(
+                "d3",
+                "support-agent",
+                "search_docs",
+                0,
+                r#"{"query":"refunds"}"#,
+            ),
+        )
+        .await;
+    assert_eq!(refused.reason, "manifest-unverified");
+    assert!(
+        refused.message.contains("differed from its pin"),
+        "{refused:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
+    let server = TestServer::start_file(POLICY).await;
+    let addr = url(&server);
+    let worked = temp_json(WORKED_EXAMPLE);
+    let unpinned = toolgate(
+        &["manifest", "assess", path_of(&worked), "--server", &addr],
+        Some(HOST),
+    )
+    .await;
+    assert_eq!(unpinned.code, Some(3), "{unpinned:?}");
+    let fields = unpinned.record();
+    assert_eq!(fields["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
+    assert_eq!(fields["reason"], "unpinned");
+    assert_eq!(fields["pinned_fingerprint"], "-");
+
+    // An MCP result: its server id is --server-id, since --server is the address.
+    let listed = temp_json(MCP_TOOLS_LIST);
+    let reference = temp_json(MCP_AS_REFERENCE);
+    let expected = toolgate(&["manifest", "fingerprint", path_of(&reference)], None).await;
+    let mcp = toolgate(
+        &[
+            "manifest",
+            "assess",
+            path_of(&listed),
+            "--server-id",
+            "a",
+            "--revision",
+            "r1",
+            "--server",
+            &addr,
+        ],
+        Some(HOST),
+    )
+    .await;
+    assert_eq!(mcp.code, Some(3), "{mcp:?}");
+    assert_eq!(mcp.record()["form"], "MCP tools/list result");
+    assert_eq!(mcp.record()["fingerprint"], expected.stdout.trim());
+    assert!(
+        mcp.stderr.starts_with(&format!(
+            "read {} as an MCP tools/list result",
+            path_of(&listed)
+        )),
+        "{mcp:?}"
+    );
+
+    // Pinned by alice, the duplicate-name copy is unsafe: a diff line says why.
+    let pinned = toolgate(
+        &["pins", "add", path_of(&worked), "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(pinned.code, Some(0), "{pinned:?}");
+    assert_eq!(pinned.record()["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
+    let mut duplicate: Value = serde_json::from_str(WORKED_EXAMPLE).expect("json");
+    let first = duplicate["tools"][0].clone();
+    duplicate["tools"]
+        .as_array_mut()
+        .expect("tools")
+        .push(first);
+    let duplicate_file = temp_json(&duplicate.to_string());
+    let answer = toolgate(
+        &[
+            "manifest",
+            "assess",
+            path_of(&duplicate_file),
+            "--server",
+            &addr,
+        ],
+        Some(HOST),
+    )
+    .await;
+    assert_eq!(answer.code, Some(3), "{answer:?}");
+    assert_eq!(answer.record()["accepted"], "false");
+    assert!(
+        answer.stdout.contains(
+            "diff                read unsafe: 2 tools are named \"read\"; tool names must be unique (duplicate-tool-name)"
+        ),
+        "{answer:?}"
+    );
+    server.stop().await;
+}
 
 /// A policy with room for many pending requests of one tool (`t`, approved
 /// by alice everywhere); host token `host-secret`, reviewer `alice-secret`.
@@ -1449,35 +1579,6 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
             "--output",
             "json",
         ],
-        None,
-    )
-    .await;
-    assert_eq!(answer.code, Some(3), "{answer:?}");
-    let answer = answer.json();
-    assert_eq!(answer["form"], "reference");
-    assert_eq!(answer["accepted"], false);
-    assert_eq!(answer["reason"], "changed");
-    assert_eq!(answer["diff_available"], false);
-    assert_eq!(answer["diffs"], json!([]));
-    let refused = server
-        .decide_ok(
-            "",
-            &agent,
-            &proposal(
-                "d3",
-                "support-agent",
-                "search_docs",
-                0,
-                r#"{"query":"refunds"}"#,
-            ),
-        )
-        .await;
-    assert_eq!(refused.reason, "manifest-unverified");
-    assert!(
-        refused.message.contains("differed from its pin"),
-        "{refused:?}"
-    );
-
         Some(ALICE),
     )
     .await;
@@ -1515,86 +1616,6 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
 }
 
 #[tokio::test]
-async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
-    let server = TestServer::start_file(POLICY).await;
-    let addr = url(&server);
-    let worked = temp_json(WORKED_EXAMPLE);
-    let unpinned = toolgate(
-        &["manifest", "assess", path_of(&worked), "--server", &addr],
-        Some(HOST),
-    )
-    .await;
-    assert_eq!(unpinned.code, Some(3), "{unpinned:?}");
-    let fields = unpinned.record();
-    assert_eq!(fields["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
-    assert_eq!(fields["reason"], "unpinned");
-    assert_eq!(fields["pinned_fingerprint"], "-");
-
-    // An MCP result: its server id is --server-id, since --server is the address.
-    let listed = temp_json(MCP_TOOLS_LIST);
-    let reference = temp_json(MCP_AS_REFERENCE);
-    let expected = toolgate(&["manifest", "fingerprint", path_of(&reference)], None).await;
-    let mcp = toolgate(
-        &[
-            "manifest",
-            "assess",
-            path_of(&listed),
-            "--server-id",
-            "a",
-            "--revision",
-            "r1",
-            "--server",
-            &addr,
-        ],
-        Some(HOST),
-    )
-    .await;
-    assert_eq!(mcp.code, Some(3), "{mcp:?}");
-    assert_eq!(mcp.record()["form"], "MCP tools/list result");
-    assert_eq!(mcp.record()["fingerprint"], expected.stdout.trim());
-    assert!(
-        mcp.stderr.starts_with(&format!(
-            "read {} as an MCP tools/list result",
-            path_of(&listed)
-        )),
-        "{mcp:?}"
-    );
-
-    // Pinned by alice, the duplicate-name copy is unsafe: a diff line says why.
-    let pinned = toolgate(
-        &["pins", "add", path_of(&worked), "--server", &addr],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(pinned.code, Some(0), "{pinned:?}");
-    assert_eq!(pinned.record()["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
-    let mut duplicate: Value = serde_json::from_str(WORKED_EXAMPLE).expect("json");
-    let first = duplicate["tools"][0].clone();
-    duplicate["tools"]
-        .as_array_mut()
-        .expect("tools")
-        .push(first);
-    let duplicate_file = temp_json(&duplicate.to_string());
-    let answer = toolgate(
-        &[
-            "manifest",
-            "assess",
-            path_of(&duplicate_file),
-            "--server",
-            &addr,
-        ],
-        Some(HOST),
-    )
-    .await;
-    assert_eq!(answer.code, Some(3), "{answer:?}");
-    assert_eq!(answer.record()["accepted"], "false");
-    assert!(
-        answer.stdout.contains(
-            "diff                read unsafe: 2 tools are named \"read\"; tool names must be unique (duplicate-tool-name)"
-        ),
-        "{answer:?}"
-    );
-
 async fn resource_list_shows_every_resource() {
     let server = TestServer::start_file(TICKETS).await;
     let token = Some("example-reviewer-token");
@@ -1819,4 +1840,238 @@ async fn watch_follow_exits_when_a_reload_revokes_its_credential() {
     );
     assert_eq!(code, Some(1), "a refusal is not retried");
     server.stop().await;
+}
+
+/// A policy file in a temporary directory, removed with the value.
+struct PolicyFile {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl PolicyFile {
+    fn new(text: &str) -> PolicyFile {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, text).expect("write policy");
+        PolicyFile { _dir: dir, path }
+    }
+
+    fn path(&self) -> &str {
+        self.path.to_str().expect("utf-8 path")
+    }
+}
+
+/// One tool, one actor holding its role, an open host API.
+const VALID_TAIL: &str = "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\n\n[profiles.p]\nroles = [\"r\"]\n\n[actors.a]\nprofile = \"p\"\n\n[server]\nopen_host_api = true\n";
+
+#[tokio::test]
+async fn check_config_errors_name_the_key_in_plain_words() {
+    let cases = [
+        (
+            "[limits]\npending_ttl_seconds = \"300\"\n",
+            "limits.pending_ttl_seconds: expected a non-negative integer, found the string \"300\"",
+        ),
+        ("[limits]\nlimit = 5\n", "limits: unknown key limit"),
+        ("[tools.x]\nroles = [\"r\"]\n", "tools.x: missing key mode"),
+        (
+            "[[credentials]]\nkind = \"reviewer\"\nidentity = \"b\"\n",
+            "credentials[0]: missing key sha256",
+        ),
+        (
+            "[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = { type = \"object\", properties = { n = { type = \"integer\", minimum = \"1\" } } }\n",
+            "tools.x.input_schema: invalid JSON Schema at /properties/n/minimum: \"1\" is not of type \"number\"",
+        ),
+    ];
+    for (text, expected) in cases {
+        let file = PolicyFile::new(&format!("{text}\n{VALID_TAIL}"));
+        let run = toolgate(&["check-config", file.path()], None).await;
+        assert_eq!(run.code, Some(1), "{run:?}");
+        assert_eq!(run.stdout, "");
+        assert_eq!(run.stderr, format!("error: {}: {expected}\n", file.path()));
+    }
+    let closed = PolicyFile::new(&VALID_TAIL.replace("open_host_api = true", ""));
+    let run = toolgate(&["check-config", closed.path()], None).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.stderr,
+        format!(
+            "error: {}: credentials: no host credential: declare one ([[credentials]] with \
+             kind = \"host\"), or set [server] open_host_api = true to let any local client \
+             call the host API\n",
+            closed.path()
+        )
+    );
+    let empty = PolicyFile::new("# nothing yet\n");
+    let run = toolgate(&["check-config", empty.path()], None).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.stderr,
+        format!(
+            "error: {}: the policy is empty: it must declare its tools and how hosts authenticate\n",
+            empty.path()
+        )
+    );
+}
+
+#[tokio::test]
+async fn check_config_names_a_missing_file() {
+    let run = toolgate(&["check-config", "/nope.toml"], None).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(run.stdout, "");
+    assert_eq!(
+        run.stderr,
+        "error: cannot read /nope.toml: No such file or directory (os error 2)\n"
+    );
+    let json_run = toolgate(&["check-config", "/nope.toml", "--output", "json"], None).await;
+    assert_eq!(json_run.code, Some(1), "{json_run:?}");
+    assert_eq!(
+        json_run.json(),
+        json!({
+            "file": "/nope.toml",
+            "valid": false,
+            "errors": [{
+                "file": "/nope.toml",
+                "key": "",
+                "message": "cannot read /nope.toml: No such file or directory (os error 2)",
+            }],
+            "warnings": [],
+        })
+    );
+}
+
+#[tokio::test]
+async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
+    let text = format!(
+        "{VALID_TAIL}\n[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\n\n[reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n"
+    );
+    let file = PolicyFile::new(&text);
+    let path = file.path();
+    let warnings = [
+        (
+            "reviewers.bob",
+            "no reviewer credential in [[credentials]]: this reviewer cannot sign in",
+        ),
+        ("tools.pay.approvers", "no reviewer holds role \"finance\""),
+        ("tools.pay.roles", "no actor holds role \"payer\""),
+    ];
+    let lines = |label: &str| -> String {
+        warnings
+            .iter()
+            .map(|(key, message)| format!("{label}: {path}: {key}: {message}\n"))
+            .collect()
+    };
+
+    let run = toolgate(&["check-config", path], None).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stderr, lines("warning"));
+    assert!(
+        run.stdout.starts_with(&format!("policy {path}: valid\n")),
+        "{run:?}"
+    );
+
+    let strict = toolgate(&["check-config", "--strict", path], None).await;
+    assert_eq!(strict.code, Some(1), "{strict:?}");
+    assert_eq!(strict.stdout, "");
+    assert_eq!(strict.stderr, lines("error"));
+
+    let entries: Vec<Value> = warnings
+        .iter()
+        .map(|(key, message)| json!({ "file": path, "key": key, "message": message }))
+        .collect();
+    let json_run = toolgate(&["check-config", path, "--output", "json"], None).await;
+    assert_eq!(json_run.code, Some(0), "{json_run:?}");
+    assert_eq!(json_run.stderr, "");
+    let summary = json_run.json();
+    assert_eq!(summary["valid"], true);
+    assert_eq!(summary["errors"], json!([]));
+    assert_eq!(summary["warnings"], Value::Array(entries.clone()));
+    assert_eq!(summary["open_host_api"], true);
+
+    let strict_json = toolgate(
+        &["check-config", path, "--strict", "--output", "json"],
+        None,
+    )
+    .await;
+    assert_eq!(strict_json.code, Some(1), "{strict_json:?}");
+    assert_eq!(
+        strict_json.json(),
+        json!({ "file": path, "valid": false, "errors": entries, "warnings": [] })
+    );
+
+    let broken = PolicyFile::new("[limits]\nlimit = 5\n");
+    let broken_json = toolgate(&["check-config", broken.path(), "--output", "json"], None).await;
+    assert_eq!(broken_json.code, Some(1), "{broken_json:?}");
+    assert_eq!(broken_json.stderr, "");
+    assert_eq!(
+        broken_json.json(),
+        json!({
+            "file": broken.path(),
+            "valid": false,
+            "errors": [{ "file": broken.path(), "key": "limits", "message": "unknown key limit" }],
+            "warnings": [],
+        })
+    );
+}
+
+/// Every prefix of `text` that ends before a line starting with `[`.
+fn section_cuts(text: &str) -> Vec<String> {
+    let mut cuts = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.starts_with('[') {
+            cuts.push(text[..offset].to_string());
+        }
+        offset += line.len();
+    }
+    cuts
+}
+
+/// A policy file's text with its manifest paths made absolute, so that a
+/// copy elsewhere still finds them.
+fn portable(relative: &str) -> String {
+    std::fs::read_to_string(repo_path(relative))
+        .expect("policy file")
+        .replace(
+            "manifest = \"../../examples/",
+            &format!("manifest = \"{}/", repo_path("examples").display()),
+        )
+}
+
+#[tokio::test]
+async fn check_config_strict_refuses_a_file_cut_at_any_section() {
+    for relative in [
+        "examples/policy.toml",
+        "examples/tickets.toml",
+        POLICY,
+        "tests/fixtures/hostile.toml",
+    ] {
+        let text = portable(relative);
+        let whole = PolicyFile::new(&text);
+        let run = toolgate(&["check-config", whole.path()], None).await;
+        assert_eq!(run.code, Some(0), "{relative}: {run:?}");
+        let whole_warnings = run.stderr.replace(whole.path(), "FILE");
+        let cuts = section_cuts(&text);
+        assert!(cuts.len() >= 8, "{relative}");
+        for cut in cuts {
+            let at = cut.lines().count();
+            let file = PolicyFile::new(&cut);
+            let strict = toolgate(&["check-config", "--strict", file.path()], None).await;
+            assert_eq!(
+                strict.code,
+                Some(1),
+                "{relative} cut after line {at}: {strict:?}"
+            );
+            assert_eq!(strict.stdout, "");
+            // Without --strict: an error, or a warning the whole file does not have.
+            let plain = toolgate(&["check-config", file.path()], None).await;
+            let warnings = plain.stderr.replace(file.path(), "FILE");
+            let new_warning = warnings
+                .lines()
+                .any(|line| line.starts_with("warning: ") && !whole_warnings.contains(line));
+            assert!(
+                plain.code == Some(1) || new_warning,
+                "{relative} cut after line {at}: {plain:?}"
+            );
+        }
+    }
 }

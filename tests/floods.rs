@@ -72,6 +72,7 @@ receipt_retention_seconds = {RECEIPT_RETENTION_SECONDS}
 
 [server]
 max_concurrent_requests = 4096
+open_host_api = true
 
 [profiles.agent]
 roles = ["agent"]

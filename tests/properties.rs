@@ -79,6 +79,9 @@ input_schema = { type = "object", required = ["item", "value"], additionalProper
 roles = ["lead"]
 workspaces = ["*"]
 
+[server]
+open_host_api = true
+
 [state]
 version_scope = "resource"
 
