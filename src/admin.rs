@@ -14,8 +14,10 @@ use std::future::Future;
 use std::io::{self, Write as _};
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use prost_reflect::{DescriptorPool, DynamicMessage};
 use serde::Serialize;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
@@ -35,7 +37,7 @@ use crate::pb::approvals_client::ApprovalsClient;
 use crate::pb::manifest_pins_client::ManifestPinsClient;
 use crate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 use crate::pb::resources_client::ResourcesClient;
-use crate::policy::{ApprovalRule, Effect, Mode, Policy};
+use crate::policy::{ApprovalRule, Effect, Mode, Policy, PolicyWarning};
 
 /// How long to wait for the TCP + HTTP/2 connection before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -53,6 +55,9 @@ enum Failure {
     Connect(String),
     /// The server answered with an error status (exit 1; 2 for `Unavailable`).
     Status(Status),
+    /// Refused on the server's answer, by the client (exit 1): e.g. no
+    /// approval id starts with the prefix given.
+    Refused(String),
     /// Writing to stdout failed (a closed pipe ends quietly).
     Output(io::Error),
 }
@@ -63,6 +68,10 @@ impl Failure {
             Failure::Usage(message) | Failure::Connect(message) => {
                 say(&format!("error: {message}"));
                 ExitCode::from(2)
+            }
+            Failure::Refused(message) => {
+                say(&format!("error: {message}"));
+                ExitCode::FAILURE
             }
             Failure::Status(status) => {
                 say(&format!(
@@ -239,15 +248,50 @@ async fn connect(client: &ClientArgs) -> Result<(Channel, BearerAuth), Failure> 
     Ok((channel, auth))
 }
 
-// ----- JSON forms ---------------------------------------------------------
+// ----- JSON: protobuf's canonical JSON mapping -----------------------------
 
-/// A JSON text field as a JSON value (strictly parsed, numbers kept exact);
-/// text that does not parse is passed on as a string rather than dropped.
-fn json_field(text: &str) -> serde_json::Value {
-    match canonical::parse(text.as_bytes()) {
-        Ok(value) => canonical::to_serde_json(&value),
-        Err(_) => serde_json::Value::String(text.to_string()),
-    }
+/// The descriptors of the toolgate API, decoded once.
+fn descriptor_pool() -> Result<&'static DescriptorPool, Failure> {
+    static POOL: OnceLock<Result<DescriptorPool, String>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET).map_err(|error| error.to_string())
+    })
+    .as_ref()
+    .map_err(|error| {
+        Failure::Output(io::Error::other(format!(
+            "cannot read the API descriptors: {error}"
+        )))
+    })
+}
+
+/// A message in protobuf's canonical JSON mapping, as grpcurl prints it:
+/// lowerCamelCase field names, enum value names, 64-bit integers as
+/// strings, timestamps in RFC 3339, fields with default values left out.
+/// `full_name` is the message's proto name (`toolgate.v1.Approval`).
+fn proto_json<M: prost::Message>(
+    message: &M,
+    full_name: &str,
+    pretty: bool,
+) -> Result<String, Failure> {
+    let failed = |what: String| Failure::Output(io::Error::other(what));
+    let descriptor = descriptor_pool()?
+        .get_message_by_name(full_name)
+        .ok_or_else(|| failed(format!("no message {full_name} in the API descriptors")))?;
+    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
+        .map_err(|error| failed(format!("cannot re-read {full_name}: {error}")))?;
+    let text = if pretty {
+        serde_json::to_string_pretty(&dynamic)
+    } else {
+        serde_json::to_string(&dynamic)
+    };
+    text.map_err(|error| failed(format!("cannot write {full_name} as JSON: {error}")))
+}
+
+/// One message as a pretty JSON document on stdout.
+fn emit_proto<M: prost::Message>(message: &M, full_name: &str) -> Result<(), Failure> {
+    let mut text = proto_json(message, full_name, true)?;
+    text.push('\n');
+    emit(&text)
 }
 
 /// A JSON text field for a table cell: canonical (ASCII-only) when it parses.
@@ -295,100 +339,27 @@ fn pin_source_name(source: pb::PinSource) -> &'static str {
     }
 }
 
-/// `pb::Approval` with proto field names, short enum names, parsed arguments.
-#[derive(Serialize)]
-struct ApprovalJson<'a> {
-    approval_id: &'a str,
-    fingerprint: &'a str,
-    actor: &'a str,
-    session_id: &'a str,
-    workspace: &'a str,
-    tool: &'a str,
-    call_id: &'a str,
-    arguments: serde_json::Value,
-    reason: &'a str,
-    status: &'static str,
-    requested_at: Option<String>,
-    expires_at: Option<String>,
-    decided_by: &'a str,
-    decided_at: Option<String>,
-    decision_note: &'a str,
-    version: u64,
-}
-
-impl<'a> From<&'a pb::Approval> for ApprovalJson<'a> {
-    fn from(approval: &'a pb::Approval) -> Self {
-        ApprovalJson {
-            approval_id: &approval.approval_id,
-            fingerprint: &approval.fingerprint,
-            actor: &approval.actor,
-            session_id: &approval.session_id,
-            workspace: &approval.workspace,
-            tool: &approval.tool,
-            call_id: &approval.call_id,
-            arguments: json_field(&approval.arguments_json),
-            reason: &approval.reason,
-            status: status_name(approval.status()),
-            requested_at: rfc3339(approval.requested_at.as_ref()),
-            expires_at: rfc3339(approval.expires_at.as_ref()),
-            decided_by: &approval.decided_by,
-            decided_at: rfc3339(approval.decided_at.as_ref()),
-            decision_note: &approval.decision_note,
-            version: approval.version,
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct ApprovalListJson<'a> {
-    approvals: Vec<ApprovalJson<'a>>,
-}
-
-#[derive(Serialize)]
-struct ApprovalEventJson<'a> {
-    kind: &'static str,
-    approval: Option<ApprovalJson<'a>>,
-    lagged: u64,
-}
-
-#[derive(Serialize)]
-struct PinJson<'a> {
-    server_id: &'a str,
-    fingerprint: &'a str,
-    revision: &'a str,
-    source: &'static str,
-    pinned_by: &'a str,
-    pinned_at: Option<String>,
-    tool_count: u32,
-}
-
-impl<'a> From<&'a pb::Pin> for PinJson<'a> {
-    fn from(pin: &'a pb::Pin) -> Self {
-        PinJson {
-            server_id: &pin.server_id,
-            fingerprint: &pin.fingerprint,
-            revision: &pin.revision,
-            source: pin_source_name(pin.source()),
-            pinned_by: &pin.pinned_by,
-            pinned_at: rfc3339(pin.pinned_at.as_ref()),
-            tool_count: pin.tool_count,
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct PinListJson<'a> {
-    pins: Vec<PinJson<'a>>,
-}
-
-#[derive(Serialize)]
-struct ResourceJson<'a> {
-    name: &'a str,
-    value: serde_json::Value,
-    version: u64,
-}
-
 // ----- tables -------------------------------------------------------------
+
+/// The widest line `approvals list`, `approvals watch` and `resource list`
+/// print: they fit a 100-column terminal.
+pub const LINE_WIDTH: usize = 100;
+/// Ends a cell or line that was cut to fit.
+const CUT_MARKER: char = '…';
+/// Shown approval ids are unique prefixes of at least this many characters.
+const SHORT_ID_LEN: usize = 8;
+
+/// `text` cut to `width` characters, the last one the cut marker.
+fn clip(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut clipped: String = text.chars().take(width.saturating_sub(1)).collect();
+    if width > 0 {
+        clipped.push(CUT_MARKER);
+    }
+    clipped
+}
 
 /// Columns padded to their widest cell; the last column is not padded.
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -418,6 +389,29 @@ fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     text
 }
 
+/// A table whose last column is cut so that every line fits [`LINE_WIDTH`]
+/// (the other columns are expected to be bounded already).
+fn fitted_table(headers: &[&str], mut rows: Vec<Vec<String>>) -> String {
+    let leading = headers.len().saturating_sub(1);
+    let mut widths: Vec<usize> = headers[..leading]
+        .iter()
+        .map(|header| header.chars().count())
+        .collect();
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let used: usize = widths.iter().map(|width| width + 2).sum();
+    let last_width = LINE_WIDTH.saturating_sub(used).max(1);
+    for row in &mut rows {
+        if let Some(last) = row.last_mut() {
+            *last = clip(last, last_width);
+        }
+    }
+    table(headers, &rows)
+}
+
 /// One record as `key  value` lines, keys aligned.
 fn record(fields: &[(&str, String)]) -> String {
     let width = fields
@@ -445,6 +439,32 @@ fn time_cell(timestamp: Option<&prost_types::Timestamp>) -> String {
     rfc3339(timestamp).unwrap_or_else(|| "-".to_string())
 }
 
+/// `HH:MM:SS` (UTC) of a timestamp, for narrow tables.
+fn clock_cell(timestamp: Option<&prost_types::Timestamp>) -> String {
+    match rfc3339(timestamp) {
+        Some(text) => text.get(11..19).map_or(text.clone(), str::to_string),
+        None => "-".to_string(),
+    }
+}
+
+/// The shortest prefixes, at least [`SHORT_ID_LEN`] long, that tell these
+/// ids apart (each is accepted wherever the CLI takes an approval id).
+fn short_ids(ids: &[&str]) -> Vec<String> {
+    let longest = ids.iter().map(|id| id.len()).max().unwrap_or(0);
+    let mut length = SHORT_ID_LEN.min(longest);
+    loop {
+        let prefixes: Vec<&str> = ids
+            .iter()
+            .map(|id| id.get(..length).unwrap_or(id))
+            .collect();
+        let distinct: std::collections::HashSet<&str> = prefixes.iter().copied().collect();
+        if distinct.len() == prefixes.len() || length >= longest {
+            return prefixes.into_iter().map(printable).collect();
+        }
+        length += 1;
+    }
+}
+
 fn approval_record(approval: &pb::Approval) -> String {
     record(&[
         ("approval_id", cell(&approval.approval_id)),
@@ -466,38 +486,47 @@ fn approval_record(approval: &pb::Approval) -> String {
     ])
 }
 
+/// Column caps of the approval table; the arguments take what is left.
+const ACTOR_WIDTH: usize = 14;
+const TOOL_WIDTH: usize = 20;
+const WORKSPACE_WIDTH: usize = 12;
+
 fn approval_table(approvals: &[pb::Approval]) -> String {
+    let ids: Vec<&str> = approvals
+        .iter()
+        .map(|approval| approval.approval_id.as_str())
+        .collect();
     let rows: Vec<Vec<String>> = approvals
         .iter()
-        .map(|approval| {
+        .zip(short_ids(&ids))
+        .map(|(approval, id)| {
             vec![
-                cell(&approval.approval_id),
+                id,
                 status_name(approval.status()).to_string(),
-                cell(&approval.actor),
-                cell(&approval.tool),
-                cell(&approval.workspace),
-                cell(&approval.reason),
-                time_cell(approval.requested_at.as_ref()),
-                time_cell(approval.expires_at.as_ref()),
+                clip(&cell(&approval.actor), ACTOR_WIDTH),
+                clip(&cell(&approval.tool), TOOL_WIDTH),
+                clip(&cell(&approval.workspace), WORKSPACE_WIDTH),
+                clock_cell(approval.expires_at.as_ref()),
+                json_cell(&approval.arguments_json),
             ]
         })
         .collect();
-    table(
+    fitted_table(
         &[
             "ID",
             "STATUS",
             "ACTOR",
             "TOOL",
             "WORKSPACE",
-            "REASON",
-            "REQUESTED",
             "EXPIRES",
+            "ARGUMENTS",
         ],
-        &rows,
+        rows,
     )
 }
 
-/// One human line per watch event.
+/// One human line per watch event, cut to [`LINE_WIDTH`]: kind, short id,
+/// status, actor, tool, workspace, the reviewer of a decision, arguments.
 fn event_line(event: &pb::ApprovalEvent) -> String {
     let kind = event_kind_name(event.kind());
     let Some(approval) = &event.approval else {
@@ -506,21 +535,23 @@ fn event_line(event: &pb::ApprovalEvent) -> String {
             event.lagged
         );
     };
+    let id = approval
+        .approval_id
+        .get(..SHORT_ID_LEN)
+        .unwrap_or(&approval.approval_id);
     let mut line = format!(
-        "{kind} approval_id={} status={} actor={} tool={} workspace={} reason={}",
-        cell(&approval.approval_id),
+        "{kind} {} {} {} {} {}",
+        cell(id),
         status_name(approval.status()),
-        cell(&approval.actor),
-        cell(&approval.tool),
-        cell(&approval.workspace),
-        cell(&approval.reason),
+        clip(&cell(&approval.actor), ACTOR_WIDTH),
+        clip(&cell(&approval.tool), TOOL_WIDTH),
+        clip(&cell(&approval.workspace), WORKSPACE_WIDTH),
     );
     if !approval.decided_by.is_empty() {
-        let _ = write!(line, " decided_by={}", printable(&approval.decided_by));
+        let _ = write!(line, " by={}", printable(&approval.decided_by));
     }
-    if !approval.decision_note.is_empty() {
-        let _ = write!(line, " note={:?}", approval.decision_note);
-    }
+    let _ = write!(line, " {}", json_cell(&approval.arguments_json));
+    let mut line = clip(&line, LINE_WIDTH);
     line.push('\n');
     line
 }
@@ -569,14 +600,14 @@ fn pin_table(pins: &[pb::Pin]) -> String {
 fn print_approval(approval: &pb::Approval, output: OutputFormat) -> Result<(), Failure> {
     match output {
         OutputFormat::Table => emit(&approval_record(approval)),
-        OutputFormat::Json => emit_json(&ApprovalJson::from(approval)),
+        OutputFormat::Json => emit_proto(approval, "toolgate.v1.Approval"),
     }
 }
 
 fn print_pin(pin: &pb::Pin, output: OutputFormat) -> Result<(), Failure> {
     match output {
         OutputFormat::Table => emit(&pin_record(pin)),
-        OutputFormat::Json => emit_json(&PinJson::from(pin)),
+        OutputFormat::Json => emit_proto(pin, "toolgate.v1.Pin"),
     }
 }
 
@@ -589,18 +620,22 @@ pub fn run_approvals(args: ApprovalsArgs) -> ExitCode {
 
 async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
     let output = args.client.output;
+    if let ApprovalsCommand::Watch { follow: true } = args.command {
+        return follow_approvals(&args.client, output).await;
+    }
     let (channel, auth) = connect(&args.client).await?;
     let mut client = ApprovalsClient::with_interceptor(channel, auth);
     match args.command {
         ApprovalsCommand::List(filters) => list_approvals(&mut client, &filters, output).await,
         ApprovalsCommand::Get { id } => {
-            let request = pb::GetApprovalRequest { approval_id: id };
+            let approval_id = resolve_id(&mut client, &id).await?;
+            let request = pb::GetApprovalRequest { approval_id };
             let approval = client.get_approval(request).await?.into_inner();
             print_approval(&approval, output)
         }
         ApprovalsCommand::Grant { id, comment } => {
             let request = pb::GrantApprovalRequest {
-                approval_id: id,
+                approval_id: resolve_id(&mut client, &id).await?,
                 comment,
             };
             let approval = client.grant_approval(request).await?.into_inner();
@@ -608,7 +643,7 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
         }
         ApprovalsCommand::Deny { id, reason } => {
             let request = pb::DenyApprovalRequest {
-                approval_id: id,
+                approval_id: resolve_id(&mut client, &id).await?,
                 reason,
             };
             let approval = client.deny_approval(request).await?.into_inner();
@@ -616,13 +651,75 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
         }
         ApprovalsCommand::Revoke { id, reason } => {
             let request = pb::RevokeApprovalRequest {
-                approval_id: id,
+                approval_id: resolve_id(&mut client, &id).await?,
                 reason,
             };
             let approval = client.revoke_approval(request).await?.into_inner();
             print_approval(&approval, output)
         }
-        ApprovalsCommand::Watch => watch_approvals(&mut client, &args.client.server, output).await,
+        ApprovalsCommand::Watch { .. } => {
+            match watch_once(&mut client, &args.client.server, output).await? {
+                WatchEnd::Ended(message) => {
+                    say(&format!("toolgate: watch ended: {}", printable(&message)));
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// The whole approval id that `text` (a whole id or a unique prefix of
+/// one, any case) names among the approvals this reviewer can see.
+async fn resolve_id(client: &mut ApprovalsClient<Authed>, text: &str) -> Result<String, Failure> {
+    if let Ok(id) = uuid::Uuid::parse_str(text) {
+        return Ok(id.hyphenated().to_string());
+    }
+    let prefix = text.to_ascii_lowercase();
+    if prefix.is_empty()
+        || prefix.len() > 36
+        || !prefix
+            .chars()
+            .all(|character| character.is_ascii_hexdigit() || character == '-')
+    {
+        return Err(Failure::Usage(format!(
+            "approval id {:?}: expected a UUID or the start of one (hexadecimal digits and `-`)",
+            printable(text)
+        )));
+    }
+    let mut found: Vec<String> = Vec::new();
+    let mut page_token = String::new();
+    // Two matches are enough to know the prefix is ambiguous.
+    while found.len() < 2 {
+        let request = pb::ListApprovalsRequest {
+            page_size: 2,
+            page_token: page_token.clone(),
+            approval_id_prefix: prefix.clone(),
+            ..Default::default()
+        };
+        let page = client.list_approvals(request).await?.into_inner();
+        found.extend(
+            page.approvals
+                .into_iter()
+                .map(|approval| approval.approval_id),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    match found.len() {
+        0 => Err(Failure::Refused(format!(
+            "no approval id starts with {prefix:?} (among the approvals this reviewer can see)"
+        ))),
+        1 => Ok(found.remove(0)),
+        _ => Err(Failure::Usage(format!(
+            "approval id prefix {prefix:?} is ambiguous: it starts {} and more; give more characters",
+            found
+                .iter()
+                .map(|id| printable(id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
     }
 }
 
@@ -663,6 +760,7 @@ async fn list_approvals(
             tool: filters.tool.clone().unwrap_or_default(),
             page_size,
             page_token: page_token.clone(),
+            ..Default::default()
         };
         let page = client.list_approvals(request).await?.into_inner();
         approvals.extend(page.approvals);
@@ -674,21 +772,37 @@ async fn list_approvals(
     approvals.truncate(limit);
     match output {
         OutputFormat::Table => emit(&approval_table(&approvals)),
-        OutputFormat::Json => emit_json(&ApprovalListJson {
-            approvals: approvals.iter().map(ApprovalJson::from).collect(),
-        }),
+        OutputFormat::Json => emit_proto(
+            &pb::ListApprovalsResponse {
+                approvals,
+                next_page_token: String::new(),
+            },
+            "toolgate.v1.ListApprovalsResponse",
+        ),
     }
 }
 
-async fn watch_approvals(
+/// How one watch stream ended, when not with a refusal.
+enum WatchEnd {
+    /// The server ended it (at shutdown, or the connection went away).
+    Ended(String),
+}
+
+/// Prints one watch stream until it ends. A refusal (a bad token, a
+/// credential revoked by a reload) is an error; the server going away is
+/// an orderly end.
+async fn watch_once(
     client: &mut ApprovalsClient<Authed>,
     server: &str,
     output: OutputFormat,
-) -> Result<(), Failure> {
-    let mut events = client
-        .watch_approvals(pb::WatchApprovalsRequest {})
-        .await?
-        .into_inner();
+) -> Result<WatchEnd, Failure> {
+    let mut events = match client.watch_approvals(pb::WatchApprovalsRequest {}).await {
+        Ok(response) => response.into_inner(),
+        Err(status) if is_disconnect(&status) => {
+            return Ok(WatchEnd::Ended(status.message().to_string()));
+        }
+        Err(status) => return Err(Failure::Status(status)),
+    };
     // The server subscribed before answering: from here on nothing is missed.
     say(&format!(
         "toolgate: watching approvals on {}",
@@ -700,31 +814,65 @@ async fn watch_approvals(
                 let line = match output {
                     OutputFormat::Table => event_line(&event),
                     OutputFormat::Json => {
-                        let approval_json = event.approval.as_ref().map(ApprovalJson::from);
-                        let json = ApprovalEventJson {
-                            kind: event_kind_name(event.kind()),
-                            approval: approval_json,
-                            lagged: event.lagged,
-                        };
-                        let mut line = serde_json::to_string(&json)
-                            .map_err(|error| Failure::Output(io::Error::other(error)))?;
+                        let mut line = proto_json(&event, "toolgate.v1.ApprovalEvent", false)?;
                         line.push('\n');
                         line
                     }
                 };
                 emit(&line)?;
             }
-            Ok(None) => return Ok(()),
-            // The server ending the stream at shutdown is an orderly end.
-            Err(status) if status.code() == Code::Unavailable => {
-                say(&format!(
-                    "toolgate: watch ended: {}",
-                    printable(status.message())
-                ));
-                return Ok(());
+            Ok(None) => return Ok(WatchEnd::Ended("the server ended the stream".into())),
+            Err(status) if is_disconnect(&status) => {
+                return Ok(WatchEnd::Ended(status.message().to_string()));
             }
             Err(status) => return Err(Failure::Status(status)),
         }
+    }
+}
+
+/// The server went away (shut down, restarted, unreachable) rather than
+/// refusing the call.
+fn is_disconnect(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled
+    )
+}
+
+/// First and largest pause before `watch --follow` reconnects.
+const FOLLOW_FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const FOLLOW_MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// `approvals watch --follow`: watches, and when the server goes away
+/// reconnects with exponential backoff (200 ms doubling to 5 s) until a
+/// refusal or the user stops it. Events while disconnected are missed.
+async fn follow_approvals(client_args: &ClientArgs, output: OutputFormat) -> Result<(), Failure> {
+    let auth = bearer(client_args)?;
+    let url = server_url(&client_args.server)?;
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|error| Failure::Usage(format!("--server {url:?}: {}", error_chain(&error))))?
+        .connect_timeout(CONNECT_TIMEOUT);
+    let mut backoff = FOLLOW_FIRST_BACKOFF;
+    loop {
+        let why = match endpoint.connect().await {
+            Ok(channel) => {
+                let mut client = ApprovalsClient::with_interceptor(channel, auth.clone());
+                match watch_once(&mut client, &client_args.server, output).await? {
+                    WatchEnd::Ended(message) => {
+                        backoff = FOLLOW_FIRST_BACKOFF;
+                        message
+                    }
+                }
+            }
+            Err(error) => format!("cannot connect to {url}: {}", error_chain(&error)),
+        };
+        say(&format!(
+            "toolgate: watch ended: {}; reconnecting in {} ms (events meanwhile are missed; list approvals to resync)",
+            printable(&why),
+            backoff.as_millis()
+        ));
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(FOLLOW_MAX_BACKOFF);
     }
 }
 
@@ -753,16 +901,10 @@ async fn pins(args: PinsArgs) -> Result<(), Failure> {
     let mut client = ManifestPinsClient::with_interceptor(channel, auth);
     match args.command {
         PinsCommand::List => {
-            let pins = client
-                .list_pins(pb::ListPinsRequest {})
-                .await?
-                .into_inner()
-                .pins;
+            let pins = client.list_pins(pb::ListPinsRequest {}).await?.into_inner();
             match output {
-                OutputFormat::Table => emit(&pin_table(&pins)),
-                OutputFormat::Json => emit_json(&PinListJson {
-                    pins: pins.iter().map(PinJson::from).collect(),
-                }),
+                OutputFormat::Table => emit(&pin_table(&pins.pins)),
+                OutputFormat::Json => emit_proto(&pins, "toolgate.v1.ListPinsResponse"),
             }
         }
         PinsCommand::Add { expect, .. } => {
@@ -990,6 +1132,9 @@ pub fn run_resource(args: ResourceArgs) -> ExitCode {
     run(resource(args))
 }
 
+/// Column cap of the resource table's names; the values take what is left.
+const RESOURCE_NAME_WIDTH: usize = 32;
+
 async fn resource(args: ResourceArgs) -> Result<(), Failure> {
     let output = args.client.output;
     let (channel, auth) = connect(&args.client).await?;
@@ -1034,11 +1179,45 @@ async fn resource(args: ResourceArgs) -> Result<(), Failure> {
                     ("value", json_cell(&resource.value_json)),
                     ("version", resource.version.to_string()),
                 ])),
-                OutputFormat::Json => emit_json(&ResourceJson {
-                    name: &resource.name,
-                    value: json_field(&resource.value_json),
-                    version: resource.version,
-                }),
+                OutputFormat::Json => emit_proto(&resource, "toolgate.v1.Resource"),
+            }
+        }
+        ResourceCommand::List => {
+            let mut resources = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let request = pb::ListResourcesRequest {
+                    page_size: 0,
+                    page_token: page_token.clone(),
+                };
+                let page = client.list_resources(request).await?.into_inner();
+                resources.extend(page.resources);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+            match output {
+                OutputFormat::Table => {
+                    let rows = resources
+                        .iter()
+                        .map(|resource| {
+                            vec![
+                                clip(&cell(&resource.name), RESOURCE_NAME_WIDTH),
+                                resource.version.to_string(),
+                                json_cell(&resource.value_json),
+                            ]
+                        })
+                        .collect();
+                    emit(&fitted_table(&["NAME", "VERSION", "VALUE"], rows))
+                }
+                OutputFormat::Json => emit_proto(
+                    &pb::ListResourcesResponse {
+                        resources,
+                        next_page_token: String::new(),
+                    },
+                    "toolgate.v1.ListResourcesResponse",
+                ),
             }
         }
     }
@@ -1046,23 +1225,87 @@ async fn resource(args: ResourceArgs) -> Result<(), Failure> {
 
 // ----- check-config -------------------------------------------------------
 
-/// `toolgate check-config FILE`: 0 and a summary when valid, 1 and the
-/// error (with its key path) on stderr when not.
+/// `toolgate check-config FILE [--strict] [--output json]`.
+///
+/// - Valid: exit 0, the summary on stdout, each warning (a dangling name)
+///   as `warning: FILE: KEY: MESSAGE` on stderr.
+/// - Invalid: exit 1, `error: FILE: KEY: MESSAGE` on stderr, nothing on
+///   stdout. With `--strict` warnings are errors.
+/// - `--output json`: one object on stdout in every case: `valid`,
+///   `errors` and `warnings` (each `{"file", "key", "message"}`) and, when
+///   valid, the summary's fields; exit status as above.
 pub fn run_check_config(args: &CheckConfigArgs) -> ExitCode {
-    let policy = match Policy::load(&args.file) {
-        Ok(policy) => policy,
-        Err(error) => {
-            say(&format!("error: {error}"));
-            return ExitCode::FAILURE;
+    let file = args.file.display().to_string();
+    let (policy, errors, warnings) = match Policy::load(&args.file) {
+        Ok(policy) if args.strict && !policy.warnings.is_empty() => {
+            let errors = policy.warnings.clone();
+            (None, errors, Vec::new())
+        }
+        Ok(policy) => {
+            let warnings = policy.warnings.clone();
+            (Some(policy), Vec::new(), warnings)
+        }
+        Err(error) => (
+            None,
+            vec![PolicyWarning {
+                key: error.key,
+                message: error.message,
+            }],
+            Vec::new(),
+        ),
+    };
+    // A file that cannot be read is named by its message.
+    let source = |message: &str| {
+        if message.starts_with("cannot read ") {
+            ""
+        } else {
+            file.as_str()
         }
     };
     let written = match args.output {
-        OutputFormat::Table => emit(&policy_summary(&policy, &args.file)),
-        OutputFormat::Json => emit_json(&policy_json(&policy, &args.file)),
+        OutputFormat::Table => {
+            for (label, items) in [("error", &errors), ("warning", &warnings)] {
+                for item in items {
+                    let parts = [source(&item.message), item.key.as_str(), &item.message];
+                    let line: Vec<&str> =
+                        parts.into_iter().filter(|part| !part.is_empty()).collect();
+                    say(&format!("{label}: {}", line.join(": ")));
+                }
+            }
+            match &policy {
+                Some(policy) => emit(&policy_summary(policy, &args.file)),
+                None => Ok(()),
+            }
+        }
+        OutputFormat::Json => {
+            let entries = |items: &[PolicyWarning]| -> Vec<serde_json::Value> {
+                items
+                    .iter()
+                    .map(|item| {
+                        serde_json::json!({
+                            "file": file,
+                            "key": item.key,
+                            "message": item.message,
+                        })
+                    })
+                    .collect()
+            };
+            let mut object = match &policy {
+                Some(policy) => policy_json(policy, &args.file),
+                None => serde_json::json!({ "file": file }),
+            };
+            if let Some(fields) = object.as_object_mut() {
+                fields.insert("valid".to_string(), policy.is_some().into());
+                fields.insert("errors".to_string(), entries(&errors).into());
+                fields.insert("warnings".to_string(), entries(&warnings).into());
+            }
+            emit_json(&object)
+        }
     };
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(failure) => failure.report(),
+    match (written, policy.is_some()) {
+        (Ok(()), true) => ExitCode::SUCCESS,
+        (Ok(()), false) => ExitCode::FAILURE,
+        (Err(failure), _) => failure.report(),
     }
 }
 
@@ -1187,6 +1430,8 @@ fn limit_fields(policy: &Policy) -> Vec<(&'static str, u64)> {
             "receipt_retention_seconds",
             limits.receipt_retention.as_secs(),
         ),
+        ("max_sessions_per_host", count(limits.max_sessions_per_host)),
+        ("max_pending_per_host", count(limits.max_pending_per_host)),
     ]
 }
 
@@ -1203,6 +1448,7 @@ fn policy_summary(policy: &Policy, file: &Path) -> String {
     text.push_str(&record(&[
         ("revision", policy.revision.clone()),
         ("version_scope", version_scope_name(policy).to_string()),
+        ("open_host_api", policy.open_host_api.to_string()),
     ]));
 
     let tools: Vec<Vec<String>> = sorted(policy.tools.iter())
@@ -1420,6 +1666,7 @@ fn policy_json(policy: &Policy, file: &Path) -> serde_json::Value {
     json!({
         "file": file.display().to_string(),
         "revision": policy.revision,
+        "open_host_api": policy.open_host_api,
         "tools": tools,
         "actors": actors,
         "reviewers": reviewers,

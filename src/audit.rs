@@ -27,15 +27,138 @@ macro_rules! audit {
     };
 }
 
-/// An optional value as an audit field: the value, or an empty string.
-pub struct Blank<T>(pub Option<T>);
+/// Emits an audit event at WARN: something an operator should look at
+/// (`policy_reload_failed`).
+#[macro_export]
+macro_rules! audit_warn {
+    ($event:expr $(, $($fields:tt)*)?) => {
+        ::tracing::warn!(target: "toolgate::audit", event = $event $(, $($fields)*)?)
+    };
+}
 
-impl<T: std::fmt::Display> std::fmt::Display for Blank<T> {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(value) => value.fmt(formatter),
-            None => Ok(()),
+/// An optional value as an audit field: `approval_id = blank(id)`. When it
+/// is absent the field is still written, as `null` in JSON and as `""` in
+/// text, so that every line of an event has the same fields and no Rust
+/// `None`/`Some(…)` ever reaches the log.
+pub fn blank<T: std::fmt::Display>(value: Option<T>) -> Option<tracing::field::DisplayValue<T>> {
+    value.map(tracing::field::display)
+}
+
+/// The audit events a client can cause at will, as often as it likes:
+/// refusals of malformed, unauthorised or unauthenticated calls. Their
+/// lines go through a [`Coalescer`], so that a flood of them cannot fill the
+/// log writer (whose callers wait when it is full) and stall the decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// `request_rejected`: an INVALID_ARGUMENT (method, field path, rule).
+    RequestRejected,
+    /// `review_refused`: a grant, deny or revoke that was refused.
+    ReviewRefused,
+    /// `auth_failed`: a call refused by authentication.
+    AuthFailed,
+}
+
+impl Rejection {
+    pub const ALL: [Rejection; 3] = [
+        Rejection::RequestRejected,
+        Rejection::ReviewRefused,
+        Rejection::AuthFailed,
+    ];
+
+    /// The stable event name (SPEC §8).
+    pub fn event_name(self) -> &'static str {
+        match self {
+            Rejection::RequestRejected => "request_rejected",
+            Rejection::ReviewRefused => "review_refused",
+            Rejection::AuthFailed => "auth_failed",
         }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Rejection::RequestRejected => 0,
+            Rejection::ReviewRefused => 1,
+            Rejection::AuthFailed => 2,
+        }
+    }
+}
+
+/// Lines of one [`Rejection`] kind written at once before coalescing starts.
+pub const REJECTION_BURST: u64 = 100;
+/// Lines of one [`Rejection`] kind written per second, on average, beyond
+/// the burst.
+pub const REJECTION_LINES_PER_SECOND: u64 = 20;
+
+/// A token bucket per [`Rejection`] kind, on the engine's clock. A line
+/// over the budget is not written but counted, never waited for; the count
+/// is reported in the `coalesced` field of the next line of that kind (or
+/// of an `audit_coalesced` line, see [`Coalescer::take_pending`]), so every
+/// rejection is accounted for: lines plus the coalesced counts they report
+/// equal the rejections.
+#[derive(Debug)]
+pub struct Coalescer {
+    buckets: [std::sync::Mutex<Bucket>; 3],
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// Thousandths of a line.
+    allowance: u64,
+    refilled_at: Option<crate::clock::Timestamp>,
+    /// Lines coalesced since the last line of this kind.
+    pending: u64,
+}
+
+const LINE_COST: u64 = 1000;
+
+impl Default for Coalescer {
+    fn default() -> Self {
+        let full = Bucket {
+            allowance: REJECTION_BURST * LINE_COST,
+            refilled_at: None,
+            pending: 0,
+        };
+        Coalescer {
+            buckets: [full; 3].map(std::sync::Mutex::new),
+        }
+    }
+}
+
+impl Coalescer {
+    fn bucket(&self, kind: Rejection) -> std::sync::MutexGuard<'_, Bucket> {
+        // A bucket is two numbers: a panic cannot leave it inconsistent.
+        self.buckets[kind.index()]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a line of `kind` may be written now: `Some(coalesced)`, the
+    /// count of lines of this kind coalesced since the last one (to report
+    /// in it), or `None` when this line is coalesced (counted, not written).
+    pub fn admit(&self, kind: Rejection, now: crate::clock::Timestamp) -> Option<u64> {
+        let mut bucket = self.bucket(kind);
+        if let Some(refilled_at) = bucket.refilled_at {
+            let earned = now
+                .millis_since(refilled_at)
+                .saturating_mul(REJECTION_LINES_PER_SECOND);
+            bucket.allowance = bucket
+                .allowance
+                .saturating_add(earned)
+                .min(REJECTION_BURST * LINE_COST);
+        }
+        bucket.refilled_at = Some(now);
+        if bucket.allowance < LINE_COST {
+            bucket.pending = bucket.pending.saturating_add(1);
+            return None;
+        }
+        bucket.allowance -= LINE_COST;
+        Some(std::mem::take(&mut bucket.pending))
+    }
+
+    /// Takes the count of lines of `kind` coalesced since the last one, for
+    /// a periodic `audit_coalesced` line once a flood has stopped.
+    pub fn take_pending(&self, kind: Rejection) -> u64 {
+        std::mem::take(&mut self.bucket(kind).pending)
     }
 }
 
@@ -125,8 +248,11 @@ fn format_line(
         line,
         format,
         scratch: String::new(),
+        declared: event.metadata().fields(),
+        next: 0,
     };
     event.record(&mut fields);
+    fields.absent_before(usize::MAX);
     let line = fields.line;
     if format == AuditFormat::Json {
         line.push('}');
@@ -170,10 +296,37 @@ struct Fields<'a> {
     format: AuditFormat,
     /// Values given as `%display` or `?debug` are formatted here first.
     scratch: String,
+    /// The event's fields as declared: a declared field that records no
+    /// value (an absent `Option`) is written as absent, in its place.
+    declared: &'static tracing::field::FieldSet,
+    /// Index of the next declared field not yet written.
+    next: usize,
 }
 
 impl Fields<'_> {
+    /// Writes the declared fields before index `until` that recorded nothing.
+    fn absent_before(&mut self, until: usize) {
+        let declared = self.declared;
+        for field in declared.iter().skip(self.next) {
+            if field.index() >= until {
+                break;
+            }
+            self.write_name(&field);
+            match self.format {
+                AuditFormat::Json => self.line.push_str("null"),
+                AuditFormat::Text => self.line.push_str("\"\""),
+            }
+            self.next = field.index() + 1;
+        }
+    }
+
     fn name(&mut self, field: &Field) {
+        self.absent_before(field.index());
+        self.next = field.index() + 1;
+        self.write_name(field);
+    }
+
+    fn write_name(&mut self, field: &Field) {
         match self.format {
             AuditFormat::Json => {
                 self.line.push(',');
@@ -311,8 +464,9 @@ mod tests {
             note = ?"dbg",
             ratio = f64::NAN,
             text = "caf\u{e9}\u{1}",
-            absent = %Blank::<u32>(None),
-            present = %Blank(Some(5)),
+            absent = blank::<u32>(None),
+            present = blank(Some(5)),
+            last = blank::<u32>(None),
         );
         tracing::info!(target: "toolgate::other", "not an audit event");
     }
@@ -334,8 +488,10 @@ mod tests {
         assert_eq!(event["ratio"], "NaN");
         assert_eq!(event["text"], "caf\u{e9}\u{1}");
         assert!(event.get("forged").is_none());
-        assert_eq!(event["absent"], "");
+        assert_eq!(event["absent"], serde_json::Value::Null);
         assert_eq!(event["present"], "5");
+        assert_eq!(event["last"], serde_json::Value::Null);
+        assert!(!lines[0].contains("None"), "{}", lines[0]);
         let timestamp = event["timestamp"].as_str().unwrap();
         assert_eq!(
             timestamp.len(),
@@ -358,7 +514,7 @@ mod tests {
         assert_eq!(lines.len(), 1, "{lines:?}");
         let line = &lines[0];
         assert!(
-            line.ends_with(" text=\"caf\u{e9}\\u0001\" absent=\"\" present=\"5\""),
+            line.ends_with(" text=\"caf\u{e9}\\u0001\" absent=\"\" present=\"5\" last=\"\""),
             "{line}"
         );
         assert!(
@@ -371,6 +527,34 @@ mod tests {
             line.contains(" replayed=true version=7 delta=-3 "),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_coalescer_writes_a_burst_then_counts_and_reports_the_rest() {
+        use crate::clock::Timestamp;
+        let coalescer = Coalescer::default();
+        let start = Timestamp(1_000_000);
+        let kind = Rejection::RequestRejected;
+        for _ in 0..REJECTION_BURST {
+            assert_eq!(coalescer.admit(kind, start), Some(0));
+        }
+        for _ in 0..7 {
+            assert_eq!(coalescer.admit(kind, start), None);
+        }
+        // Other kinds have their own budget.
+        assert_eq!(coalescer.admit(Rejection::AuthFailed, start), Some(0));
+        // Time earns lines back: the first reports what was coalesced.
+        let later = Timestamp(start.0 + 1000 / REJECTION_LINES_PER_SECOND);
+        assert_eq!(coalescer.admit(kind, later), Some(7));
+        assert_eq!(coalescer.admit(kind, later), None);
+        assert_eq!(coalescer.take_pending(kind), 1);
+        assert_eq!(coalescer.take_pending(kind), 0);
+        // A long pause refills no more than the burst.
+        let much_later = Timestamp(start.0 + 3_600_000);
+        for _ in 0..REJECTION_BURST {
+            assert_eq!(coalescer.admit(kind, much_later), Some(0));
+        }
+        assert_eq!(coalescer.admit(kind, much_later), None);
     }
 
     #[test]

@@ -6,14 +6,20 @@
 //! - Host credentials reach only `PolicyDecisionPoint`; reviewer credentials
 //!   only `Approvals` and `ManifestPins`; `Resources` takes either. Health
 //!   and reflection are open.
-//! - With no host credential in the policy the host API is open (the caller
-//!   is an anonymous host that may assert any actor). The reviewer API always
-//!   needs a reviewer credential: with none configured it is closed.
+//! - The host API is open only with `[server] open_host_api = true` (the
+//!   caller is then an anonymous host that may assert any actor); never
+//!   because credentials are absent. The reviewer API always needs a
+//!   reviewer credential: with none configured it is closed.
 //! - Missing or unknown token → `UNAUTHENTICATED`; the wrong kind →
 //!   `PERMISSION_DENIED`.
 //!
 //! The layer puts the [`Caller`] into the request's extensions; handlers
-//! read it from there, never from a request field.
+//! read it from there, never from a request field. It runs every call in a
+//! [`RequestContext`] (for the call's `request_rejected` lines), and writes
+//! an `auth_failed` audit line for every refusal: method, code, a stable
+//! reason (`missing-token`, `malformed-authorization`, `unknown-token`,
+//! `reviewer-api-closed`, `wrong-credential-kind`, and from the handlers
+//! `actor-not-permitted`), never the token.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,8 +29,11 @@ use std::task::{Context, Poll};
 use tonic::Status;
 use tower::{Layer, Service};
 
+use crate::audit;
+use crate::audit::Rejection;
 use crate::canonical::Fingerprint;
 use crate::engine::Engine;
+use crate::grpc::status::RequestContext;
 use crate::policy::{Credential, CredentialKind};
 
 /// The authenticated identity behind a request: the credential its token
@@ -59,6 +68,28 @@ impl Caller {
     pub fn may_assert(&self, actor: &str) -> bool {
         self.kind == CredentialKind::Host && self.0.may_assert(actor)
     }
+
+    /// Refuses a host that may not speak for `actor`, with an `auth_failed`
+    /// line (reason `actor-not-permitted`) for the call being served.
+    #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
+    pub fn require_actor(&self, actor: &str) -> Result<(), Status> {
+        if self.may_assert(actor) {
+            return Ok(());
+        }
+        let refused = Refused {
+            status: Status::permission_denied(format!(
+                "host {:?} may not act for actor {actor:?}",
+                self.identity
+            )),
+            code: "PERMISSION_DENIED",
+            reason: "actor-not-permitted",
+            identity: Some(self.identity.clone()),
+        };
+        RequestContext::with_current(|context| {
+            audit_refused(context.engine(), context, &refused);
+        });
+        Err(refused.status)
+    }
 }
 
 /// Who may call a gRPC service.
@@ -84,7 +115,7 @@ fn reach_of(path: &str) -> Reach {
     }
 }
 
-/// The caller of the host API when the policy declares no host credential.
+/// The caller of the host API when the policy says `open_host_api = true`.
 fn anonymous_host() -> Caller {
     static ANONYMOUS: LazyLock<Arc<Credential>> = LazyLock::new(|| {
         Arc::new(Credential {
@@ -96,13 +127,34 @@ fn anonymous_host() -> Caller {
     Caller(Arc::clone(&ANONYMOUS))
 }
 
+/// A request refused by authentication: the status it is answered with,
+/// and what its `auth_failed` line says (never the token).
+struct Refused {
+    status: Status,
+    code: &'static str,
+    /// Stable kebab-case reason.
+    reason: &'static str,
+    /// The credential the token matched, when it was of the wrong kind.
+    identity: Option<String>,
+}
+
+impl Refused {
+    fn unauthenticated(reason: &'static str, message: &'static str) -> Self {
+        Refused {
+            status: Status::unauthenticated(message),
+            code: "UNAUTHENTICATED",
+            reason,
+            identity: None,
+        }
+    }
+}
+
 /// Decides whether a request may reach its service, and as whom.
-#[allow(clippy::result_large_err)] // tonic::Status is what the layer answers with
 fn authenticate(
     engine: &Engine,
     path: &str,
     authorization: Option<&[u8]>,
-) -> Result<Option<Caller>, Status> {
+) -> Result<Option<Caller>, Box<Refused>> {
     let reach = reach_of(path);
     if reach == Reach::Open {
         return Ok(None);
@@ -118,27 +170,36 @@ fn authenticate(
             match token.map(str::trim) {
                 Some(token) if !token.is_empty() => Some(token),
                 _ => {
-                    return Err(Status::unauthenticated(
+                    return Err(Box::new(Refused::unauthenticated(
+                        "malformed-authorization",
                         "authorization must be `Bearer <token>`",
-                    ));
+                    )));
                 }
             }
         }
     };
     let Some(token) = token else {
-        if reach != Reach::Reviewer && !engine.has_credentials(CredentialKind::Host) {
+        if reach != Reach::Reviewer && engine.policy().open_host_api {
             return Ok(Some(anonymous_host()));
         }
-        return Err(Status::unauthenticated(match reach {
+        return Err(Box::new(match reach {
             Reach::Reviewer if !engine.has_credentials(CredentialKind::Reviewer) => {
-                "the reviewer API is closed: the policy declares no reviewer credentials"
+                Refused::unauthenticated(
+                    "reviewer-api-closed",
+                    "the reviewer API is closed: the policy declares no reviewer credentials",
+                )
             }
-            _ => "missing `authorization: Bearer <token>`",
+            _ => {
+                Refused::unauthenticated("missing-token", "missing `authorization: Bearer <token>`")
+            }
         }));
     };
     let digest = Fingerprint::of_bytes(token.as_bytes());
     let Some(credential) = engine.credential(&digest) else {
-        return Err(Status::unauthenticated("unknown token"));
+        return Err(Box::new(Refused::unauthenticated(
+            "unknown-token",
+            "unknown token",
+        )));
     };
     let allowed = match reach {
         Reach::Host => credential.kind == CredentialKind::Host,
@@ -146,13 +207,34 @@ fn authenticate(
         Reach::HostOrReviewer | Reach::Open => true,
     };
     if !allowed {
-        return Err(Status::permission_denied(format!(
-            "a {} credential cannot call {}",
-            credential.kind.as_str(),
-            path.trim_start_matches('/').split('/').next().unwrap_or("")
-        )));
+        return Err(Box::new(Refused {
+            status: Status::permission_denied(format!(
+                "a {} credential cannot call {}",
+                credential.kind.as_str(),
+                path.trim_start_matches('/').split('/').next().unwrap_or("")
+            )),
+            code: "PERMISSION_DENIED",
+            reason: "wrong-credential-kind",
+            identity: Some(credential.identity.clone()),
+        }));
     }
     Ok(Some(Caller(credential)))
+}
+
+/// `auth_failed`: method, code, reason, the credential's identity when the
+/// token matched one of the wrong kind; never the token.
+fn audit_refused(engine: &Engine, context: &RequestContext, refused: &Refused) {
+    engine.audit_rejection(Rejection::AuthFailed, |coalesced, revision| {
+        audit!(
+            "auth_failed",
+            method = context.method(),
+            code = refused.code,
+            reason = refused.reason,
+            identity = refused.identity.as_deref(),
+            policy_revision = revision,
+            coalesced,
+        );
+    });
 }
 
 /// The tower layer that authenticates every request.
@@ -205,17 +287,23 @@ where
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(http::HeaderValue::as_bytes);
-        match authenticate(&self.engine, request.uri().path(), authorization) {
+        let path = request.uri().path();
+        match authenticate(&self.engine, path, authorization) {
             Ok(caller) => {
+                // The call runs in its context, for the audit lines of its
+                // rejections (`grpc::status`).
+                let context = RequestContext::new(self.engine.clone(), path, caller.clone());
                 // Whatever a client sent, the only Caller is the one made here.
                 request.extensions_mut().remove::<Caller>();
                 if let Some(caller) = caller {
                     request.extensions_mut().insert(caller);
                 }
-                Box::pin(self.inner.call(request))
+                Box::pin(context.scope(self.inner.call(request)))
             }
-            Err(status) => {
-                let response = status.into_http::<ResponseBody>();
+            Err(refused) => {
+                let context = RequestContext::new(self.engine.clone(), path, None);
+                audit_refused(&self.engine, &context, &refused);
+                let response = refused.status.into_http::<ResponseBody>();
                 Box::pin(async move { Ok(response) })
             }
         }

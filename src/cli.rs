@@ -44,8 +44,9 @@ pub enum Command {
     Resource(ResourceArgs),
     /// Validate a policy file and print what it defines (never credential digests).
     ///
-    /// Exit status 0 when the file is valid; 1 with the error (naming the
-    /// key path) on stderr otherwise.
+    /// Exit status 0 when the file is valid (warnings about dangling names
+    /// on stderr); 1 with the error (naming the key path) on stderr
+    /// otherwise, or on any warning with `--strict`.
     CheckConfig(CheckConfigArgs),
 }
 
@@ -77,9 +78,10 @@ pub struct ClientArgs {
         hide_env_values = true
     )]
     pub token: Option<Token>,
-    /// Output format: aligned tables for people, or JSON (proto field names,
-    /// enums as short lowercase names, JSON text fields parsed, timestamps as
-    /// RFC 3339 UTC strings, absent timestamps as null).
+    /// Output format: tables for people (lists fit 100 columns, cut with
+    /// `…`), or JSON in protobuf's canonical JSON mapping, as grpcurl prints
+    /// it (lowerCamelCase names, enum value names, 64-bit integers as
+    /// strings, RFC 3339 timestamps, default values left out).
     #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 }
@@ -123,16 +125,17 @@ pub struct ApprovalsArgs {
 pub enum ApprovalsCommand {
     /// List approvals, following pages until done or `--limit` is reached.
     ///
-    /// JSON: `{"approvals": [...]}`.
+    /// Table: short unique ids, tool and redacted arguments, 100 columns.
+    /// JSON: a `ListApprovalsResponse` of all pages.
     List(ListApprovalsArgs),
     /// Show one approval.
     Get {
-        /// Approval id (UUID).
+        /// Approval id (UUID), or a unique prefix of one.
         id: String,
     },
     /// Grant a pending approval as the authenticated reviewer.
     Grant {
-        /// Approval id (UUID).
+        /// Approval id (UUID), or a unique prefix of one.
         id: String,
         /// Comment stored with the grant.
         #[arg(long, value_name = "TEXT", default_value = "")]
@@ -140,7 +143,7 @@ pub enum ApprovalsCommand {
     },
     /// Deny a pending approval as the authenticated reviewer.
     Deny {
-        /// Approval id (UUID).
+        /// Approval id (UUID), or a unique prefix of one.
         id: String,
         /// Why it is denied.
         #[arg(long, value_name = "TEXT", default_value = "")]
@@ -148,7 +151,7 @@ pub enum ApprovalsCommand {
     },
     /// Revoke a granted, not yet consumed approval.
     Revoke {
-        /// Approval id (UUID).
+        /// Approval id (UUID), or a unique prefix of one.
         id: String,
         /// Why it is revoked.
         #[arg(long, value_name = "TEXT", default_value = "")]
@@ -156,11 +159,17 @@ pub enum ApprovalsCommand {
     },
     /// Print every ledger transition as it happens, one line each.
     ///
-    /// Table: one human line per event; JSON: one object per line
-    /// (`{"kind", "approval", "lagged"}`). A line on stderr says when the
+    /// Table: one line of at most 100 columns per event (kind, short id,
+    /// status, actor, tool, workspace, reviewer, redacted arguments); JSON:
+    /// one `ApprovalEvent` object per line. A line on stderr says when the
     /// stream is open. Exits 0 when the server ends the stream (also when it
-    /// shuts down).
-    Watch,
+    /// shuts down), 1 when the credential is refused or revoked.
+    Watch {
+        /// When the server goes away, reconnect with backoff (200 ms
+        /// doubling to 5 s) instead of exiting.
+        #[arg(long)]
+        follow: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -229,11 +238,14 @@ pub struct ResourceArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ResourceCommand {
-    /// Show a resource's value and version. JSON: `{"name", "value", "version"}`.
+    /// Show a resource's value and version. JSON: a `Resource`.
     Get {
         /// Resource name.
         name: String,
     },
+    /// List every resource with its version and value (cut to fit 100
+    /// columns). JSON: a `ListResourcesResponse` of all pages.
+    List,
 }
 
 #[derive(Debug, Args)]
@@ -243,6 +255,9 @@ pub struct CheckConfigArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Treat warnings (dangling names) as errors: exit 1 on any.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Debug, Args)]
@@ -259,6 +274,19 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`); off when absent.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Write logs and audit lines to this file instead of stderr, rotated by size.
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
+    /// Rotate the log file when a write would take it past this many bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 100 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub log_max_bytes: u64,
+    /// Rotated log files kept (`PATH.1` is the newest).
+    #[arg(long, value_name = "COUNT", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub log_max_files: u64,
+    /// Seconds a log write may block before the sink counts as stalled
+    /// (health NOT_SERVING, calls UNAVAILABLE until it drains).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub log_stall_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

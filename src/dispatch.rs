@@ -138,57 +138,71 @@ const RECEIPT_OVERHEAD_BYTES: usize = 256;
 
 /// The bytes a receipt holds under the byte budget.
 pub fn receipt_bytes(
+    host: &str,
     actor: &str,
     call_id: &str,
     resource: Option<&str>,
     value: Option<&Value>,
 ) -> usize {
     RECEIPT_OVERHEAD_BYTES
+        + host.len()
         + actor.len()
         + call_id.len()
         + resource.map_or(0, str::len)
         + value.map_or(0, value_bytes)
 }
 
-/// An actor's name and a call id in one shared allocation (the log's table
-/// and its age index hold the same one), ordered as the pair.
+/// A host identity, an actor's name and a call id in one shared allocation
+/// (the log's table and its age index hold the same one), ordered as the
+/// triple.
 #[derive(Debug, Clone)]
 struct CallKey {
-    actor_and_call_id: Arc<str>,
+    text: Arc<str>,
+    host_len: usize,
     actor_len: usize,
 }
 
 impl CallKey {
-    fn new(actor: &str, call_id: &str) -> Self {
-        let mut text = String::with_capacity(actor.len() + call_id.len());
+    fn new(host: &str, actor: &str, call_id: &str) -> Self {
+        let mut text = String::with_capacity(host.len() + actor.len() + call_id.len());
+        text.push_str(host);
         text.push_str(actor);
         text.push_str(call_id);
         CallKey {
-            actor_and_call_id: Arc::from(text),
+            text: Arc::from(text),
+            host_len: host.len(),
             actor_len: actor.len(),
         }
     }
 
+    fn host(&self) -> &str {
+        self.text.get(..self.host_len).unwrap_or_default()
+    }
+
     fn actor(&self) -> &str {
-        self.actor_and_call_id
-            .get(..self.actor_len)
+        self.text
+            .get(self.host_len..self.host_len + self.actor_len)
             .unwrap_or_default()
     }
 
     fn call_id(&self) -> &str {
-        self.actor_and_call_id
-            .get(self.actor_len..)
+        self.text
+            .get(self.host_len + self.actor_len..)
             .unwrap_or_default()
     }
 
-    fn is(&self, actor: &str, call_id: &str) -> bool {
-        self.actor() == actor && self.call_id() == call_id
+    fn parts(&self) -> (&str, &str, &str) {
+        (self.host(), self.actor(), self.call_id())
+    }
+
+    fn is(&self, host: &str, actor: &str, call_id: &str) -> bool {
+        self.parts() == (host, actor, call_id)
     }
 }
 
 impl PartialEq for CallKey {
     fn eq(&self, other: &Self) -> bool {
-        self.is(other.actor(), other.call_id())
+        self.parts() == other.parts()
     }
 }
 
@@ -196,7 +210,7 @@ impl Eq for CallKey {}
 
 impl Ord for CallKey {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.actor(), self.call_id()).cmp(&(other.actor(), other.call_id()))
+        self.parts().cmp(&other.parts())
     }
 }
 
@@ -216,14 +230,15 @@ struct StoredReceipt {
     bytes: usize,
 }
 
-/// Receipts by (actor, call id): each actor has its own call-id space, so one
-/// actor cannot occupy another's call ids. Capped in count and counted in
-/// bytes; receipts older than the retention window may be evicted to make
-/// room, younger ones never are (exactly-once needs them).
+/// Receipts by (host identity, actor, call id): each host and each actor has
+/// its own call-id space, so one cannot replay or occupy another's call ids
+/// (SPEC §6 step 4). Capped in count and counted in bytes; receipts older
+/// than the retention window may be evicted to make room, younger ones never
+/// are (exactly-once needs them).
 #[derive(Debug, Default)]
 pub struct ReceiptLog {
     receipts: Table<Box<StoredReceipt>>,
-    /// Oldest first; among receipts of the same millisecond, by (actor, call id).
+    /// Oldest first; among receipts of the same millisecond, by key.
     by_age: BTreeSet<(Timestamp, CallKey)>,
     /// Σ bytes of the stored receipts.
     bytes: usize,
@@ -248,14 +263,14 @@ impl ReceiptLog {
     }
 
     /// The hash a key is found under, from borrowed parts (no allocation).
-    fn hash(&self, actor: &str, call_id: &str) -> u64 {
-        self.receipts.hash(&(actor, call_id))
+    fn hash(&self, host: &str, actor: &str, call_id: &str) -> u64 {
+        self.receipts.hash(&(host, actor, call_id))
     }
 
-    pub fn get(&self, actor: &str, call_id: &str) -> Option<&Receipt> {
+    pub fn get(&self, host: &str, actor: &str, call_id: &str) -> Option<&Receipt> {
         self.receipts
-            .find(self.hash(actor, call_id), |stored| {
-                stored.key.is(actor, call_id)
+            .find(self.hash(host, actor, call_id), |stored| {
+                stored.key.is(host, actor, call_id)
             })
             .map(|stored| &stored.receipt)
     }
@@ -267,10 +282,11 @@ impl ReceiptLog {
             return None;
         }
         let (_, key) = self.by_age.pop_first()?;
-        let hash = self.hash(key.actor(), key.call_id());
+        let (host, actor, call_id) = key.parts();
+        let hash = self.hash(host, actor, call_id);
         let stored = self
             .receipts
-            .remove(hash, |stored| stored.key.is(key.actor(), key.call_id()))?;
+            .remove(hash, |stored| stored.key.is(host, actor, call_id))?;
         self.bytes = self.bytes.saturating_sub(stored.bytes);
         Some(stored.bytes)
     }
@@ -295,10 +311,11 @@ impl ReceiptLog {
             if total >= enough || now.millis_since(*created_at) < retention {
                 break;
             }
-            let hash = self.hash(key.actor(), key.call_id());
+            let (host, actor, call_id) = key.parts();
+            let hash = self.hash(host, actor, call_id);
             if let Some(stored) = self
                 .receipts
-                .find(hash, |stored| stored.key.is(key.actor(), key.call_id()))
+                .find(hash, |stored| stored.key.is(host, actor, call_id))
             {
                 total = total.saturating_add(stored.bytes);
             }
@@ -321,10 +338,11 @@ impl ReceiptLog {
 
     /// Stores the receipt of a call id; the caller has checked that it has
     /// none yet (Dispatch step 4, under the same lock) and made room.
-    pub fn insert(&mut self, actor: &str, call_id: &str, receipt: Receipt) {
-        let hash = self.hash(actor, call_id);
-        let key = CallKey::new(actor, call_id);
+    pub fn insert(&mut self, host: &str, actor: &str, call_id: &str, receipt: Receipt) {
+        let hash = self.hash(host, actor, call_id);
+        let key = CallKey::new(host, actor, call_id);
         let bytes = receipt_bytes(
+            host,
             actor,
             call_id,
             receipt.result.resource.as_deref(),
@@ -477,6 +495,11 @@ impl Resources {
     /// The version a proposal for this target must carry.
     pub fn version_for(&self, target: &Target<'_>) -> u64 {
         self.version_of(target.resource())
+    }
+
+    /// Every resource name, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.resources.keys().map(String::as_str)
     }
 
     /// A resource's value and the version a proposal against it must carry.

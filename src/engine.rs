@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::audit;
-use crate::audit::Blank;
+use crate::audit::blank;
 use crate::canonical::Fingerprint;
 use crate::canonical::Value;
 use crate::clock::{Clock, Timestamp};
@@ -52,6 +52,10 @@ struct Shared {
     metrics: std::sync::OnceLock<Arc<Metrics>>,
     /// Set once when the server begins to shut down; ends watch streams.
     closing: tokio::sync::watch::Sender<bool>,
+    /// Budgets for the audit lines clients can cause at will.
+    coalescer: audit::Coalescer,
+    /// Counts policy swaps, so that watch streams re-check their credential.
+    reloads: tokio::sync::watch::Sender<u64>,
 }
 
 impl Engine {
@@ -67,6 +71,8 @@ impl Engine {
                 runtime_credentials: RwLock::new(HashMap::new()),
                 metrics: std::sync::OnceLock::new(),
                 closing: tokio::sync::watch::Sender::new(false),
+                coalescer: audit::Coalescer::default(),
+                reloads: tokio::sync::watch::Sender::new(0),
             }),
         }
     }
@@ -137,6 +143,11 @@ impl Engine {
         }
     }
 
+    /// Changes each time a new policy is swapped in.
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.reloads.subscribe()
+    }
+
     /// A receiver of every ledger transition from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<ApprovalEvent> {
         self.shared.events.subscribe()
@@ -156,13 +167,47 @@ impl Engine {
                 tool = approval.tool.as_str(),
                 call_id = approval.call_id.as_str(),
                 status = approval.status.as_str(),
-                reviewer = approval.decided_by.as_deref().unwrap_or(""),
+                reviewer = approval.decided_by.as_deref(),
+                // The reviewer's words: a grant's comment, a denial's or
+                // revocation's reason.
+                note = Some(approval.decision_note.as_str()).filter(|note| !note.is_empty()),
             );
             if let Some(metrics) = self.metrics() {
                 metrics.transition(event.kind.audit_name());
             }
             // No receivers is fine: nobody is watching.
             let _ = self.shared.events.send(event);
+        }
+    }
+
+    /// Writes the audit line of a client-caused rejection through the
+    /// coalescer: `write` gets the count of earlier lines of this kind that
+    /// were coalesced (to report) and the policy revision; over the budget
+    /// nothing is written and the line is only counted. Never waits.
+    pub fn audit_rejection(&self, kind: audit::Rejection, write: impl FnOnce(u64, &str)) {
+        match self.shared.coalescer.admit(kind, self.now()) {
+            Some(coalesced) => write(coalesced, &self.policy().revision),
+            None => {
+                if let Some(metrics) = self.metrics() {
+                    metrics.audit_coalesced(kind.event_name());
+                }
+            }
+        }
+    }
+
+    /// Reports the rejections coalesced since their kind's last line, so
+    /// that the count of a flood that has stopped still reaches the log.
+    fn report_coalesced(&self) {
+        for kind in audit::Rejection::ALL {
+            let coalesced = self.shared.coalescer.take_pending(kind);
+            if coalesced > 0 {
+                audit!(
+                    "audit_coalesced",
+                    of = kind.event_name(),
+                    coalesced,
+                    policy_revision = self.policy().revision.as_str(),
+                );
+            }
         }
     }
 
@@ -193,7 +238,7 @@ impl Engine {
             workspace = session.workspace.as_str(),
             tool = proposal.name.as_str(),
             call_id = proposal.call_id.as_str(),
-            approval_id = %Blank(decision.approval.map(|(id, _)| id)),
+            approval_id = blank(decision.approval.map(|(id, _)| id)),
             policy_revision = policy.revision.as_str(),
         );
         Ok((decision, policy.revision.clone()))
@@ -225,14 +270,14 @@ impl Engine {
             reason = dispatched.reason,
             replayed = dispatched.replayed,
             fingerprint = %dispatched.fingerprint,
-            receipt_id = %Blank(dispatched.receipt_id),
+            receipt_id = blank(dispatched.receipt_id),
             version = result.map_or(0, |result| result.version),
             resource = result.and_then(|result| result.resource.as_deref()).unwrap_or(""),
             actor = session.actor.as_str(),
             session_id = session.session_id.as_str(),
             tool = proposal.name.as_str(),
             call_id = proposal.call_id.as_str(),
-            approval_id = %Blank(dispatched.approval_id),
+            approval_id = blank(dispatched.approval_id),
             policy_revision = policy.revision.as_str(),
         );
         Ok((dispatched, policy.revision.clone()))
@@ -259,18 +304,44 @@ impl Engine {
             .resource_page(name, start, max_items, max_bytes)
     }
 
-    pub fn session(&self, session_id: &str) -> Result<SessionSummary> {
+    /// A session of the host credential `host` (sessions are namespaced by
+    /// host identity).
+    pub fn session(&self, host: &str, session_id: &str) -> Result<SessionSummary> {
         let policy = self.policy();
         self.state()?
-            .session(session_id, policy.limits.decision_cost)
+            .session(host, session_id, policy.limits.decision_cost)
     }
 
     pub fn get_approval(&self, id: Uuid) -> Result<Approval> {
         self.with_expiry(&self.policy(), |state, _| state.get_approval(id))
     }
 
+    /// One approval as reviewer `viewer` may see it: one it may not see is
+    /// `NOT_FOUND`, exactly like one that does not exist.
+    pub fn get_approval_for(&self, id: Uuid, viewer: &str) -> Result<Approval> {
+        let policy = self.policy();
+        let approval = self.with_expiry(&policy, |state, _| state.get_approval(id))?;
+        if crate::ledger::visible_to(&approval, viewer, &policy) {
+            Ok(approval)
+        } else {
+            Err(Error::NotFound(format!("no approval {id}")))
+        }
+    }
+
     pub fn list_approvals(&self, query: &ListQuery) -> Result<Page> {
-        self.with_expiry(&self.policy(), |state, _| Ok(state.list_approvals(query)))
+        let policy = self.policy();
+        self.with_expiry(&policy, |state, _| Ok(state.list_approvals(&policy, query)))
+    }
+
+    /// A page of resources as (name, canonical JSON, version), and the name
+    /// to continue after when more follow.
+    pub fn list_resources(
+        &self,
+        after: Option<&str>,
+        page_size: usize,
+        max_bytes: usize,
+    ) -> Result<crate::state::ResourceList> {
+        Ok(self.state()?.list_resources(after, page_size, max_bytes))
     }
 
     /// Grant, deny or revoke by the authenticated reviewer.
@@ -282,9 +353,36 @@ impl Engine {
         note: String,
     ) -> Result<Approval> {
         let policy = self.policy();
-        let event = self.with_expiry(&policy, |state, now| {
+        let reviewed = self.with_expiry(&policy, |state, now| {
             state.review(&policy, now, id, verdict, reviewer, note)
-        })?;
+        });
+        let event = match reviewed {
+            Ok(event) => event,
+            Err(error) => {
+                if matches!(
+                    error,
+                    Error::PermissionDenied(_) | Error::FailedPrecondition(_) | Error::NotFound(_)
+                ) {
+                    self.audit_rejection(audit::Rejection::ReviewRefused, |coalesced, revision| {
+                        audit!(
+                            "review_refused",
+                            reviewer,
+                            approval_id = %id,
+                            verdict = match verdict {
+                                Verdict::Grant => "grant",
+                                Verdict::Deny => "deny",
+                                Verdict::Revoke => "revoke",
+                            },
+                            code = error.code_name(),
+                            rule = %error,
+                            policy_revision = revision,
+                            coalesced,
+                        );
+                    });
+                }
+                return Err(error);
+            }
+        };
         let approval = event.approval.clone();
         self.publish([event]);
         Ok(approval)
@@ -297,6 +395,7 @@ impl Engine {
         let now = self.now();
         let expired = self.state()?.sweep(&policy, now);
         self.publish(expired);
+        self.report_coalesced();
         Ok(())
     }
 
@@ -326,8 +425,29 @@ impl Engine {
         }
     }
 
-    /// Swaps in a new policy whole. State made through the API (pins,
-    /// approvals, receipts) is kept.
+    /// The reload decision: swaps in `policy` unless
+    /// [`Policy::reload_refusal`] says why not (then the policy in force is
+    /// kept, and the reason returned). `listen` is the gRPC listener's address.
+    pub fn reload(
+        &self,
+        policy: Policy,
+        listen: std::net::SocketAddr,
+    ) -> std::result::Result<(), String> {
+        let running = self.policy();
+        let running_kinds: Vec<CredentialKind> = [CredentialKind::Host, CredentialKind::Reviewer]
+            .into_iter()
+            .filter(|kind| self.has_credentials(*kind))
+            .collect();
+        if let Some(refusal) = running.reload_refusal(&running_kinds, &policy, listen) {
+            return Err(refusal);
+        }
+        self.replace_policy(policy);
+        Ok(())
+    }
+
+    /// Swaps in a new policy whole, unchecked (tests; a reload goes through
+    /// [`Engine::reload`]). State made through the API (pins, approvals,
+    /// receipts) is kept.
     pub fn replace_policy(&self, policy: Policy) {
         let revision = policy.revision.clone();
         if policy.server != self.policy().server {
@@ -344,6 +464,9 @@ impl Engine {
             Ok(mut guard) => *guard = new_policy,
             Err(poisoned) => *poisoned.into_inner() = new_policy,
         }
+        self.shared
+            .reloads
+            .send_modify(|generation| *generation = generation.wrapping_add(1));
         audit!("policy_reloaded", policy_revision = %revision);
     }
 
@@ -363,7 +486,7 @@ impl Engine {
             "manifest_assessed",
             server_id = %manifest.server_id,
             fingerprint = %assessment.fingerprint,
-            pinned_fingerprint = ?assessment.pinned_fingerprint.map(|fingerprint| fingerprint.to_hex()),
+            pinned_fingerprint = blank(assessment.pinned_fingerprint),
             reason = assessment.reason.as_str(),
             changed_tools = assessment.diffs.len(),
             accepted = assessment.accepted,

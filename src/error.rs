@@ -32,6 +32,20 @@ impl Error {
         }
     }
 
+    /// The canonical status code name (`INVALID_ARGUMENT`, …), as audit
+    /// lines and metrics spell it.
+    pub fn code_name(&self) -> &'static str {
+        match self {
+            Error::InvalidArgument { .. } => "INVALID_ARGUMENT",
+            Error::NotFound(_) => "NOT_FOUND",
+            Error::FailedPrecondition(_) => "FAILED_PRECONDITION",
+            Error::PermissionDenied(_) => "PERMISSION_DENIED",
+            Error::Unauthenticated(_) => "UNAUTHENTICATED",
+            Error::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
+            Error::Internal(_) => "INTERNAL",
+        }
+    }
+
     /// Puts `prefix.` in front of an invalid-argument field path, so that a
     /// domain validator's `tools[2].name` becomes `manifest.tools[2].name`.
     pub fn under(self, prefix: &str) -> Self {

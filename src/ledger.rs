@@ -48,6 +48,8 @@ impl ApprovalStatus {
 pub struct Approval {
     pub id: Uuid,
     pub fingerprint: Fingerprint,
+    /// The identity of the host credential whose call made the request.
+    pub host: String,
     pub actor: String,
     pub session_id: String,
     pub workspace: String,
@@ -73,6 +75,7 @@ pub struct Approval {
 #[derive(Debug, Clone)]
 pub struct NewApproval {
     pub fingerprint: Fingerprint,
+    pub host: String,
     pub actor: String,
     pub session_id: String,
     pub workspace: String,
@@ -160,8 +163,52 @@ pub struct ListQuery {
     pub status: Option<ApprovalStatus>,
     pub actor: Option<String>,
     pub tool: Option<String>,
+    /// Only approvals whose id (lowercase hyphenated form) starts with this.
+    pub id_prefix: Option<String>,
+    /// Only approvals this reviewer may see ([`visible_to`]); every
+    /// approval when `None` (in-process callers only).
+    pub viewer: Option<String>,
     pub after: Option<PageKey>,
     pub page_size: usize,
+    /// Stop a page before it exceeds this many bytes ([`approx_size`]);
+    /// a page always holds at least one approval. 0: no byte bound.
+    pub max_bytes: usize,
+}
+
+/// About how many bytes an approval takes on the wire: its text fields plus
+/// a fixed allowance for ids, timestamps and framing. Only used to bound
+/// pages, so it errs on the large side.
+pub fn approx_size(approval: &Approval) -> usize {
+    const FIXED: usize = 256;
+    FIXED
+        + approval.actor.len()
+        + approval.session_id.len()
+        + approval.workspace.len()
+        + approval.tool.len()
+        + approval.call_id.len()
+        + approval.arguments_view.len()
+        + approval.reason.len()
+        + approval.decided_by.as_ref().map_or(0, String::len)
+        + approval.decision_note.len()
+}
+
+/// Whether reviewer `viewer` may see an approval (list, get, watch): only
+/// what it could review (a tool one of its roles approves, in one of its
+/// workspaces), unless the policy gives it `see_all`. An identity that is
+/// not a reviewer in the policy sees nothing.
+pub fn visible_to(approval: &Approval, viewer: &str, policy: &Policy) -> bool {
+    let Some(reviewer) = policy.reviewers.get(viewer) else {
+        return false;
+    };
+    if reviewer.see_all {
+        return true;
+    }
+    reviewer.covers_workspace(&approval.workspace)
+        && policy.tools.get(&approval.tool).is_some_and(|tool| {
+            tool.approvers
+                .iter()
+                .any(|role| reviewer.roles.contains(role))
+        })
 }
 
 /// One page of approvals, in request order.
@@ -209,6 +256,7 @@ const RECORD_OVERHEAD_BYTES: usize = 512;
 /// and a fixed overhead).
 fn record_bytes(approval: &Approval) -> usize {
     RECORD_OVERHEAD_BYTES
+        + approval.host.len()
         + approval.actor.len()
         + approval.session_id.len()
         + 2 * approval.workspace.len()
@@ -223,6 +271,7 @@ impl NewApproval {
     /// What the record made of this request will count under the byte budget.
     pub fn bytes(&self) -> usize {
         RECORD_OVERHEAD_BYTES
+            + self.host.len()
             + self.actor.len()
             + self.session_id.len()
             + 2 * self.workspace.len()
@@ -257,6 +306,8 @@ pub struct Ledger {
     /// All records by (requested_at, id): listing order and page tokens.
     by_request: BTreeSet<(Timestamp, Uuid)>,
     pending_by_actor: HashMap<String, usize>,
+    /// Pending requests per host identity (for the per-host cap).
+    pending_by_host: HashMap<String, usize>,
     pending_total: usize,
 }
 
@@ -349,12 +400,18 @@ impl Ledger {
         }
     }
 
-    /// Checks the caps for one more pending request by `actor`.
-    pub fn check_capacity(&self, actor: &str, limits: &Limits) -> Result<()> {
+    /// Checks the caps for one more pending request by `actor` of `host`.
+    pub fn check_capacity(&self, host: &str, actor: &str, limits: &Limits) -> Result<()> {
         if self.pending_total >= limits.max_pending_total {
             return Err(Error::ResourceExhausted(format!(
                 "the approval ledger holds its maximum of {} pending requests",
                 limits.max_pending_total
+            )));
+        }
+        if self.pending_by_host.get(host).copied().unwrap_or(0) >= limits.max_pending_per_host {
+            return Err(Error::ResourceExhausted(format!(
+                "this host has its maximum of {} pending approval requests (limits.max_pending_per_host)",
+                limits.max_pending_per_host
             )));
         }
         if self.pending_by_actor.get(actor).copied().unwrap_or(0) >= limits.max_pending_per_actor {
@@ -394,6 +451,7 @@ impl Ledger {
         let approval = Approval {
             id: Uuid::new_v4(),
             fingerprint: new.fingerprint,
+            host: new.host,
             actor: new.actor,
             session_id: new.session_id,
             workspace: new.workspace,
@@ -416,6 +474,10 @@ impl Ledger {
                 self.pending_by_actor.insert(approval.actor.clone(), 1);
             }
         }
+        *self
+            .pending_by_host
+            .entry(approval.host.clone())
+            .or_insert(0) += 1;
         self.pending_total += 1;
         self.deadlines.insert((approval.expires_at, approval.id));
         self.by_request.insert((approval.requested_at, approval.id));
@@ -473,7 +535,8 @@ impl Ledger {
                 decrement_pending(
                     &mut self.pending_total,
                     &mut self.pending_by_actor,
-                    &approval.actor,
+                    &mut self.pending_by_host,
+                    approval,
                 );
                 self.deadlines.remove(&(approval.expires_at, id));
                 let bytes_before = record_bytes(approval);
@@ -521,13 +584,16 @@ impl Ledger {
             .ok_or_else(|| Error::Internal("approval vanished while consuming".into()))
     }
 
-    /// A page of approvals in request order.
-    pub fn list(&self, query: &ListQuery) -> Page {
+    /// A page of approvals in request order, bounded by `page_size` and
+    /// `max_bytes`.
+    pub fn list(&self, query: &ListQuery, policy: &Policy) -> Page {
         let start = match query.after {
             Some(key) => std::ops::Bound::Excluded(key),
             None => std::ops::Bound::Unbounded,
         };
         let mut page = Page::default();
+        let mut page_bytes = 0usize;
+        let mut id_text = Uuid::encode_buffer();
         for key in self.by_request.range((start, std::ops::Bound::Unbounded)) {
             let Some(approval) = find_record(&self.records, key.1) else {
                 continue;
@@ -540,17 +606,33 @@ impl Ledger {
                 && query
                     .tool
                     .as_deref()
-                    .is_none_or(|tool| approval.tool == tool);
+                    .is_none_or(|tool| approval.tool == tool)
+                && query.id_prefix.as_deref().is_none_or(|prefix| {
+                    approval
+                        .id
+                        .hyphenated()
+                        .encode_lower(&mut id_text)
+                        .starts_with(prefix)
+                })
+                && query
+                    .viewer
+                    .as_deref()
+                    .is_none_or(|viewer| visible_to(approval, viewer, policy));
             if !matches {
                 continue;
             }
-            if page.approvals.len() == query.page_size {
+            let size = approx_size(approval);
+            let over_bytes = query.max_bytes > 0
+                && !page.approvals.is_empty()
+                && page_bytes.saturating_add(size) > query.max_bytes;
+            if page.approvals.len() == query.page_size || over_bytes {
                 page.next = page
                     .approvals
                     .last()
                     .map(|last| (last.requested_at, last.id));
                 return page;
             }
+            page_bytes = page_bytes.saturating_add(size);
             page.approvals.push(approval.clone());
         }
         page
@@ -574,7 +656,8 @@ impl Ledger {
             decrement_pending(
                 &mut self.pending_total,
                 &mut self.pending_by_actor,
-                &approval.actor,
+                &mut self.pending_by_host,
+                approval,
             );
         }
         self.deadlines.remove(&(approval.expires_at, id));
@@ -629,17 +712,23 @@ impl Ledger {
     }
 }
 
-/// One pending request fewer for `actor`.
+/// One pending request fewer for the approval's actor and host.
 fn decrement_pending(
     pending_total: &mut usize,
     pending_by_actor: &mut HashMap<String, usize>,
-    actor: &str,
+    pending_by_host: &mut HashMap<String, usize>,
+    approval: &Approval,
 ) {
     *pending_total = pending_total.saturating_sub(1);
-    if let Some(count) = pending_by_actor.get_mut(actor) {
-        *count = count.saturating_sub(1);
-        if *count == 0 {
-            pending_by_actor.remove(actor);
+    for (counts, key) in [
+        (pending_by_actor, &approval.actor),
+        (pending_by_host, &approval.host),
+    ] {
+        if let Some(count) = counts.get_mut(key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(key);
+            }
         }
     }
 }

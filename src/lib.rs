@@ -22,6 +22,7 @@
 //! - [`grpc`]: the edge: conversions, handlers, the error-to-status map.
 //! - [`metrics`]: Prometheus metrics and the latency layer.
 //! - [`overload`]: load shedding, request timeout and message-size status layer.
+//! - [`connections`]: the accept loop, connection caps and handshake/write deadlines.
 //! - [`server`]: assembles services, health and reflection; `serve`.
 //! - [`cli`]: the command line (`serve`, `canonical`, `fingerprint`, `manifest`).
 //! - [`admin`]: the reviewer/operator clients (`approvals`, `pins`, `resource`) and `check-config`.
@@ -37,6 +38,7 @@ pub mod auth;
 pub mod canonical;
 pub mod cli;
 pub mod clock;
+pub mod connections;
 pub mod dispatch;
 pub mod engine;
 pub mod error;

@@ -9,20 +9,39 @@
 //! line costs a lock and a copy; the writer is woken only when it sleeps on
 //! an empty buffer, then lets lines gather for [`BATCH_WINDOW`].
 //!
-//! Nothing is dropped: when [`CAPACITY`] bytes wait, callers block until the
-//! writer has taken them. Dropping the [`LogGuard`] writes what is left.
+//! Nothing is dropped, and a sink that stops reading (a stderr pipe nobody
+//! drains) does not freeze the server: [`SinkStatus`] reports the sink as
+//! stalled once a write has been blocked (or failing) for the stall bound, or
+//! [`CAPACITY`] bytes wait; the server then turns health NOT_SERVING and
+//! refuses the calls that would write audit lines, so the buffer stops
+//! growing, until the sink drains. Callers wait only past
+//! [`HARD_CAPACITY`], which the refusals keep the buffer far from. A failed
+//! write is retried, never skipped. Dropping the [`LogGuard`] writes what is
+//! left.
+//!
+//! [`RotatingFile`] is a file sink with size-based rotation.
 
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing_subscriber::fmt::MakeWriter;
 
 /// How long lines gather after the writer wakes up.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(2);
-/// Bytes buffered before callers wait for the writer.
+/// Bytes buffered at which the sink counts as stalled.
 pub const CAPACITY: usize = 8 << 20;
+/// Bytes buffered before callers wait for the writer (a last resort: calls
+/// are refused long before).
+pub const HARD_CAPACITY: usize = 64 << 20;
+/// How long a write may block before the sink counts as stalled.
+pub const STALL_AFTER: Duration = Duration::from_secs(5);
+/// Pause between attempts at a write that failed.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Buffer {
@@ -30,6 +49,8 @@ struct Buffer {
     writer_asleep: bool,
     callers_waiting: usize,
     closed: bool,
+    /// When the write in progress (or being retried) started.
+    write_started: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -40,6 +61,13 @@ struct Shared {
     /// Callers wait here for room.
     room: Condvar,
     capacity: usize,
+    hard_capacity: usize,
+    stall_after: Duration,
+    /// The last verdict of [`SinkStatus::check`] (or of a caller that found
+    /// the buffer at capacity).
+    stalled: AtomicBool,
+    /// Times the sink went from draining to stalled.
+    stalls: AtomicU64,
 }
 
 impl Shared {
@@ -49,6 +77,13 @@ impl Shared {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    fn set_stalled(&self, stalled: bool) {
+        let was = self.stalled.swap(stalled, Ordering::AcqRel);
+        if stalled && !was {
+            self.stalls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The caller side; cheap to clone. A `MakeWriter` for tracing layers.
@@ -57,23 +92,85 @@ pub struct LogWriter {
     shared: Arc<Shared>,
 }
 
+impl LogWriter {
+    pub fn status(&self) -> SinkStatus {
+        SinkStatus {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Whether the sink keeps up; cheap to clone.
+#[derive(Clone)]
+pub struct SinkStatus {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SinkStatus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SinkStatus")
+            .field("stalled", &self.stalled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SinkStatus {
+    /// The last verdict: one atomic load, for every call.
+    pub fn stalled(&self) -> bool {
+        self.shared.stalled.load(Ordering::Acquire)
+    }
+
+    /// Looks at the sink now and updates the verdict: stalled while a write
+    /// has been blocked or failing for the stall bound, or while the buffer
+    /// is at capacity.
+    pub fn check(&self) -> bool {
+        let stalled = {
+            let buffer = self.shared.lock();
+            let blocked = buffer
+                .write_started
+                .is_some_and(|started| started.elapsed() >= self.shared.stall_after);
+            blocked || buffer.bytes.len() >= self.shared.capacity
+        };
+        self.shared.set_stalled(stalled);
+        stalled
+    }
+
+    /// Times the sink went from draining to stalled.
+    pub fn stalls(&self) -> u64 {
+        self.shared.stalls.load(Ordering::Relaxed)
+    }
+
+    /// Bytes waiting for the sink.
+    pub fn buffered(&self) -> usize {
+        self.shared.lock().bytes.len()
+    }
+}
+
 /// Stops the writer thread when dropped, after it has written everything.
 pub struct LogGuard {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// Starts the writer thread for `output`.
+/// Starts the writer thread for `output`, with the default bounds.
 pub fn spawn<W: Write + Send + 'static>(output: W) -> io::Result<(LogWriter, LogGuard)> {
-    spawn_with_capacity(output, CAPACITY)
+    spawn_with(output, CAPACITY, HARD_CAPACITY, STALL_AFTER)
 }
 
-fn spawn_with_capacity<W: Write + Send + 'static>(
+/// Starts the writer thread for `output`: the sink counts as stalled when
+/// `capacity` bytes wait or a write blocks for `stall_after`; callers wait
+/// past `hard_capacity`.
+pub fn spawn_with<W: Write + Send + 'static>(
     mut output: W,
     capacity: usize,
+    hard_capacity: usize,
+    stall_after: Duration,
 ) -> io::Result<(LogWriter, LogGuard)> {
     let shared = Arc::new(Shared {
         capacity,
+        hard_capacity: hard_capacity.max(capacity),
+        stall_after,
         ..Shared::default()
     });
     let for_thread = Arc::clone(&shared);
@@ -89,6 +186,14 @@ fn spawn_with_capacity<W: Write + Send + 'static>(
             thread: Some(thread),
         },
     ))
+}
+
+#[cfg(test)]
+fn spawn_with_capacity<W: Write + Send + 'static>(
+    output: W,
+    capacity: usize,
+) -> io::Result<(LogWriter, LogGuard)> {
+    spawn_with(output, capacity, capacity, STALL_AFTER)
 }
 
 fn write_batches(shared: &Shared, output: &mut impl Write) {
@@ -115,15 +220,39 @@ fn write_batches(shared: &Shared, output: &mut impl Write) {
         {
             let mut buffer = shared.lock();
             std::mem::swap(&mut buffer.bytes, &mut batch);
+            buffer.write_started = Some(Instant::now());
             if buffer.callers_waiting > 0 {
                 shared.room.notify_all();
             }
         }
-        // Where the log goes is the operator's: if it cannot be written
-        // there is nowhere left to report that, and callers must not stall.
-        let _ = output.write_all(&batch).and_then(|()| output.flush());
+        write_batch(shared, output, &batch);
+        shared.lock().write_started = None;
         batch.clear();
     }
+}
+
+/// Writes the whole batch, retrying what fails: a line is never skipped.
+/// Once the guard is dropped, a failing output gets one more attempt only.
+fn write_batch(shared: &Shared, output: &mut impl Write, batch: &[u8]) {
+    let mut written = 0;
+    while written < batch.len() {
+        match output.write(&batch[written..]) {
+            Ok(0) => {}
+            Ok(count) => {
+                written += count;
+                continue;
+            }
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => {}
+        }
+        // Where the log goes is the operator's: if it cannot be written
+        // there is nowhere left to report that. The stall verdict tells.
+        if shared.lock().closed {
+            return;
+        }
+        std::thread::sleep(RETRY_AFTER);
+    }
+    let _ = output.flush();
 }
 
 impl Write for &LogWriter {
@@ -131,7 +260,7 @@ impl Write for &LogWriter {
         let shared = &self.shared;
         let mut buffer = shared.lock();
         while !buffer.bytes.is_empty()
-            && buffer.bytes.len() + line.len() > shared.capacity
+            && buffer.bytes.len() + line.len() > shared.hard_capacity
             && !buffer.closed
         {
             buffer.callers_waiting += 1;
@@ -142,6 +271,9 @@ impl Write for &LogWriter {
             buffer.callers_waiting -= 1;
         }
         buffer.bytes.extend_from_slice(line);
+        if buffer.bytes.len() >= shared.capacity {
+            shared.set_stalled(true);
+        }
         if buffer.writer_asleep {
             buffer.writer_asleep = false;
             shared.lines.notify_one();
@@ -170,6 +302,73 @@ impl Drop for LogGuard {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// A log file that is rotated by size: when a batch would take it past
+/// `max_bytes`, `PATH` becomes `PATH.1` (`PATH.1` becomes `PATH.2`, and so
+/// on; the oldest past `keep` is removed) and a new `PATH` is started.
+/// Batches hold whole lines, so every file holds whole lines.
+#[derive(Debug)]
+pub struct RotatingFile {
+    path: PathBuf,
+    max_bytes: u64,
+    keep: usize,
+    file: File,
+    written: u64,
+}
+
+impl RotatingFile {
+    /// Opens (appends to) `path`; `keep` rotated files are kept (at least one).
+    pub fn open(path: &Path, max_bytes: u64, keep: usize) -> io::Result<RotatingFile> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let written = file.metadata()?.len();
+        Ok(RotatingFile {
+            path: path.to_path_buf(),
+            max_bytes: max_bytes.max(1),
+            keep: keep.max(1),
+            file,
+            written,
+        })
+    }
+
+    fn rotated(&self, index: usize) -> PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".{index}"));
+        PathBuf::from(name)
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        self.file.flush()?;
+        let _ = std::fs::remove_file(self.rotated(self.keep));
+        for index in (1..self.keep).rev() {
+            let from = self.rotated(index);
+            if from.exists() {
+                std::fs::rename(&from, self.rotated(index + 1))?;
+            }
+        }
+        std::fs::rename(&self.path, self.rotated(1))?;
+        self.file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        self.written = 0;
+        Ok(())
+    }
+}
+
+impl Write for RotatingFile {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if self.written > 0 && self.written + bytes.len() as u64 > self.max_bytes {
+            self.rotate()?;
+        }
+        let count = self.file.write(bytes)?;
+        self.written += count as u64;
+        Ok(count)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
     }
 }
 
@@ -259,5 +458,157 @@ mod tests {
         assert_eq!(&output.bytes.lock().unwrap()[..], b"last words\n");
         // Writing after the guard is gone does not block (nobody reads it).
         (&writer).write_all(b"too late\n").unwrap();
+    }
+
+    /// An output whose writes block while its gate is shut.
+    #[derive(Clone, Default)]
+    struct Gated {
+        bytes: Arc<Mutex<Vec<u8>>>,
+        shut: Arc<(Mutex<bool>, Condvar)>,
+    }
+
+    impl Gated {
+        fn set_shut(&self, shut: bool) {
+            *self.shut.0.lock().unwrap() = shut;
+            self.shut.1.notify_all();
+        }
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            let mut shut = self.shut.0.lock().unwrap();
+            while *shut {
+                shut = self.shut.1.wait(shut).unwrap();
+            }
+            self.bytes.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Polls `check` until it says `stalled` (a wait for a condition, not a
+    /// timed assertion).
+    fn wait_until(status: &SinkStatus, stalled: bool) {
+        for _ in 0..10_000 {
+            if status.check() == stalled {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("the sink never became stalled = {stalled}");
+    }
+
+    #[test]
+    fn a_stalled_sink_is_reported_callers_keep_going_and_nothing_is_lost() {
+        let output = Gated::default();
+        output.set_shut(true);
+        let (writer, guard) =
+            spawn_with(output.clone(), 1 << 20, 4 << 20, Duration::from_millis(20)).unwrap();
+        let status = writer.status();
+        assert!(!status.stalled());
+        (&writer).write_all(b"t0 l0\n").unwrap();
+        wait_until(&status, true);
+        assert_eq!(status.stalls(), 1);
+        // Callers are not blocked by the stalled sink (below the hard cap).
+        for line in 1..2_000 {
+            (&writer)
+                .write_all(format!("t0 l{line}\n").as_bytes())
+                .unwrap();
+        }
+        assert!(status.stalled());
+        assert!(status.buffered() > 0);
+        output.set_shut(false);
+        wait_until(&status, false);
+        drop(guard);
+        check_every_line_once_in_order(&output.bytes.lock().unwrap(), 1, 2_000);
+        assert_eq!(status.stalls(), 1);
+    }
+
+    #[test]
+    fn a_full_buffer_counts_as_stalled_at_once() {
+        let output = Gated::default();
+        output.set_shut(true);
+        let (writer, guard) = spawn_with(output.clone(), 64, 1 << 20, STALL_AFTER).unwrap();
+        let status = writer.status();
+        (&writer).write_all(&[b'x'; 63]).unwrap();
+        (&writer).write_all(b"\n").unwrap();
+        assert!(status.stalled());
+        output.set_shut(false);
+        wait_until(&status, false);
+        drop(guard);
+        assert_eq!(output.bytes.lock().unwrap().len(), 64);
+    }
+
+    /// An output that fails its first writes.
+    struct Flaky {
+        failures: usize,
+        bytes: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Flaky {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            if self.failures > 0 {
+                self.failures -= 1;
+                return Err(io::Error::other("disk full"));
+            }
+            // Half at a time: partial writes must not repeat or skip bytes.
+            let half = bytes.len().div_ceil(2);
+            self.bytes.lock().unwrap().extend_from_slice(&bytes[..half]);
+            Ok(half)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn failed_and_partial_writes_are_retried_never_skipped() {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let output = Flaky {
+            failures: 3,
+            bytes: Arc::clone(&bytes),
+        };
+        let (writer, guard) = spawn(output).unwrap();
+        lines_from_threads(&writer, 2, 200);
+        // Wait for everything before closing: a closed writer gives up.
+        while writer.status().buffered() > 0 || bytes.lock().unwrap().len() < 2 * 200 * 6 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(guard);
+        check_every_line_once_in_order(&bytes.lock().unwrap(), 2, 200);
+    }
+
+    #[test]
+    fn the_file_sink_rotates_by_size_and_keeps_whole_lines() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("toolgate.log");
+        let mut file = RotatingFile::open(&path, 100, 2).unwrap();
+        for batch in 0..10 {
+            let line = format!("{batch:039}\n");
+            file.write_all(line.as_bytes()).unwrap();
+        }
+        file.flush().unwrap();
+        let read = |suffix: &str| {
+            let mut name = path.clone().into_os_string();
+            name.push(suffix);
+            std::fs::read_to_string(PathBuf::from(name)).ok()
+        };
+        // 40-byte batches, 100 bytes a file: two batches per file, the
+        // newest in PATH, two rotated files kept.
+        let current = read("").unwrap();
+        let newer = read(".1").unwrap();
+        let older = read(".2").unwrap();
+        assert_eq!(read(".3"), None);
+        let lines: Vec<String> = [older, newer, current]
+            .iter()
+            .flat_map(|text| {
+                assert!(text.len() <= 100, "{} bytes", text.len());
+                text.lines().map(str::to_string).collect::<Vec<_>>()
+            })
+            .collect();
+        let expected: Vec<String> = (4..10).map(|batch| format!("{batch:039}")).collect();
+        assert_eq!(lines, expected);
     }
 }

@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 use clap::Parser;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
 use toolgate::audit;
 use toolgate::audit::{AuditFormat, AuditLayer};
-use toolgate::logwriter::{self, LogGuard};
+use toolgate::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
 
 use toolgate::cli::{Cli, Command, LogFormat, ServeArgs};
 use toolgate::clock::SystemClock;
@@ -42,17 +42,39 @@ fn main() -> ExitCode {
 /// Decide never waits for a `write` system call. It is not lossy: when its
 /// buffer is full, callers wait rather than drop audit events. The guard
 /// writes what is left at exit. Audit events have their own formatter
-/// ([`AuditLayer`]); `RUST_LOG` filters both.
-fn init_tracing(format: LogFormat) -> std::io::Result<LogGuard> {
+/// ([`AuditLayer`]); `RUST_LOG` filters both. `--log-file` writes to a file
+/// rotated by size instead.
+fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
+    let format = args.log_format;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = logwriter::spawn(std::io::stderr())?;
+    let stall_after = std::time::Duration::from_secs(args.log_stall_seconds);
+    let (writer, guard) = match &args.log_file {
+        Some(path) => logwriter::spawn_with(
+            RotatingFile::open(
+                path,
+                args.log_max_bytes,
+                usize::try_from(args.log_max_files).unwrap_or(usize::MAX),
+            )?,
+            logwriter::CAPACITY,
+            logwriter::HARD_CAPACITY,
+            stall_after,
+        )?,
+        None => logwriter::spawn_with(
+            std::io::stderr(),
+            logwriter::CAPACITY,
+            logwriter::HARD_CAPACITY,
+            stall_after,
+        )?,
+    };
+    let sink = writer.status();
+    let ansi = args.log_file.is_none() && std::io::stderr().is_terminal();
     // Both layers are filtered by target, so that a callsite neither wants
     // (h2's trace events, say) stays disabled once and for all instead of
     // being asked about on every event.
     let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET);
     let only_audit = filter_fn(|metadata| metadata.target() == audit::TARGET);
     let logs = tracing_subscriber::fmt::layer()
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .with_writer(writer.clone());
     let registry = tracing_subscriber::registry().with(filter);
     match format {
@@ -65,12 +87,12 @@ fn init_tracing(format: LogFormat) -> std::io::Result<LogGuard> {
             .with(AuditLayer::new(writer, AuditFormat::Json).with_filter(only_audit))
             .init(),
     }
-    Ok(guard)
+    Ok((guard, sink))
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let _flush_logs_at_exit = match init_tracing(args.log_format) {
-        Ok(guard) => guard,
+    let (_flush_logs_at_exit, log_sink) = match init_tracing(&args) {
+        Ok(started) => started,
         Err(error) => {
             eprintln!("toolgate: cannot start the log writer: {error}");
             return ExitCode::FAILURE;
@@ -87,26 +109,11 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let host_credentials = policy
-        .credentials
-        .values()
-        .any(|credential| credential.kind == CredentialKind::Host);
-    if !args.listen.ip().is_loopback() && !host_credentials {
-        tracing::error!(
-            listen = %args.listen,
-            "refusing to listen on a non-loopback address without host credentials in the policy"
-        );
+    if let Err(refusal) = policy.check_listen(args.listen) {
+        tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
     let engine = Engine::new(policy, Arc::new(SystemClock));
-    if args.config.is_none() && !engine.has_credentials(CredentialKind::Reviewer) {
-        let token = bootstrap::reviewer_token(&engine);
-        // Once, to stderr, never through tracing: tokens stay out of logs.
-        eprintln!(
-            "toolgate: reviewer token for {:?} (embedded policy, valid until exit): {token}",
-            bootstrap::REVIEWER
-        );
-    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -115,6 +122,9 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Everything that can fail is done before anything is announced, so
+        // that a busy port prints `cannot bind` and nothing else: no token,
+        // no `listening on` for a server that is about to exit.
         let listener = match TcpListener::bind(args.listen).await {
             Ok(listener) => listener,
             Err(error) => {
@@ -122,6 +132,36 @@ fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let metrics = match args.metrics_listen {
+            None => None,
+            Some(address) => match TcpListener::bind(address).await {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        // SIGHUP is caught from before the address is announced: a reload
+        // sent right after `listening on` must not kill the process.
+        let hangups = match &args.config {
+            Some(path) => match signal(SignalKind::hangup()) {
+                Ok(hangups) => Some((hangups, path.clone())),
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
+                    None
+                }
+            },
+            None => None,
+        };
+        if args.config.is_none() && !engine.has_credentials(CredentialKind::Reviewer) {
+            let token = bootstrap::reviewer_token(&engine);
+            // Once, to stderr, never through tracing: tokens stay out of logs.
+            eprintln!(
+                "toolgate: reviewer token for {:?} (embedded policy, valid until exit): {token}",
+                bootstrap::REVIEWER
+            );
+        }
         let local = listener
             .local_addr()
             .map(|addr| addr.to_string())
@@ -129,29 +169,24 @@ fn serve(args: ServeArgs) -> ExitCode {
         tracing::info!(listen = %local, policy_revision = %engine.policy().revision, "toolgate serving");
         // One machine-readable line for scripts that start toolgate on port 0.
         println!("toolgate listening on {local}");
-        if let Some(path) = args.config.clone() {
-            tokio::spawn(reload_on_hangup(engine.clone(), path));
+        if let Some(metrics) = &metrics {
+            let local = metrics.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
+            tracing::info!(metrics_listen = %local, "serving /metrics");
+            println!("toolgate metrics on {local}");
         }
-        let metrics = match args.metrics_listen {
-            None => None,
-            Some(address) => match TcpListener::bind(address).await {
-                Ok(listener) => {
-                    let local = listener.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
-                    tracing::info!(metrics_listen = %local, "serving /metrics");
-                    println!("toolgate metrics on {local}");
-                    Some(listener)
-                }
-                Err(error) => {
-                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
-                    return ExitCode::FAILURE;
-                }
-            },
-        };
+        if let Some((hangups, path)) = hangups {
+            tokio::spawn(reload_on_hangup(engine.clone(), path, args.listen, hangups));
+        }
         let listeners = toolgate::server::Listeners {
             grpc: listener,
             metrics,
         };
-        match toolgate::server::serve_with(listeners, engine, shutdown_signal()).await {
+        let options = toolgate::server::ServeOptions {
+            log_sink: Some(log_sink),
+        };
+        match toolgate::server::serve_with_options(listeners, engine, options, shutdown_signal())
+            .await
+        {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!(%error, "server failed");
@@ -181,25 +216,37 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// Reloads the policy file on SIGHUP; a bad file keeps the old policy.
-async fn reload_on_hangup(engine: Engine, path: PathBuf) {
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(hangups) => hangups,
-        Err(error) => {
-            tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
-            return;
-        }
-    };
+/// Reloads the policy file on SIGHUP. A file that does not load, or one the
+/// reload decision ([`Engine::reload`]) refuses, keeps the old policy and is
+/// reported at WARN.
+async fn reload_on_hangup(
+    engine: Engine,
+    path: PathBuf,
+    listen: std::net::SocketAddr,
+    mut hangups: Signal,
+) {
     while hangups.recv().await.is_some() {
-        let load_path = path.clone();
+        let load_path = path.to_path_buf();
         match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
-            Ok(Ok(policy)) => engine.replace_policy(policy),
-            Ok(Err(error)) => audit!(
+            Ok(Ok(policy)) => {
+                if let Err(refusal) = engine.reload(policy, listen) {
+                    toolgate::audit_warn!(
+                        "policy_reload_failed",
+                        error = %refusal,
+                        kept_revision = %engine.policy().revision,
+                    );
+                }
+            }
+            Ok(Err(error)) => toolgate::audit_warn!(
                 "policy_reload_failed",
                 %error,
                 kept_revision = %engine.policy().revision,
             ),
-            Err(error) => audit!("policy_reload_failed", %error),
+            Err(error) => toolgate::audit_warn!(
+                "policy_reload_failed",
+                %error,
+                kept_revision = %engine.policy().revision,
+            ),
         }
     }
 }

@@ -15,15 +15,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use metrics::{Counter, Histogram, Key, Label, Metadata, Recorder};
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
+use crate::connections::CloseReason;
 use crate::engine::Engine;
+use crate::logwriter::SinkStatus;
 
 /// Every RPC toolgate serves, as `service/method` labels.
-pub const METHODS: [&str; 18] = [
+pub const METHODS: [&str; 19] = [
     "toolgate.v1.PolicyDecisionPoint/Decide",
     "toolgate.v1.PolicyDecisionPoint/Dispatch",
     "toolgate.v1.PolicyDecisionPoint/AssessManifest",
@@ -38,6 +40,7 @@ pub const METHODS: [&str; 18] = [
     "toolgate.v1.ManifestPins/ListPins",
     "toolgate.v1.ManifestPins/RemovePin",
     "toolgate.v1.Resources/GetResource",
+    "toolgate.v1.Resources/ListResources",
     "grpc.health.v1.Health/Check",
     "grpc.health.v1.Health/Watch",
     "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
@@ -120,7 +123,23 @@ pub struct Metrics {
     dispatches: HashMap<&'static str, Counter>,
     transitions: HashMap<&'static str, Counter>,
     load_shed: Counter,
+    audit_coalesced: HashMap<&'static str, Counter>,
+    connections_open: Gauge,
+    connections_closed: HashMap<&'static str, Counter>,
+    log_refused: Counter,
+    transport_refused: HashMap<&'static str, Counter>,
+    log_sink: std::sync::OnceLock<SinkStatus>,
 }
+
+/// Calls refused by the transport checks (the `reason` label of
+/// `toolgate_transport_refused_total`).
+pub const TRANSPORT_REFUSALS: [&str; 5] = [
+    "read-timeout",
+    "request-buffer-full",
+    "response-buffer-full",
+    "write-timeout",
+    "malformed",
+];
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -193,6 +212,44 @@ impl Metrics {
             })
             .collect();
         let load_shed = recorder.register_counter(&key("toolgate_load_shed_total", &[]), &metadata);
+        let audit_coalesced = crate::audit::Rejection::ALL
+            .iter()
+            .map(|kind| {
+                let event = kind.event_name();
+                let counter = recorder.register_counter(
+                    &key("toolgate_audit_coalesced_total", &[("event", event)]),
+                    &metadata,
+                );
+                (event, counter)
+            })
+            .collect();
+        let connections_open =
+            recorder.register_gauge(&key("toolgate_connections_open", &[]), &metadata);
+        let connections_closed = CloseReason::ALL
+            .iter()
+            .map(|reason| {
+                let counter = recorder.register_counter(
+                    &key(
+                        "toolgate_connections_closed_total",
+                        &[("reason", reason.as_str())],
+                    ),
+                    &metadata,
+                );
+                (reason.as_str(), counter)
+            })
+            .collect();
+        let log_refused =
+            recorder.register_counter(&key("toolgate_log_stall_refused_total", &[]), &metadata);
+        let transport_refused = TRANSPORT_REFUSALS
+            .iter()
+            .map(|&reason| {
+                let counter = recorder.register_counter(
+                    &key("toolgate_transport_refused_total", &[("reason", reason)]),
+                    &metadata,
+                );
+                (reason, counter)
+            })
+            .collect();
         Arc::new(Metrics {
             handle: recorder.handle(),
             rpc_latency,
@@ -200,7 +257,40 @@ impl Metrics {
             dispatches,
             transitions,
             load_shed,
+            audit_coalesced,
+            connections_open,
+            connections_closed,
+            log_refused,
+            transport_refused,
+            log_sink: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Reports the log sink's state at scrape time (once per server).
+    pub fn attach_log_sink(&self, sink: SinkStatus) {
+        let _ = self.log_sink.set(sink);
+    }
+
+    pub fn connections_open(&self, open: usize) {
+        self.connections_open.set(open as f64);
+    }
+
+    pub fn connection_closed(&self, reason: CloseReason) {
+        if let Some(counter) = self.connections_closed.get(reason.as_str()) {
+            counter.increment(1);
+        }
+    }
+
+    /// A call refused because the log sink is stalled.
+    pub fn log_refused(&self) {
+        self.log_refused.increment(1);
+    }
+
+    /// A call refused by a transport check (`TRANSPORT_REFUSALS`).
+    pub fn transport_refused(&self, reason: &'static str) {
+        if let Some(counter) = self.transport_refused.get(reason) {
+            counter.increment(1);
+        }
     }
 
     pub fn decision(&self, outcome: &'static str, reason: &'static str) {
@@ -227,6 +317,13 @@ impl Metrics {
 
     pub fn load_shed(&self) {
         self.load_shed.increment(1);
+    }
+
+    /// One audit line of `event` coalesced instead of written.
+    pub fn audit_coalesced(&self, event: &'static str) {
+        if let Some(counter) = self.audit_coalesced.get(event) {
+            counter.increment(1);
+        }
     }
 
     fn rpc(&self, method: &'static str, code: i32, seconds: f64) {
@@ -278,6 +375,15 @@ impl Metrics {
                     "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
                 );
             }
+        }
+        if let Some(sink) = self.log_sink.get() {
+            let _ = writeln!(
+                text,
+                "# HELP toolgate_log_sink_stalled 1 while the log sink is stalled.\n# TYPE toolgate_log_sink_stalled gauge\ntoolgate_log_sink_stalled {}\n# HELP toolgate_log_sink_stalls_total Times the log sink stalled.\n# TYPE toolgate_log_sink_stalls_total counter\ntoolgate_log_sink_stalls_total {}\n# HELP toolgate_log_buffered_bytes Log bytes waiting for the sink.\n# TYPE toolgate_log_buffered_bytes gauge\ntoolgate_log_buffered_bytes {}",
+                u8::from(sink.stalled()),
+                sink.stalls(),
+                sink.buffered(),
+            );
         }
         let revision = engine.policy().revision.clone();
         let _ = writeln!(

@@ -18,14 +18,43 @@ use crate::manifest::{Manifest, PinReference};
 pub const EMBEDDED_DEFAULT: &str = include_str!("../examples/policy.toml");
 
 /// A policy file that could not be loaded: which key, what is wrong.
+///
+/// Displayed as `FILE: KEY: MESSAGE`; an empty part is left out (a file
+/// that cannot be read has no key, and its message names the file).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{source_name}: {key}: {message}")]
+#[error("{}", join_parts(&[source_name, key, message]))]
 pub struct PolicyError {
     /// The file (or `<embedded>`).
     pub source_name: String,
     /// Key path inside the file, e.g. `tools.payment_execute.approval`.
     pub key: String,
     pub message: String,
+}
+
+/// Something a valid policy names that nothing else in it supplies (an
+/// approver role that no reviewer holds, say). Not an error: `check-config`
+/// prints it, `check-config --strict` fails on it, and a reload refuses a
+/// policy that adds one (see [`Policy::reload_refusal`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PolicyWarning {
+    /// Key path inside the file.
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for PolicyWarning {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}: {}", self.key, self.message)
+    }
+}
+
+fn join_parts(parts: &[&String]) -> String {
+    parts
+        .iter()
+        .filter(|part| !part.is_empty())
+        .map(|part| part.as_str())
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 /// A validated, immutable policy.
@@ -43,6 +72,13 @@ pub struct Policy {
     pub state: StatePolicy,
     /// Listener settings; applied at start (a reload does not change them).
     pub server: ServerSettings,
+    /// `[server] open_host_api = true`: the host API takes calls without a
+    /// token (as an anonymous host that may assert any actor). Only ever
+    /// explicit, never the result of an absence; refused with host
+    /// credentials and on a non-loopback listener, at start and at reload.
+    pub open_host_api: bool,
+    /// Dangling names, in key order (see [`PolicyWarning`]).
+    pub warnings: Vec<PolicyWarning>,
 }
 
 /// The `[server]` section: overload protection and HTTP/2 settings.
@@ -58,6 +94,18 @@ pub struct ServerSettings {
     pub max_concurrent_streams: u32,
     /// How long in-flight calls may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
+    /// Connections open at once, and from one peer address.
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    /// Time a new connection has for its HTTP/2 preface and first request.
+    pub handshake_timeout: Duration,
+    /// Time a call has for its whole request message to arrive.
+    pub read_timeout: Duration,
+    /// Time a response (or a blocked socket write) has to make progress.
+    pub write_timeout: Duration,
+    /// Request and response bytes buffered at once, over all calls.
+    pub max_buffered_request_bytes: usize,
+    pub max_buffered_response_bytes: usize,
 }
 
 impl Default for ServerSettings {
@@ -76,6 +124,13 @@ impl From<RawServer> for ServerSettings {
             http2_keepalive_timeout: Duration::from_secs(raw.http2_keepalive_timeout_seconds),
             max_concurrent_streams: raw.max_concurrent_streams,
             shutdown_grace: Duration::from_secs(raw.shutdown_grace_seconds),
+            max_connections: raw.max_connections,
+            max_connections_per_peer: raw.max_connections_per_peer,
+            handshake_timeout: Duration::from_millis(raw.handshake_timeout_ms),
+            read_timeout: Duration::from_millis(raw.read_timeout_ms),
+            write_timeout: Duration::from_millis(raw.write_timeout_ms),
+            max_buffered_request_bytes: raw.max_buffered_request_bytes,
+            max_buffered_response_bytes: raw.max_buffered_response_bytes,
         }
     }
 }
@@ -160,6 +215,9 @@ pub struct Reviewer {
     pub roles: Vec<String>,
     /// Workspaces the reviewer may act in; `*` means all.
     pub workspaces: Vec<String>,
+    /// Sees (lists, reads, watches) every approval, not only those it could
+    /// review. Off unless the policy says `see_all = true`.
+    pub see_all: bool,
 }
 
 impl Reviewer {
@@ -223,6 +281,13 @@ pub struct Limits {
     /// Bytes the approval ledger, the receipt log and the sessions'
     /// remembered call ids may hold together.
     pub max_state_bytes: usize,
+    /// Sessions one host credential may hold (sessions are namespaced by
+    /// host identity); by default the whole table when the policy declares
+    /// at most one host credential, half of it otherwise.
+    pub max_sessions_per_host: usize,
+    /// Pending approval requests one host credential may hold; by default
+    /// `max_pending_total` with at most one host credential, half otherwise.
+    pub max_pending_per_host: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -295,6 +360,14 @@ struct RawServer {
     http2_keepalive_timeout_seconds: u64,
     max_concurrent_streams: u32,
     shutdown_grace_seconds: u64,
+    max_connections: usize,
+    max_connections_per_peer: usize,
+    handshake_timeout_ms: u64,
+    read_timeout_ms: u64,
+    write_timeout_ms: u64,
+    max_buffered_request_bytes: usize,
+    max_buffered_response_bytes: usize,
+    open_host_api: bool,
 }
 
 impl Default for RawServer {
@@ -305,8 +378,16 @@ impl Default for RawServer {
             max_message_bytes: 1024 * 1024,
             http2_keepalive_interval_seconds: 30,
             http2_keepalive_timeout_seconds: 10,
-            max_concurrent_streams: 1024,
+            max_concurrent_streams: 100,
             shutdown_grace_seconds: 10,
+            max_connections: 1024,
+            max_connections_per_peer: 256,
+            handshake_timeout_ms: 5_000,
+            read_timeout_ms: 5_000,
+            write_timeout_ms: 10_000,
+            max_buffered_request_bytes: 64 * 1024 * 1024,
+            max_buffered_response_bytes: 64 * 1024 * 1024,
+            open_host_api: false,
         }
     }
 }
@@ -327,6 +408,8 @@ struct RawLimits {
     receipt_retention_seconds: u64,
     max_approval_argument_bytes: usize,
     max_state_bytes: usize,
+    max_sessions_per_host: Option<usize>,
+    max_pending_per_host: Option<usize>,
 }
 
 impl Default for RawLimits {
@@ -345,6 +428,8 @@ impl Default for RawLimits {
             receipt_retention_seconds: 86_400,
             max_approval_argument_bytes: 64 * 1024,
             max_state_bytes: 256 * 1024 * 1024,
+            max_sessions_per_host: None,
+            max_pending_per_host: None,
         }
     }
 }
@@ -408,6 +493,8 @@ struct RawEffect {
 struct RawReviewer {
     roles: Vec<String>,
     workspaces: Vec<String>,
+    #[serde(default)]
+    see_all: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -469,6 +556,13 @@ impl Loader<'_> {
         }
     }
 
+    fn server_id(&self, key: &str, value: &str) -> Result<(), PolicyError> {
+        check_server_id(key, value).map_err(|error| match error {
+            crate::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
+            other => self.error(key, other.to_string()),
+        })
+    }
+
     fn identifier(&self, key: &str, value: &str) -> Result<(), PolicyError> {
         check_identifier(key, value).map_err(|error| match error {
             crate::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
@@ -482,9 +576,9 @@ impl Policy {
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
         let source_name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|error| PolicyError {
-            source_name: source_name.clone(),
+            source_name: String::new(),
             key: String::new(),
-            message: format!("cannot read: {error}"),
+            message: format!("cannot read {source_name}: {error}"),
         })?;
         Policy::parse(&text, &source_name, path.parent())
     }
@@ -505,18 +599,13 @@ impl Policy {
             source_name,
             base_dir,
         };
-        let raw: RawPolicy = toml::from_str(text).map_err(|error| {
-            let message = error.message().to_string();
-            let location = error
-                .span()
-                .map(|span| {
-                    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                    format!("line {line}")
-                })
-                .unwrap_or_default();
-            loader.error(location, message)
-        })?;
-        let limits = limits(&loader, raw.limits)?;
+        let raw: RawPolicy = decode(&loader, text)?;
+        let host_credentials = raw
+            .credentials
+            .iter()
+            .filter(|credential| credential.kind == CredentialKind::Host)
+            .count();
+        let limits = limits(&loader, raw.limits, host_credentials)?;
         let profiles = raw.profiles;
         let mut actors = HashMap::new();
         for (name, actor) in raw.actors {
@@ -573,6 +662,7 @@ impl Policy {
                     identity,
                     roles: raw_reviewer.roles,
                     workspaces: raw_reviewer.workspaces,
+                    see_all: raw_reviewer.see_all,
                 },
             );
         }
@@ -614,8 +704,9 @@ impl Policy {
             }
         }
         let pins = pins(&loader, raw.pins)?;
+        let open_host_api = raw.server.open_host_api;
         let server = server_settings(&loader, raw.server)?;
-        Ok(Policy {
+        let mut policy = Policy {
             revision: revision_of(text),
             tools,
             actors,
@@ -625,7 +716,177 @@ impl Policy {
             limits,
             state,
             server,
-        })
+            open_host_api,
+            warnings: Vec::new(),
+        };
+        policy.check_host_access(&loader)?;
+        policy.warnings = policy.dangling_names();
+        Ok(policy)
+    }
+}
+
+impl Policy {
+    /// Whether the policy declares at least one credential of `kind`.
+    pub fn has_credentials(&self, kind: CredentialKind) -> bool {
+        self.credentials
+            .values()
+            .any(|credential| credential.kind == kind)
+    }
+
+    /// A policy says how hosts authenticate: host credentials, or the
+    /// explicit `open_host_api = true` (never both). A file with neither,
+    /// such as one cut short before its `[[credentials]]`, is refused.
+    fn check_host_access(&self, loader: &Loader<'_>) -> Result<(), PolicyError> {
+        if self.tools.is_empty() {
+            return Err(loader.error(
+                "tools",
+                "the policy defines no tools (is the file complete?)",
+            ));
+        }
+        match (
+            self.open_host_api,
+            self.has_credentials(CredentialKind::Host),
+        ) {
+            (false, false) => Err(loader.error(
+                "credentials",
+                "no host credential: declare one ([[credentials]] with kind = \"host\"), \
+                 or set [server] open_host_api = true to let any local client call the host API",
+            )),
+            (true, true) => Err(loader.error(
+                "server.open_host_api",
+                "cannot be true while [[credentials]] declares host credentials",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the policy may serve on `listen`: an open host API only on a
+    /// loopback address. Checked at start and at every reload.
+    pub fn check_listen(&self, listen: std::net::SocketAddr) -> Result<(), String> {
+        if self.open_host_api && !listen.ip().is_loopback() {
+            return Err(format!(
+                "refusing to serve an open host API ([server] open_host_api = true) on the non-loopback address {listen}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why the running server must not swap `self` (the running policy)
+    /// for `new`, if it must not. A reload can never open the door nor leave
+    /// the server in a state start would refuse:
+    /// - `new` must be allowed on `listen` ([`Policy::check_listen`]);
+    /// - it must keep at least one credential of each kind the server has
+    ///   now (`running_kinds`: the policy's and those made at start);
+    /// - it must not add a dangling name ([`PolicyWarning`]) that the
+    ///   running policy does not have: that is what a file cut short looks
+    ///   like (a reviewer whose credential is gone, a tool whose pin is gone).
+    pub fn reload_refusal(
+        &self,
+        running_kinds: &[CredentialKind],
+        new: &Policy,
+        listen: std::net::SocketAddr,
+    ) -> Option<String> {
+        if let Err(refusal) = new.check_listen(listen) {
+            return Some(refusal);
+        }
+        for kind in running_kinds {
+            if !new.has_credentials(*kind) {
+                return Some(format!(
+                    "the new policy has no {kind} credential and the server has some: \
+                     a reload cannot remove every {kind} credential (restart to do that)",
+                    kind = kind.as_str()
+                ));
+            }
+        }
+        let added: Vec<&PolicyWarning> = new
+            .warnings
+            .iter()
+            .filter(|warning| !self.warnings.contains(warning))
+            .collect();
+        if let Some(first) = added.first() {
+            let more = match added.len() {
+                1 => String::new(),
+                count => format!(" (and {} more)", count - 1),
+            };
+            return Some(format!(
+                "the new policy adds a dangling name (a file cut short?): {first}{more}"
+            ));
+        }
+        None
+    }
+
+    /// Names the policy uses that nothing in it supplies.
+    fn dangling_names(&self) -> Vec<PolicyWarning> {
+        let mut warnings = Vec::new();
+        let reviewer_roles: std::collections::HashSet<&str> = self
+            .reviewers
+            .values()
+            .flat_map(|reviewer| reviewer.roles.iter().map(String::as_str))
+            .collect();
+        let actor_roles: std::collections::HashSet<&str> = self
+            .actors
+            .values()
+            .flat_map(|actor| actor.roles.iter().map(String::as_str))
+            .collect();
+        for tool in self.tools.values() {
+            let key = format!("tools.{}", tool.name);
+            let missing = |roles: &[String], held: &std::collections::HashSet<&str>| {
+                roles
+                    .iter()
+                    .filter(|role| !held.contains(role.as_str()))
+                    .map(|role| format!("{role:?}"))
+                    .collect::<Vec<_>>()
+            };
+            let unheld = missing(&tool.approvers, &reviewer_roles);
+            if !unheld.is_empty() {
+                warnings.push(PolicyWarning {
+                    key: format!("{key}.approvers"),
+                    message: format!("no reviewer holds role {}", unheld.join(", ")),
+                });
+            }
+            let unheld = missing(&tool.roles, &actor_roles);
+            if tool.mode != Mode::Forbidden && !unheld.is_empty() {
+                warnings.push(PolicyWarning {
+                    key: format!("{key}.roles"),
+                    message: format!("no actor holds role {}", unheld.join(", ")),
+                });
+            }
+            if let Some(server) = &tool.server
+                && !self.pins.contains_key(server)
+            {
+                warnings.push(PolicyWarning {
+                    key: format!("{key}.server"),
+                    message: format!(
+                        "no [[pins]] entry for server {server:?}: the tool is denied \
+                         manifest-unverified until a reviewer pins it"
+                    ),
+                });
+            }
+        }
+        for tool in self.tools.values() {
+            if matches!(tool.effect, Effect::Set { .. }) && self.state.resources.is_empty() {
+                warnings.push(PolicyWarning {
+                    key: format!("tools.{}.effect", tool.name),
+                    message: "sets a resource, but [state.resources] declares none".to_string(),
+                });
+            }
+        }
+        for reviewer in self.reviewers.values() {
+            let has_credential = self.credentials.values().any(|credential| {
+                credential.kind == CredentialKind::Reviewer
+                    && credential.identity == reviewer.identity
+            });
+            if !has_credential {
+                warnings.push(PolicyWarning {
+                    key: format!("reviewers.{}", reviewer.identity),
+                    message:
+                        "no reviewer credential in [[credentials]]: this reviewer cannot sign in"
+                            .to_string(),
+                });
+            }
+        }
+        warnings.sort();
+        warnings
     }
 }
 
@@ -649,6 +910,22 @@ fn server_settings(loader: &Loader<'_>, raw: RawServer) -> Result<ServerSettings
             "max_concurrent_streams",
             u64::from(raw.max_concurrent_streams),
         ),
+        ("max_connections", raw.max_connections as u64),
+        (
+            "max_connections_per_peer",
+            raw.max_connections_per_peer as u64,
+        ),
+        ("handshake_timeout_ms", raw.handshake_timeout_ms),
+        ("read_timeout_ms", raw.read_timeout_ms),
+        ("write_timeout_ms", raw.write_timeout_ms),
+        (
+            "max_buffered_request_bytes",
+            raw.max_buffered_request_bytes as u64,
+        ),
+        (
+            "max_buffered_response_bytes",
+            raw.max_buffered_response_bytes as u64,
+        ),
     ];
     for (key, value) in positive {
         if value == 0 {
@@ -661,7 +938,32 @@ fn server_settings(loader: &Loader<'_>, raw: RawServer) -> Result<ServerSettings
     Ok(ServerSettings::from(raw))
 }
 
-fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {
+/// A per-host share of a global cap: as set (at most the cap), else the
+/// whole cap for one host and half of it (rounded up) for more.
+fn per_host_share(
+    loader: &Loader<'_>,
+    key: &str,
+    set: Option<usize>,
+    global: usize,
+    host_credentials: usize,
+) -> Result<usize, PolicyError> {
+    match set {
+        Some(0) => Err(loader.error(format!("limits.{key}"), "must be greater than 0")),
+        Some(share) if share > global => Err(loader.error(
+            format!("limits.{key}"),
+            format!("must be at most the global cap ({global})"),
+        )),
+        Some(share) => Ok(share),
+        None if host_credentials > 1 => Ok(global.div_ceil(2)),
+        None => Ok(global),
+    }
+}
+
+fn limits(
+    loader: &Loader<'_>,
+    raw: RawLimits,
+    host_credentials: usize,
+) -> Result<Limits, PolicyError> {
     let positive = [
         ("pending_ttl_seconds", raw.pending_ttl_seconds as usize),
         ("grant_ttl_seconds", raw.grant_ttl_seconds as usize),
@@ -708,6 +1010,20 @@ fn limits(loader: &Loader<'_>, raw: RawLimits) -> Result<Limits, PolicyError> {
         receipt_retention: Duration::from_secs(raw.receipt_retention_seconds),
         max_approval_argument_bytes: raw.max_approval_argument_bytes,
         max_state_bytes: raw.max_state_bytes,
+        max_sessions_per_host: per_host_share(
+            loader,
+            "max_sessions_per_host",
+            raw.max_sessions_per_host,
+            raw.max_sessions,
+            host_credentials,
+        )?,
+        max_pending_per_host: per_host_share(
+            loader,
+            "max_pending_per_host",
+            raw.max_pending_per_host,
+            raw.max_pending_total,
+            host_credentials,
+        )?,
     })
 }
 
@@ -763,15 +1079,14 @@ fn tool(
         }
     }
     if let Some(server) = &raw.server {
-        check_server_id("server", server)
-            .map_err(|error| loader.error(format!("{key}.server"), error.to_string()))?;
+        loader.server_id(&format!("{key}.server"), server)?;
     }
     let schema_json = match raw.input_schema {
         None => serde_json::json!({"type": "object"}),
         Some(toml::Value::String(text)) => serde_json::from_str(&text).map_err(|error| {
             loader.error(format!("{key}.input_schema"), format!("not JSON: {error}"))
         })?,
-        Some(value) => toml_to_json(&value)
+        Some(value) => toml_to_json(&value, "")
             .map_err(|error| loader.error(format!("{key}.input_schema"), error))?,
     };
     if !schema_json.is_object() {
@@ -781,10 +1096,24 @@ fn tool(
         ));
     }
     let input_schema = jsonschema::validator_for(&schema_json).map_err(|error| {
-        loader.error(
-            format!("{key}.input_schema"),
-            format!("invalid JSON Schema: {error}"),
-        )
+        // The schema is the instance its meta-schema checks: the instance
+        // path is the JSON pointer inside the schema.
+        let message = match error.kind() {
+            jsonschema::error::ValidationErrorKind::Referencing(_) => {
+                match outside_reference(&schema_json, "") {
+                    Some((pointer, target)) => format!(
+                        "invalid JSON Schema at {pointer}: cannot resolve {target:?}: \
+                         only references inside the schema (\"#/...\") are followed"
+                    ),
+                    None => format!("invalid JSON Schema: {error}"),
+                }
+            }
+            _ => match error.instance_path().as_str() {
+                "" => format!("invalid JSON Schema: {error}"),
+                pointer => format!("invalid JSON Schema at {pointer}: {error}"),
+            },
+        };
+        loader.error(format!("{key}.input_schema"), message)
     })?;
     let effect = effect(loader, &key, raw.effect, state)?;
     if effect != Effect::None && raw.mode != Mode::Execute {
@@ -898,7 +1227,7 @@ fn state_policy(loader: &Loader<'_>, raw: RawState) -> Result<StatePolicy, Polic
         if name.is_empty() || name.len() > 64 {
             return Err(loader.error(key, "resource names are 1 to 64 characters"));
         }
-        let json = toml_to_json(&value).map_err(|error| loader.error(&key, error))?;
+        let json = toml_to_json(&value, "").map_err(|error| loader.error(&key, error))?;
         let text =
             serde_json::to_string(&json).map_err(|error| loader.error(&key, error.to_string()))?;
         let value =
@@ -918,8 +1247,7 @@ fn pins(
     let mut pins = HashMap::new();
     for (index, raw_pin) in raw_pins.into_iter().enumerate() {
         let key = |field: &str| format!("pins[{index}].{field}");
-        check_server_id("server", &raw_pin.server)
-            .map_err(|invalid| loader.error(key("server"), invalid.to_string()))?;
+        loader.server_id(&key("server"), &raw_pin.server)?;
         let manifest = match &raw_pin.manifest {
             None => None,
             Some(relative) => {
@@ -1003,18 +1331,308 @@ fn pins(
     Ok(pins)
 }
 
+// ----- decoding errors in plain words ---------------------------------------
+
+/// Parses the TOML and decodes it into the raw policy. An error names the
+/// key path it is about (found from the error's position in the text) and
+/// says what is wrong in the policy's own terms, never in Rust's.
+fn decode(loader: &Loader<'_>, text: &str) -> Result<RawPolicy, PolicyError> {
+    let document = toml::de::DeTable::parse(text).map_err(|error| {
+        let message = error.message().replace('\n', "; ");
+        match error.span() {
+            Some(span) => loader.error(line_and_column(text, span.start), message),
+            None => loader.error("", message),
+        }
+    })?;
+    if document.get_ref().is_empty() {
+        return Err(loader.error(
+            "",
+            "the policy is empty: it must declare its tools and how hosts authenticate",
+        ));
+    }
+    toml::from_str::<RawPolicy>(text).map_err(|error| {
+        let path = error
+            .span()
+            .map(|span| key_path_at(document.get_ref(), span.start))
+            .unwrap_or_default();
+        let at_table = matches!(
+            value_at(document.get_ref(), &path),
+            Some(toml::de::DeValue::Table(_))
+        );
+        match plain_message(error.message(), path, at_table) {
+            Some((key, message)) => loader.error(key, message),
+            // Not a message we know: say where it is, as TOML put it.
+            None => match error.span() {
+                Some(span) => loader.error(line_and_column(text, span.start), error.message()),
+                None => loader.error("", error.message()),
+            },
+        }
+    })
+}
+
+/// The value a key path leads to.
+fn value_at<'a>(
+    table: &'a toml::de::DeTable<'_>,
+    path: &[Segment],
+) -> Option<&'a toml::de::DeValue<'a>> {
+    let (Segment::Key(first), rest) = path.split_first()? else {
+        return None;
+    };
+    let mut value = table
+        .iter()
+        .find(|(key, _)| key.get_ref() == first)
+        .map(|(_, value)| value.get_ref())?;
+    for segment in rest {
+        value = match (segment, value) {
+            (Segment::Key(name), toml::de::DeValue::Table(table)) => table
+                .iter()
+                .find(|(key, _)| key.get_ref() == name)
+                .map(|(_, value)| value.get_ref())?,
+            (Segment::Index(index), toml::de::DeValue::Array(items)) => {
+                items.get(*index).map(|item| item.get_ref())?
+            }
+            _ => return None,
+        };
+    }
+    Some(value)
+}
+
+fn line_and_column(text: &str, offset: usize) -> String {
+    let before = &text[..floor_char_boundary(text, offset)];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |newline| newline + 1) + 1;
+    format!("line {line}, column {column}")
+}
+
+fn floor_char_boundary(text: &str, offset: usize) -> usize {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    offset
+}
+
+/// One step of a key path.
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// The path of the deepest key or value whose text contains `offset`.
+fn key_path_at(table: &toml::de::DeTable<'_>, offset: usize) -> Vec<Segment> {
+    let mut path = Vec::new();
+    descend_table(table, offset, &mut path);
+    path
+}
+
+fn descend_table(table: &toml::de::DeTable<'_>, offset: usize, path: &mut Vec<Segment>) {
+    for (key, value) in table {
+        if key.span().contains(&offset) {
+            path.push(Segment::Key(key.get_ref().to_string()));
+            return;
+        }
+        if value.span().contains(&offset) || nested_contains(value.get_ref(), offset) {
+            path.push(Segment::Key(key.get_ref().to_string()));
+            descend_value(value.get_ref(), offset, path);
+            return;
+        }
+    }
+}
+
+fn descend_value(value: &toml::de::DeValue<'_>, offset: usize, path: &mut Vec<Segment>) {
+    match value {
+        toml::de::DeValue::Table(table) => descend_table(table, offset, path),
+        toml::de::DeValue::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                if item.span().contains(&offset) || nested_contains(item.get_ref(), offset) {
+                    path.push(Segment::Index(index));
+                    descend_value(item.get_ref(), offset, path);
+                    return;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether a table's or array's entries contain `offset` (a table made by
+/// `[header]` sections has no one span covering all its keys).
+fn nested_contains(value: &toml::de::DeValue<'_>, offset: usize) -> bool {
+    match value {
+        toml::de::DeValue::Table(table) => table.iter().any(|(key, value)| {
+            key.span().contains(&offset)
+                || value.span().contains(&offset)
+                || nested_contains(value.get_ref(), offset)
+        }),
+        toml::de::DeValue::Array(items) => items
+            .iter()
+            .any(|item| item.span().contains(&offset) || nested_contains(item.get_ref(), offset)),
+        _ => false,
+    }
+}
+
+fn render_path(path: &[Segment]) -> String {
+    let mut text = String::new();
+    for segment in path {
+        match segment {
+            Segment::Key(key) => {
+                if !text.is_empty() {
+                    text.push('.');
+                }
+                let bare = !key.is_empty()
+                    && key
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if bare {
+                    text.push_str(key);
+                } else {
+                    text.push_str(&format!("{key:?}"));
+                }
+            }
+            Segment::Index(index) => text.push_str(&format!("[{index}]")),
+        }
+    }
+    text
+}
+
+/// Rewrites serde's decoding messages (`invalid type: string "300",
+/// expected u64`, `missing field `mode``, `unknown field `limit`, …`) in
+/// plain words, and decides which key the message belongs to: a missing or
+/// unknown key is reported on the table that should (not) hold it. `None`
+/// for a message it does not know.
+fn plain_message(
+    message: &str,
+    mut path: Vec<Segment>,
+    at_table: bool,
+) -> Option<(String, String)> {
+    if let Some(rest) = message.strip_prefix("missing field ") {
+        let name = first_backquoted(rest).unwrap_or(rest);
+        // The position may be one of the table's keys: name the table.
+        if !at_table {
+            path.pop();
+        }
+        return Some((render_path(&path), format!("missing key {name}")));
+    }
+    if let Some(rest) = message.strip_prefix("unknown field ") {
+        let name = first_backquoted(rest).unwrap_or(rest);
+        if matches!(path.last(), Some(Segment::Key(last)) if last == name) {
+            path.pop();
+        }
+        return Some((render_path(&path), format!("unknown key {name}")));
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let name = first_backquoted(rest).unwrap_or(rest);
+        let allowed = rest
+            .split_once("expected ")
+            .map(|(_, expected)| quote_backquoted(expected.trim_start_matches("one of ")))
+            .unwrap_or_default();
+        return Some((
+            render_path(&path),
+            format!("must be {allowed}, not {name:?}"),
+        ));
+    }
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = message.strip_prefix(prefix)
+            && let Some((found, expected)) = rest.rsplit_once(", expected ")
+        {
+            return Some((
+                render_path(&path),
+                format!(
+                    "expected {}, found {}",
+                    plain_expected(expected),
+                    plain_found(found)
+                ),
+            ));
+        }
+    }
+    None
+}
+
+fn first_backquoted(text: &str) -> Option<&str> {
+    let start = text.find('`')? + 1;
+    let length = text[start..].find('`')?;
+    Some(&text[start..start + length])
+}
+
+/// `` `a`, `b` or `c` `` → `"a", "b" or "c"`.
+fn quote_backquoted(text: &str) -> String {
+    let mut quoted = String::new();
+    let mut inside = false;
+    for character in text.chars() {
+        if character == '`' {
+            quoted.push('"');
+            inside = !inside;
+        } else {
+            quoted.push(character);
+        }
+    }
+    quoted
+}
+
+fn plain_expected(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a non-negative integer".to_string(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "an integer".to_string(),
+        "f32" | "f64" => "a number".to_string(),
+        "a boolean" => "true or false".to_string(),
+        "a sequence" => "an array".to_string(),
+        "a map" => "a table".to_string(),
+        "path string" => "a string (a file path)".to_string(),
+        other if other.starts_with("struct ") => "a table".to_string(),
+        other if other.starts_with("enum ") => "a string".to_string(),
+        other => quote_backquoted(other),
+    }
+}
+
+fn plain_found(found: &str) -> String {
+    let value = first_backquoted(found);
+    match found.split_once(' ').map_or(found, |(kind, _)| kind) {
+        "string" => format!("the string {}", &found["string ".len()..]),
+        "integer" => format!("the integer {}", value.unwrap_or("")),
+        "floating" => format!("the number {}", value.unwrap_or("")),
+        "boolean" => value.unwrap_or(found).to_string(),
+        "sequence" => "an array".to_string(),
+        "map" => "a table".to_string(),
+        _ => quote_backquoted(found),
+    }
+}
+
+/// The JSON pointer and target of the first `$ref` in a schema that points
+/// outside it.
+fn outside_reference(schema: &serde_json::Value, pointer: &str) -> Option<(String, String)> {
+    match schema {
+        serde_json::Value::Object(members) => members.iter().find_map(|(key, value)| {
+            let here = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
+            match (key.as_str(), value) {
+                ("$ref", serde_json::Value::String(target)) if !target.starts_with('#') => {
+                    Some((here, target.clone()))
+                }
+                _ => outside_reference(value, &here),
+            }
+        }),
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(index, item)| outside_reference(item, &format!("{pointer}/{index}"))),
+        _ => None,
+    }
+}
+
 /// TOML has no null and distinguishes integers from floats like JSON does.
-/// `nan` and `inf` have no JSON form: refused (with the path below the key),
-/// never turned into something else.
-fn toml_to_json(value: &toml::Value) -> Result<serde_json::Value, String> {
+/// `nan` and `inf` have no JSON form: refused (with the JSON pointer of the
+/// value below the key, `pointer` being where `value` is), never turned
+/// into something else.
+fn toml_to_json(value: &toml::Value, pointer: &str) -> Result<serde_json::Value, String> {
     Ok(match value {
         toml::Value::String(text) => serde_json::Value::String(text.clone()),
         toml::Value::Integer(number) => serde_json::Value::from(*number),
         toml::Value::Float(number) => match serde_json::Number::from_f64(*number) {
             Some(number) => serde_json::Value::Number(number),
             None => {
+                let at = if pointer.is_empty() { "/" } else { pointer };
                 return Err(format!(
-                    "{number} has no JSON form (nan and inf are refused)"
+                    "at {at}: {} has no JSON form (nan and inf are refused)",
+                    number.to_string().to_lowercase()
                 ));
             }
         },
@@ -1024,18 +1642,16 @@ fn toml_to_json(value: &toml::Value) -> Result<serde_json::Value, String> {
             items
                 .iter()
                 .enumerate()
-                .map(|(index, item)| {
-                    toml_to_json(item).map_err(|error| format!("[{index}]: {error}"))
-                })
+                .map(|(index, item)| toml_to_json(item, &format!("{pointer}/{index}")))
                 .collect::<Result<_, _>>()?,
         ),
         toml::Value::Table(table) => serde_json::Value::Object(
             table
                 .iter()
                 .map(|(key, item)| {
-                    toml_to_json(item)
+                    let escaped = key.replace('~', "~0").replace('/', "~1");
+                    toml_to_json(item, &format!("{pointer}/{escaped}"))
                         .map(|json| (key.clone(), json))
-                        .map_err(|error| format!(".{key}: {error}"))
                 })
                 .collect::<Result<_, _>>()?,
         ),
@@ -1109,10 +1725,359 @@ mod tests {
             None,
         )
         .unwrap_err();
-        assert!(
-            error.message.contains("unknown field `fingerprnt`"),
-            "{error}"
+        assert_eq!(error.message, "unknown key fingerprnt");
+        assert_eq!(error.key, "pins[0]");
+    }
+
+    /// A valid base: one tool, an open host API.
+    const BASE: &str = "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\n[profiles.p]\nroles = [\"r\"]\n[actors.a]\nprofile = \"p\"\n[server]\nopen_host_api = true\n";
+
+    fn error_of(text: &str) -> (String, String) {
+        let error = Policy::parse(text, "p.toml", None).unwrap_err();
+        (error.key, error.message)
+    }
+
+    fn pair(key: &str, message: &str) -> (String, String) {
+        (key.to_string(), message.to_string())
+    }
+
+    #[test]
+    fn decoding_errors_name_the_key_in_plain_words() {
+        let cases = [
+            (
+                "[limits]\npending_ttl_seconds = \"300\"\n",
+                pair(
+                    "limits.pending_ttl_seconds",
+                    "expected a non-negative integer, found the string \"300\"",
+                ),
+            ),
+            (
+                "[limits]\npending_ttl_seconds = -1\n",
+                pair(
+                    "limits.pending_ttl_seconds",
+                    "expected a non-negative integer, found the integer -1",
+                ),
+            ),
+            ("[limits]\nlimit = 3\n", pair("limits", "unknown key limit")),
+            (
+                "[tools.x]\nroles = [\"r\"]\n",
+                pair("tools.x", "missing key mode"),
+            ),
+            (
+                "[tools.x]\nmode = \"writ\"\nroles = [\"r\"]\n",
+                pair(
+                    "tools.x.mode",
+                    "must be \"read\", \"propose\", \"execute\", \"forbidden\", not \"writ\"",
+                ),
+            ),
+            (
+                "[tools.x]\nmode = \"read\"\nroles = \"r\"\n",
+                pair("tools.x.roles", "expected an array, found the string \"r\""),
+            ),
+            (
+                "[[credentials]]\nkind = \"reviewer\"\nidentity = \"b\"\n",
+                pair("credentials[0]", "missing key sha256"),
+            ),
+            ("bogus = 1\n", pair("", "unknown key bogus")),
+            (
+                "[reviewers.bob]\nroles = [\"x\"]\n",
+                pair("reviewers.bob", "missing key workspaces"),
+            ),
+            (
+                "[tools.x]\nmode = \"read\"\nroles = [\"r\"]\neffect = { kind = \"set\", bogus = 1 }\n",
+                pair("tools.x.effect", "unknown key bogus"),
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(error_of(&format!("{text}{BASE}")), expected, "{text}");
+        }
+        let (key, message) = error_of("[limits\n");
+        assert_eq!(key, "line 1, column 8");
+        assert_eq!(message, "unclosed table, expected `]`");
+        let (key, message) =
+            error_of("[server]\nopen_host_api = \"yes\"\n[tools.t]\nmode = \"read\"\n");
+        assert_eq!(key, "server.open_host_api");
+        assert_eq!(message, "expected true or false, found the string \"yes\"");
+    }
+
+    #[test]
+    fn schema_errors_give_the_pointer_inside_the_schema() {
+        let tool = |schema: &str| {
+            format!("[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = {schema}\n{BASE}")
+        };
+        let cases = [
+            (
+                "{ type = 12 }",
+                "invalid JSON Schema at /type: 12 is not valid under any of the schemas listed in the 'anyOf' keyword",
+            ),
+            (
+                "{ properties = { x = { minimum = \"a\" } } }",
+                "invalid JSON Schema at /properties/x/minimum: \"a\" is not of type \"number\"",
+            ),
+            (
+                "{ properties = { x = { minimum = nan } } }",
+                "at /properties/x/minimum: nan has no JSON form (nan and inf are refused)",
+            ),
+            (
+                "{ allOf = [{ properties = { x = { \"$ref\" = \"https://example.com/s.json\" } } }] }",
+                "invalid JSON Schema at /allOf/0/properties/x/$ref: cannot resolve \"https://example.com/s.json\": only references inside the schema (\"#/...\") are followed",
+            ),
+            (
+                "'{\"type\": \"object\", \"properties\": {\"a/b\": {\"type\": 1}}}'",
+                "invalid JSON Schema at /properties/a~1b/type: 1 is not valid under any of the schemas listed in the 'anyOf' keyword",
+            ),
+        ];
+        for (schema, message) in cases {
+            assert_eq!(
+                error_of(&tool(schema)),
+                pair("tools.x.input_schema", message),
+                "{schema}"
+            );
+        }
+    }
+
+    #[test]
+    fn host_access_is_declared_and_empty_policies_are_errors() {
+        let empty = "the policy is empty: it must declare its tools and how hosts authenticate";
+        assert_eq!(error_of(""), pair("", empty));
+        assert_eq!(error_of("# nothing\n\n"), pair("", empty));
+        assert_eq!(
+            error_of("[server]\nopen_host_api = true\n"),
+            pair(
+                "tools",
+                "the policy defines no tools (is the file complete?)"
+            )
         );
-        assert_eq!(error.key, "line 3");
+        assert_eq!(
+            error_of(&BASE.replace("open_host_api = true", "")),
+            pair(
+                "credentials",
+                "no host credential: declare one ([[credentials]] with kind = \"host\"), \
+                 or set [server] open_host_api = true to let any local client call the host API"
+            )
+        );
+        let both = format!(
+            "{BASE}[[credentials]]\nkind = \"host\"\nidentity = \"h\"\nactors = [\"a\"]\nsha256 = \"{}\"\n",
+            "0".repeat(64)
+        );
+        assert_eq!(
+            error_of(&both),
+            pair(
+                "server.open_host_api",
+                "cannot be true while [[credentials]] declares host credentials"
+            )
+        );
+        let open = Policy::parse(BASE, "p.toml", None).unwrap();
+        assert!(open.open_host_api);
+        let loopback: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let anywhere: std::net::SocketAddr = "0.0.0.0:1".parse().unwrap();
+        assert_eq!(open.check_listen(loopback), Ok(()));
+        assert_eq!(
+            open.check_listen(anywhere),
+            Err(
+                "refusing to serve an open host API ([server] open_host_api = true) \
+                 on the non-loopback address 0.0.0.0:1"
+                    .to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let error = Policy::load(Path::new("/nope.toml")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "cannot read /nope.toml: No such file or directory (os error 2)"
+        );
+        let error = Policy::parse("[limits]\nlimit = 1\n", "p.toml", None).unwrap_err();
+        assert_eq!(error.to_string(), "p.toml: limits: unknown key limit");
+    }
+
+    #[test]
+    fn dangling_names_are_warnings() {
+        let text = format!(
+            "{BASE}[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\nserver = \"pay-server\"\n\
+             [tools.set]\nmode = \"execute\"\nroles = [\"r\"]\neffect = {{ kind = \"set\", resource_argument = \"a\", value_argument = \"b\" }}\n\
+             [reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n"
+        );
+        let policy = Policy::parse(&text, "p.toml", None).unwrap();
+        let warnings: Vec<String> = policy.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            warnings,
+            [
+                "reviewers.bob: no reviewer credential in [[credentials]]: this reviewer cannot sign in",
+                "tools.pay.approvers: no reviewer holds role \"finance\"",
+                "tools.pay.roles: no actor holds role \"payer\"",
+                "tools.pay.server: no [[pins]] entry for server \"pay-server\": the tool is denied manifest-unverified until a reviewer pins it",
+                "tools.set.effect: sets a resource, but [state.resources] declares none",
+            ]
+        );
+        assert!(
+            Policy::parse(BASE, "p.toml", None)
+                .unwrap()
+                .warnings
+                .is_empty()
+        );
+    }
+
+    fn kinds_of(policy: &Policy) -> Vec<CredentialKind> {
+        [CredentialKind::Host, CredentialKind::Reviewer]
+            .into_iter()
+            .filter(|kind| policy.has_credentials(*kind))
+            .collect()
+    }
+
+    #[test]
+    fn a_reload_never_opens_the_door() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let fixture = std::fs::read_to_string(dir.join("decide.toml")).unwrap();
+        let running = Policy::parse(&fixture, "decide.toml", Some(&dir)).unwrap();
+        let loopback: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let kinds = kinds_of(&running);
+        let refusal = |text: &str, listen| {
+            let new = Policy::parse(text, "new.toml", Some(&dir)).unwrap();
+            running.reload_refusal(&kinds, &new, listen)
+        };
+        // A real change is accepted.
+        assert_eq!(
+            refusal(
+                &fixture.replace("max_decisions = 100\n", "max_decisions = 99\n"),
+                loopback
+            ),
+            None
+        );
+        // Host credentials swapped for an open host API.
+        let hosts_cut = fixture
+            .split("[[credentials]]\nkind = \"host\"")
+            .next()
+            .unwrap();
+        let reviewers = fixture
+            .split("[[credentials]]")
+            .skip(1)
+            .filter(|entry| entry.contains("kind = \"reviewer\""))
+            .map(|entry| format!("[[credentials]]{entry}"))
+            .collect::<String>();
+        let open = format!("{hosts_cut}{reviewers}\n[server]\nopen_host_api = true\n");
+        assert_eq!(
+            refusal(&open, loopback),
+            Some(
+                "the new policy has no host credential and the server has some: \
+                 a reload cannot remove every host credential (restart to do that)"
+                    .to_string()
+            )
+        );
+        // Every reviewer credential gone (and the reviewers with them).
+        let no_reviewers = fixture
+            .split("[reviewers.alice]")
+            .next()
+            .unwrap()
+            .to_string()
+            + &fixture
+                .split("[[credentials]]")
+                .skip(1)
+                .filter(|entry| entry.contains("kind = \"host\""))
+                .map(|entry| format!("[[credentials]]{entry}"))
+                .collect::<String>()
+            + "[[pins]]\nserver = \"docs-search\"\nmanifest = \"../../examples/manifests/docs-search.json\"\n";
+        assert_eq!(
+            refusal(&no_reviewers, loopback),
+            Some(
+                "the new policy has no reviewer credential and the server has some: \
+                 a reload cannot remove every reviewer credential (restart to do that)"
+                    .to_string()
+            )
+        );
+        // A reviewer whose credential vanished.
+        let start = fixture
+            .find("[[credentials]]\nkind = \"reviewer\"\nidentity = \"bob\"")
+            .unwrap();
+        let end = start + fixture[start + 1..].find("[[credentials]]").unwrap() + 1;
+        let without_bob = format!("{}{}", &fixture[..start], &fixture[end..]);
+        assert_eq!(
+            refusal(&without_bob, loopback),
+            Some(
+                "the new policy adds a dangling name (a file cut short?): reviewers.bob: \
+                 no reviewer credential in [[credentials]]: this reviewer cannot sign in"
+                    .to_string()
+            )
+        );
+        // An open host API, on a server without host credentials, off loopback.
+        let tickets_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let tickets = std::fs::read_to_string(tickets_dir.join("tickets.toml")).unwrap();
+        let open_running = Policy::parse(&tickets, "tickets.toml", None).unwrap();
+        let anywhere: std::net::SocketAddr = "0.0.0.0:1".parse().unwrap();
+        assert_eq!(
+            open_running.reload_refusal(&kinds_of(&open_running), &open_running, anywhere),
+            Some(
+                "refusing to serve an open host API ([server] open_host_api = true) \
+                 on the non-loopback address 0.0.0.0:1"
+                    .to_string()
+            )
+        );
+    }
+
+    /// Every prefix of `text` that ends before a line starting with `[`.
+    pub(crate) fn cuts(text: &str) -> Vec<String> {
+        let mut cuts = Vec::new();
+        let mut offset = 0;
+        for line in text.split_inclusive('\n') {
+            if line.starts_with('[') {
+                cuts.push(text[..offset].to_string());
+            }
+            offset += line.len();
+        }
+        cuts
+    }
+
+    #[test]
+    fn a_file_cut_at_any_section_is_refused() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let loopback: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        for relative in [
+            "examples/policy.toml",
+            "examples/tickets.toml",
+            "tests/fixtures/decide.toml",
+            "tests/fixtures/hostile.toml",
+        ] {
+            let path = root.join(relative);
+            let dir = path.parent().unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let full = Policy::parse(&text, relative, Some(dir)).unwrap();
+            let cuts = cuts(&text);
+            assert!(cuts.len() >= 8, "{relative}");
+            for cut in cuts {
+                let at = cut.lines().count();
+                match Policy::parse(&cut, relative, Some(dir)) {
+                    Err(_) => {}
+                    Ok(truncated) => {
+                        let added = truncated
+                            .warnings
+                            .iter()
+                            .any(|warning| !full.warnings.contains(warning));
+                        assert!(added, "{relative} cut after line {at}: no new warning");
+                        assert!(
+                            full.reload_refusal(&kinds_of(&full), &truncated, loopback)
+                                .is_some(),
+                            "{relative} cut after line {at}: reload accepted"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_cut_anywhere_never_panics_the_loader() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        for relative in ["examples/policy.toml", "tests/fixtures/hostile.toml"] {
+            let path = root.join(relative);
+            let text = std::fs::read_to_string(&path).unwrap();
+            for end in (0..text.len()).step_by(17) {
+                if text.is_char_boundary(end) {
+                    // Errors or not, the loader answers.
+                    let _ = Policy::parse(&text[..end], relative, path.parent());
+                }
+            }
+        }
     }
 }

@@ -22,6 +22,10 @@ pub struct SessionRef {
     pub actor: String,
     pub session_id: String,
     pub workspace: String,
+    /// The identity of the host credential that asserts the session: the
+    /// namespace of its session id and of its call ids' receipts (empty
+    /// when the core is driven without authentication).
+    pub host: String,
 }
 
 impl SessionRef {
@@ -34,7 +38,14 @@ impl SessionRef {
             actor,
             session_id,
             workspace,
+            host: String::new(),
         })
+    }
+
+    /// The same session, asserted by the host credential `identity`.
+    pub fn for_host(mut self, identity: &str) -> Self {
+        identity.clone_into(&mut self.host);
+        self
     }
 }
 

@@ -9,18 +9,20 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 use tower::ServiceBuilder;
 
 use crate::auth::AuthLayer;
+use crate::connections::{ConnectionSettings, Connections};
 use crate::engine::Engine;
 use crate::grpc::approvals::ApprovalsService;
 use crate::grpc::pdp::PdpService;
 use crate::grpc::pins::PinsService;
 use crate::grpc::resources::ResourcesService;
+use crate::logwriter::SinkStatus;
 use crate::metrics::{Metrics, MetricsLayer, serve_metrics};
-use crate::overload::OverloadLayer;
+use crate::overload::{OverloadLayer, OverloadSettings};
 use crate::pb;
 use crate::pb::approvals_server::ApprovalsServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
@@ -46,8 +48,26 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
 }
 
-/// How often expired approvals are swept when nothing else touches them.
+/// How often expired approvals are swept when nothing else touches them
+/// (and the log sink is looked at).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The health services toolgate reports, "" (the whole server) first.
+const HEALTH_SERVICES: [&str; 5] = [
+    "",
+    "toolgate.v1.PolicyDecisionPoint",
+    "toolgate.v1.Approvals",
+    "toolgate.v1.ManifestPins",
+    "toolgate.v1.Resources",
+];
+
+/// What the binary adds to a server beyond its listeners and engine.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// The log sink audit lines go to: while it is stalled, health is
+    /// NOT_SERVING and calls fail fast with UNAVAILABLE.
+    pub log_sink: Option<SinkStatus>,
+}
 
 /// Serves toolgate on an already-bound listener until `shutdown` resolves.
 /// Tests bind `127.0.0.1:0` and hand the listener in, so there is no race
@@ -76,8 +96,21 @@ pub async fn serve_with(
     engine: Engine,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_with_options(listeners, engine, ServeOptions::default(), shutdown).await
+}
+
+/// [`serve_with`], with the binary's options.
+pub async fn serve_with_options(
+    listeners: Listeners,
+    engine: Engine,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let settings = engine.policy().server.clone();
     let metrics = Metrics::new();
+    if let Some(sink) = &options.log_sink {
+        metrics.attach_log_sink(sink.clone());
+    }
     engine.attach_metrics(Arc::clone(&metrics));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -115,16 +148,16 @@ pub async fn serve_with(
         }
     };
     let closing_engine = engine.clone();
+    let sink_health = SinkHealth {
+        sink: options.log_sink.clone(),
+        reporter: health_reporter.clone(),
+        stopping: stop_signal_for_sink(&stopping),
+        stalled: false,
+    };
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: health NOT_SERVING, watch streams closing");
-        for service in [
-            "",
-            "toolgate.v1.PolicyDecisionPoint",
-            "toolgate.v1.Approvals",
-            "toolgate.v1.ManifestPins",
-            "toolgate.v1.Resources",
-        ] {
+        for service in HEALTH_SERVICES {
             health_reporter
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
@@ -141,15 +174,28 @@ pub async fn serve_with(
             stopped(),
         ))
     });
-    let sweeper = tokio::spawn(housekeeping(engine.clone(), Arc::clone(&metrics)));
+    let sweeper = tokio::spawn(housekeeping(
+        engine.clone(),
+        Arc::clone(&metrics),
+        sink_health,
+    ));
 
+    let connections = Connections::new(
+        ConnectionSettings {
+            max_connections: settings.max_connections,
+            max_connections_per_peer: settings.max_connections_per_peer,
+            handshake_timeout: settings.handshake_timeout,
+            write_timeout: settings.write_timeout,
+        },
+        Arc::clone(&metrics),
+    );
     let limit = settings.max_message_bytes;
     let layers = ServiceBuilder::new()
         .layer(MetricsLayer::new(Arc::clone(&metrics)))
         .layer(OverloadLayer::new(
-            settings.max_concurrent_requests,
-            settings.request_timeout,
+            OverloadSettings::from(&settings),
             Arc::clone(&metrics),
+            options.log_sink,
         ))
         .layer(AuthLayer::new(engine.clone()));
     let served = Server::builder()
@@ -175,12 +221,7 @@ pub async fn serve_with(
         .add_service(
             ResourcesServer::new(ResourcesService::new(engine)).max_decoding_message_size(limit),
         )
-        // TCP_NODELAY: replies are small; without it Nagle's algorithm and
-        // delayed ACKs hold many of them back for ~40 ms.
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
-            stopped(),
-        );
+        .serve_with_incoming_shutdown(connections.incoming(listeners.grpc), stopped());
     let grace = settings.shutdown_grace;
     let grace_over = {
         let stopped = stopped();
@@ -236,14 +277,50 @@ fn error_detail_descriptors() -> Result<prost_types::FileDescriptorSet, prost::D
 /// recorded since the last tick into the histograms' buckets (the recorder
 /// keeps every sample until then: without this, memory would grow with every
 /// call when nobody scrapes `/metrics`).
-async fn housekeeping(engine: Engine, metrics: Arc<Metrics>) {
+async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut sink_health: SinkHealth) {
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
+        sink_health.update().await;
         if let Err(error) = engine.sweep() {
             tracing::error!(%error, "approval sweep failed");
         }
         metrics.upkeep();
+    }
+}
+
+fn stop_signal_for_sink(stopping: &watch::Sender<bool>) -> watch::Receiver<bool> {
+    stopping.subscribe()
+}
+
+/// Health follows the log sink: NOT_SERVING while it is stalled, SERVING
+/// again once it drains (unless the server is shutting down).
+struct SinkHealth {
+    sink: Option<SinkStatus>,
+    reporter: HealthReporter,
+    stopping: watch::Receiver<bool>,
+    stalled: bool,
+}
+
+impl SinkHealth {
+    async fn update(&mut self) {
+        let Some(sink) = &self.sink else { return };
+        let stalled = sink.check();
+        if stalled == self.stalled || *self.stopping.borrow() {
+            return;
+        }
+        self.stalled = stalled;
+        let status = match stalled {
+            true => ServingStatus::NotServing,
+            false => ServingStatus::Serving,
+        };
+        // Said to stderr only when it drains: a stalled sink takes no lines.
+        if !stalled {
+            tracing::warn!(stalls = sink.stalls(), "log sink drained; serving again");
+        }
+        for service in HEALTH_SERVICES {
+            self.reporter.set_service_status(service, status).await;
+        }
     }
 }

@@ -1,11 +1,20 @@
-//! Agent sessions and their budgets (SPEC §4 step 6): the bounded agent loop.
+//! Agent sessions and their budgets (SPEC §4 "Charging", step 6): the
+//! bounded agent loop.
 //!
-//! A session is created by the first Decide for its id. A new call id costs
-//! one decision (and one tool call for an `execute` tool); asking again about
-//! the same call id with the same fingerprint costs nothing; the same call id
-//! with another fingerprint is `call-id-conflict`. An approval never refills
-//! a budget. Idle sessions are evicted after the policy's TTL and the table
-//! is capped.
+//! A session is made by the first Decide (or Dispatch) for its id whose
+//! envelope and session are valid, whatever its answer. Every call id new to
+//! the session costs one decision, whatever its answer, until the decisions
+//! are spent; from then on a new call id is DENY `decision-budget`, which
+//! costs nothing. A new call id for an unknown tool or an `execute` tool also
+//! costs a tool attempt (unless the tool budget refused it). Asking again
+//! about a decided call id with the same fingerprint costs nothing and gets
+//! the budget verdict it got the first time (time does not revoke it); the
+//! same call id with another fingerprint is `call-id-conflict`. An approval
+//! never refills a budget. Session ids are namespaced by the host
+//! credential's identity: two hosts using one id have two sessions. Idle
+//! sessions are evicted after the policy's TTL and the table is capped.
+
+use std::collections::HashMap;
 
 use crate::canonical::Fingerprint;
 use crate::clock::Timestamp;
@@ -18,19 +27,21 @@ use crate::state::table::Table;
 pub const MAX_CALLS_PER_SESSION: u64 = 100_000;
 
 /// What remembering one decided call id counts under the byte budget
-/// (`limits.max_state_bytes`): its text, fingerprint and table slot.
+/// (`limits.max_state_bytes`): its text, fingerprint, refusal and table slot.
 pub fn decided_call_bytes(call_id: &str) -> usize {
     64 + call_id.len()
 }
 
-/// One call id decided in a session and the fingerprint it was decided for.
+/// One call id decided in a session: the fingerprint it was decided for and
+/// the budget refusal it got, if the budget refused it.
 #[derive(Debug, Clone)]
 struct DecidedCall {
     call_id: Box<str>,
     fingerprint: Fingerprint,
+    refused: Option<&'static str>,
 }
 
-/// The call ids a session has decided, each with its fingerprint.
+/// The call ids a session has decided.
 #[derive(Debug, Clone, Default)]
 pub struct DecidedCalls {
     calls: Table<DecidedCall>,
@@ -52,27 +63,40 @@ impl DecidedCalls {
         self.bytes
     }
 
-    /// The fingerprint `call_id` was decided for, if it was.
-    pub fn get(&self, call_id: &str) -> Option<Fingerprint> {
+    fn find(&self, call_id: &str) -> Option<&DecidedCall> {
         self.calls
             .find(self.calls.hash(call_id), |call| &*call.call_id == call_id)
-            .map(|call| call.fingerprint)
     }
 
-    /// Records the fingerprint a call id was decided for.
-    pub fn insert(&mut self, call_id: &str, fingerprint: Fingerprint) {
+    /// The fingerprint `call_id` was decided for, if it was.
+    pub fn get(&self, call_id: &str) -> Option<Fingerprint> {
+        self.find(call_id).map(|call| call.fingerprint)
+    }
+
+    /// Records a call id the first time it is charged; returns the bytes it
+    /// added under the byte budget (none when it was already remembered).
+    fn insert(
+        &mut self,
+        call_id: &str,
+        fingerprint: Fingerprint,
+        refused: Option<&'static str>,
+    ) -> usize {
         let hash = self.calls.hash(call_id);
+        let call = DecidedCall {
+            call_id: call_id.into(),
+            fingerprint,
+            refused,
+        };
         match self.calls.find_mut(hash, |call| &*call.call_id == call_id) {
-            Some(call) => call.fingerprint = fingerprint,
+            Some(existing) => {
+                *existing = call;
+                0
+            }
             None => {
-                self.bytes = self.bytes.saturating_add(decided_call_bytes(call_id));
-                self.calls.insert_unique(
-                    hash,
-                    DecidedCall {
-                        call_id: call_id.into(),
-                        fingerprint,
-                    },
-                );
+                let added = decided_call_bytes(call_id);
+                self.bytes = self.bytes.saturating_add(added);
+                self.calls.insert_unique(hash, call);
+                added
             }
         }
     }
@@ -80,20 +104,23 @@ impl DecidedCalls {
 
 #[derive(Debug, Clone)]
 pub struct Session {
+    /// The identity of the host credential that made the session: its
+    /// namespace.
+    pub host: String,
     pub session_id: String,
     pub actor: String,
     pub workspace: String,
     pub started_at: Timestamp,
     pub last_seen: Timestamp,
-    /// Fingerprint of every call id decided in this session (up to
-    /// [`MAX_CALLS_PER_SESSION`] or the profile's decision budget, so a
-    /// table that grows a shard at a time).
+    /// Every call id charged in this session (at most the profile's
+    /// decision budget, or [`MAX_CALLS_PER_SESSION`]).
     pub decided: DecidedCalls,
     pub decisions: u64,
     pub tool_attempts: u64,
     pub executed_tools: u64,
     /// Σ cost of the tools Dispatch committed.
     pub executed_cost: u64,
+    /// The first budget that refused a call of this session.
     pub stopped_reason: Option<&'static str>,
 }
 
@@ -101,6 +128,7 @@ impl Session {
     /// A session that has decided nothing yet.
     pub fn new(session: &SessionRef, now: Timestamp) -> Self {
         Session {
+            host: session.host.clone(),
             session_id: session.session_id.clone(),
             actor: session.actor.clone(),
             workspace: session.workspace.clone(),
@@ -119,6 +147,17 @@ impl Session {
         self.decisions
             .saturating_mul(decision_cost)
             .saturating_add(self.executed_cost)
+    }
+
+    /// True when this is the session a request names.
+    fn is(&self, session: &SessionRef) -> bool {
+        self.host == session.host && self.session_id == session.session_id
+    }
+
+    /// Counts a commit of a tool of this cost.
+    pub fn executed(&mut self, cost: u64) {
+        self.executed_tools += 1;
+        self.executed_cost = self.executed_cost.saturating_add(cost);
     }
 }
 
@@ -153,21 +192,149 @@ impl Session {
     }
 }
 
-/// What the budget check decided for one call (SPEC §4 step 6).
+/// What a session already knows of a call id (SPEC §4 step 6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BudgetCheck {
-    /// A call id not seen before in this session: charge it on success.
-    NewCall,
-    /// The same call id and fingerprint again: costs nothing.
-    Repeat,
-    /// Refused with this reason.
-    Refused(&'static str),
+pub enum CallStanding {
+    /// Never charged in this session (or no session yet).
+    New,
+    /// Decided before for this fingerprint, with the budget refusal it got.
+    Decided { refused: Option<&'static str> },
+    /// Decided before for another fingerprint.
+    Conflict,
 }
 
-/// Sessions by id. Boxed, so that growing the table moves pointers only.
+impl CallStanding {
+    pub fn of(session: Option<&Session>, call_id: &str, fingerprint: Fingerprint) -> Self {
+        match session.and_then(|session| session.decided.find(call_id)) {
+            None => CallStanding::New,
+            Some(call) if call.fingerprint == fingerprint => CallStanding::Decided {
+                refused: call.refused,
+            },
+            Some(_) => CallStanding::Conflict,
+        }
+    }
+}
+
+/// The profile's session budgets; an actor without a profile gets only the
+/// table's bound on call ids.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub max_decisions: u64,
+    pub max_tool_calls: Option<u64>,
+    pub max_session_seconds: Option<u64>,
+}
+
+impl Budget {
+    pub fn of(profile: Option<&ActorProfile>) -> Self {
+        Budget {
+            max_decisions: profile
+                .and_then(|profile| profile.max_decisions)
+                .unwrap_or(MAX_CALLS_PER_SESSION),
+            max_tool_calls: profile.and_then(|profile| profile.max_tool_calls),
+            max_session_seconds: profile.and_then(|profile| profile.max_session_seconds),
+        }
+    }
+
+    /// True when a new call id can no longer be charged.
+    pub fn decisions_spent(&self, session: Option<&Session>) -> bool {
+        session.map_or(0, |session| session.decisions) >= self.max_decisions
+    }
+
+    /// SPEC §4 step 6 for a call that passed steps 2–5: a conflict, the
+    /// verdict a decided call id got, or the budget check of a new one.
+    pub fn check(
+        &self,
+        standing: CallStanding,
+        session: Option<&Session>,
+        is_tool_call: bool,
+        now: Timestamp,
+    ) -> Option<&'static str> {
+        match standing {
+            CallStanding::Conflict => Some("call-id-conflict"),
+            CallStanding::Decided { refused } => refused,
+            CallStanding::New => self.refusal(session, is_tool_call, now),
+        }
+    }
+
+    /// SPEC §4 step 6 for a new call id that passed steps 2–5: tool calls
+    /// spent, then the session's age. `None` when the budget admits it.
+    pub fn refusal(
+        &self,
+        session: Option<&Session>,
+        is_tool_call: bool,
+        now: Timestamp,
+    ) -> Option<&'static str> {
+        let Some(session) = session else {
+            return match (is_tool_call, self.max_tool_calls) {
+                (true, Some(0)) => Some("tool-budget"),
+                _ => None,
+            };
+        };
+        if is_tool_call
+            && self
+                .max_tool_calls
+                .is_some_and(|max| session.tool_attempts >= max)
+        {
+            return Some("tool-budget");
+        }
+        if let Some(max_seconds) = self.max_session_seconds
+            && now.millis_since(session.started_at) >= max_seconds.saturating_mul(1000)
+        {
+            return Some("session-expired");
+        }
+        None
+    }
+}
+
+/// What one answered Decide (or Dispatch) does to its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    /// A new call id: one decision, and remembered with its fingerprint.
+    pub decision: bool,
+    /// One tool attempt too (an unknown or `execute` tool).
+    pub tool_attempt: bool,
+    /// The budget that refused the call, if one did.
+    pub refused: Option<&'static str>,
+}
+
+impl Charge {
+    /// Nothing but the session's existence and its last use.
+    pub const NOTHING: Charge = Charge {
+        decision: false,
+        tool_attempt: false,
+        refused: None,
+    };
+
+    /// The charge of an answer: `decision` when the call id is new;
+    /// a tool attempt unless the tool budget is what refused it.
+    pub fn of(standing: CallStanding, is_tool_call: bool, refused: Option<&'static str>) -> Self {
+        let decision = standing == CallStanding::New && refused != Some("decision-budget");
+        Charge {
+            decision,
+            tool_attempt: decision && is_tool_call && refused != Some("tool-budget"),
+            refused,
+        }
+    }
+}
+
+/// The message of a budget refusal.
+pub fn refusal_message(reason: &'static str, call_id: &str) -> String {
+    match reason {
+        "call-id-conflict" => format!(
+            "call id {call_id:?} was already decided in this session for a different proposal"
+        ),
+        "session-expired" => "the session is older than its profile allows".to_string(),
+        _ => format!("the session's {reason} is spent"),
+    }
+}
+
+/// Sessions by (host identity, session id). Boxed, so that growing the
+/// table moves pointers only.
 #[derive(Debug, Default)]
 pub struct Sessions {
     sessions: Table<Box<Session>>,
+    /// Sessions per host identity (for the per-host cap).
+    per_host: HashMap<String, usize>,
     /// Σ [`decided_call_bytes`] of the call ids the sessions remember.
     decided_bytes: usize,
 }
@@ -186,34 +353,61 @@ impl Sessions {
         self.decided_bytes
     }
 
-    /// Counts a call id that [`charge`] remembered.
-    pub fn count_decided_bytes(&mut self, bytes: usize) {
+    /// Counts call id bytes remembered by [`Sessions::settle`], the one
+    /// place a call id is remembered.
+    fn count_decided_bytes(&mut self, bytes: usize) {
         self.decided_bytes = self.decided_bytes.saturating_add(bytes);
     }
 
-    fn hash(&self, session_id: &str) -> u64 {
-        self.sessions.hash(session_id)
+    /// What charging a call of this standing would add under the byte
+    /// budget: a call id new to the session is remembered unless the
+    /// decisions are spent (then it is refused `decision-budget` and costs
+    /// nothing). The caller makes room for it before anything changes.
+    pub fn bytes_to_remember(
+        &self,
+        session: &SessionRef,
+        call_id: &str,
+        standing: CallStanding,
+        budget: &Budget,
+    ) -> usize {
+        if standing == CallStanding::New && !budget.decisions_spent(self.find(session)) {
+            decided_call_bytes(call_id)
+        } else {
+            0
+        }
     }
 
-    pub fn get(&self, session_id: &str) -> Option<&Session> {
+    fn hash(&self, host: &str, session_id: &str) -> u64 {
+        self.sessions.hash(&(host, session_id))
+    }
+
+    /// The session `session_id` of host `host`.
+    pub fn get(&self, host: &str, session_id: &str) -> Option<&Session> {
         self.sessions
-            .find(self.hash(session_id), |session| {
-                session.session_id == session_id
+            .find(self.hash(host, session_id), |session| {
+                session.host == host && session.session_id == session_id
             })
             .map(|session| &**session)
     }
 
-    pub fn get_mut(&mut self, session_id: &str) -> Option<&mut Session> {
-        let hash = self.hash(session_id);
+    pub fn get_mut(&mut self, host: &str, session_id: &str) -> Option<&mut Session> {
+        let hash = self.hash(host, session_id);
         self.sessions
-            .find_mut(hash, |session| session.session_id == session_id)
+            .find_mut(hash, |session| {
+                session.host == host && session.session_id == session_id
+            })
             .map(|session| &mut **session)
+    }
+
+    /// The session a request names, if it exists.
+    pub fn find(&self, session: &SessionRef) -> Option<&Session> {
+        self.get(&session.host, &session.session_id)
     }
 
     /// A session id is bound to the actor and workspace it started with
     /// (part of SPEC §4 step 1: the session must be valid).
     pub fn check_binding(&self, session: &SessionRef) -> Result<()> {
-        let Some(existing) = self.get(&session.session_id) else {
+        let Some(existing) = self.find(session) else {
             return Ok(());
         };
         if existing.actor != session.actor {
@@ -231,6 +425,15 @@ impl Sessions {
         Ok(())
     }
 
+    /// Room for the session a request names, if it is new: checked before
+    /// anything else changes, so that an answer never fails to charge.
+    pub fn reserve(&mut self, session: &SessionRef, now: Timestamp, limits: &Limits) -> Result<()> {
+        if self.find(session).is_some() {
+            return Ok(());
+        }
+        self.check_room(&session.host, now, limits)
+    }
+
     /// The session for `session`, created if new.
     pub fn open(
         &mut self,
@@ -239,29 +442,66 @@ impl Sessions {
         limits: &Limits,
     ) -> Result<&mut Session> {
         self.check_binding(session)?;
-        let hash = self.hash(&session.session_id);
-        let session_id = session.session_id.as_str();
+        let hash = self.hash(&session.host, &session.session_id);
         if self
             .sessions
-            .find(hash, |existing| existing.session_id == session_id)
+            .find(hash, |existing| existing.is(session))
             .is_none()
         {
-            self.check_room(now, limits)?;
+            self.check_room(&session.host, now, limits)?;
             self.sessions
                 .insert_unique(hash, Box::new(Session::new(session, now)));
+            *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
         }
         let entry = self
             .sessions
-            .find_mut(hash, |existing| existing.session_id == session_id)
+            .find_mut(hash, |existing| existing.is(session))
             .ok_or_else(|| Error::Internal("session vanished while opening it".into()))?;
         entry.last_seen = now;
         Ok(entry)
     }
 
-    /// Room for one more session: idle sessions are evicted when the table
-    /// is full; still full is RESOURCE_EXHAUSTED.
-    pub fn check_room(&mut self, now: Timestamp, limits: &Limits) -> Result<()> {
-        if self.sessions.len() >= limits.max_sessions {
+    /// Opens the session (it exists from its first answered call) and
+    /// applies what the answer costs.
+    pub fn settle(
+        &mut self,
+        session: &SessionRef,
+        call_id: &str,
+        fingerprint: Fingerprint,
+        charge: Charge,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> Result<()> {
+        let entry = self.open(session, now, limits)?;
+        let mut remembered = 0;
+        if charge.decision {
+            remembered = entry.decided.insert(call_id, fingerprint, charge.refused);
+            entry.decisions += 1;
+        }
+        if charge.tool_attempt {
+            entry.tool_attempts += 1;
+        }
+        if let Some(reason) = charge.refused
+            && reason != "call-id-conflict"
+        {
+            entry.stopped_reason.get_or_insert(reason);
+        }
+        self.count_decided_bytes(remembered);
+        Ok(())
+    }
+
+    /// Sessions `host` holds.
+    pub fn count_of(&self, host: &str) -> usize {
+        self.per_host.get(host).copied().unwrap_or(0)
+    }
+
+    /// Room for one more session of `host`: idle sessions are evicted when
+    /// the table or the host's share of it is full; still full is
+    /// RESOURCE_EXHAUSTED. The per-host share keeps one host from filling
+    /// the table for every other.
+    pub fn check_room(&mut self, host: &str, now: Timestamp, limits: &Limits) -> Result<()> {
+        let per_host = limits.max_sessions_per_host;
+        if self.sessions.len() >= limits.max_sessions || self.count_of(host) >= per_host {
             self.evict_idle(now, limits);
         }
         if self.sessions.len() >= limits.max_sessions {
@@ -270,68 +510,32 @@ impl Sessions {
                 limits.max_sessions
             )));
         }
+        if self.count_of(host) >= per_host {
+            return Err(Error::ResourceExhausted(format!(
+                "this host holds its maximum of {per_host} sessions (limits.max_sessions_per_host)"
+            )));
+        }
         Ok(())
     }
 
     /// Drops sessions idle for longer than the policy's TTL.
     pub fn evict_idle(&mut self, now: Timestamp, limits: &Limits) {
         let idle_millis = u64::try_from(limits.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
+        let per_host = &mut self.per_host;
         let mut freed = 0usize;
         self.sessions.retain(|session| {
             let keep = now.millis_since(session.last_seen) < idle_millis;
             if !keep {
                 freed = freed.saturating_add(session.decided.bytes());
+                if let Some(count) = per_host.get_mut(&session.host) {
+                    *count = count.saturating_sub(1);
+                    if *count == 0 {
+                        per_host.remove(&session.host);
+                    }
+                }
             }
             keep
         });
         self.decided_bytes = self.decided_bytes.saturating_sub(freed);
-    }
-}
-
-/// SPEC §4 step 6, in order: call-id conflict, decision budget, tool budget,
-/// session age. Changes nothing; the caller charges a `NewCall` once the
-/// whole decision succeeds.
-pub fn check_budget(
-    session: &Session,
-    profile: &ActorProfile,
-    call_id: &str,
-    fingerprint: Fingerprint,
-    is_tool_call: bool,
-    now: Timestamp,
-) -> BudgetCheck {
-    let check = match session.decided.get(call_id) {
-        Some(decided) if decided != fingerprint => {
-            return BudgetCheck::Refused("call-id-conflict");
-        }
-        Some(_) => BudgetCheck::Repeat,
-        None => {
-            let max_decisions = profile.max_decisions.unwrap_or(MAX_CALLS_PER_SESSION);
-            if session.decisions >= max_decisions {
-                return BudgetCheck::Refused("decision-budget");
-            }
-            if is_tool_call
-                && profile
-                    .max_tool_calls
-                    .is_some_and(|max| session.tool_attempts >= max)
-            {
-                return BudgetCheck::Refused("tool-budget");
-            }
-            BudgetCheck::NewCall
-        }
-    };
-    if let Some(max_seconds) = profile.max_session_seconds
-        && now.millis_since(session.started_at) >= max_seconds.saturating_mul(1000)
-    {
-        return BudgetCheck::Refused("session-expired");
-    }
-    check
-}
-
-/// Charges a new call id to the session.
-pub fn charge(session: &mut Session, call_id: &str, fingerprint: Fingerprint, is_tool_call: bool) {
-    session.decided.insert(call_id, fingerprint);
-    session.decisions += 1;
-    if is_tool_call {
-        session.tool_attempts += 1;
     }
 }

@@ -23,7 +23,7 @@ use crate::ledger::{
 use crate::manifest::{self, Assessment, LastAssessment, Manifest, ManifestStatus, PinReference};
 use crate::policy::{Limits, Mode, Policy, Tool};
 use crate::proposal::{self, Proposal, Refusal, Screened, SessionRef};
-use crate::session::{self, BudgetCheck, Session, SessionSummary, Sessions};
+use crate::session::{self, Budget, CallStanding, Charge, SessionSummary, Sessions};
 
 /// Most pins that may be made through the API.
 pub const MAX_API_PINS: usize = 1024;
@@ -113,6 +113,33 @@ pub struct State {
     sessions: Sessions,
     resources: Resources,
     receipts: ReceiptLog,
+    /// Bytes the call being answered will add when it is charged (its call
+    /// id, remembered by `Sessions::settle`): counted by [`State::state_bytes`]
+    /// from the moment [`State::charged`] made room for them until the
+    /// charge is settled, so that every room made on the way (an approval
+    /// request, a receipt) leaves room for them too. Zero between calls.
+    charging_bytes: usize,
+}
+
+/// One page of resources (ListResources). (A page of one queue is a
+/// [`dispatch::ResourcePage`].)
+#[derive(Debug, Clone, Default)]
+pub struct ResourceList {
+    /// In name order.
+    pub resources: Vec<ListedResource>,
+    /// The name to continue after, when more follow.
+    pub next: Option<String>,
+}
+
+/// One resource of a [`ResourceList`], listed whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedResource {
+    pub name: String,
+    /// The value as canonical JSON.
+    pub value_json: String,
+    pub version: u64,
+    /// For a queue: how many items it holds (as GetResource says).
+    pub item_count: Option<u64>,
 }
 
 /// Sizes of the state, for metrics and tests.
@@ -129,9 +156,20 @@ pub struct Stats {
 /// a request if there was none usable.
 enum Gate {
     Granted(ApprovalRef),
-    Denied(ApprovalRef),
+    /// With the answer's message, which carries the reviewer's reason.
+    Denied(ApprovalRef, String),
     /// With the request event when this call made the request.
     Pending(ApprovalRef, Option<Box<ApprovalEvent>>),
+}
+
+/// The message of a Decide or Dispatch refused because a reviewer denied
+/// the proposal: the reviewer's reason, when they gave one, reaches the host.
+fn denial_message(reason: &str) -> String {
+    if reason.is_empty() {
+        "a reviewer denied this exact proposal".to_string()
+    } else {
+        format!("a reviewer denied this exact proposal: {reason}")
+    }
 }
 
 impl State {
@@ -143,6 +181,7 @@ impl State {
             sessions: Sessions::default(),
             resources: Resources::new(&policy.state),
             receipts: ReceiptLog::default(),
+            charging_bytes: 0,
         }
     }
 
@@ -164,10 +203,6 @@ impl State {
 
     /// The approval standing of a proposal that needs approval; a new pending
     /// request is made when there is none usable (SPEC §4 step 8, §6 step 6).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the gate needs the call's whole context and the bytes its caller will add"
-    )]
     fn approval_gate(
         &mut self,
         policy: &Policy,
@@ -176,21 +211,25 @@ impl State {
         proposal: &Proposal,
         tool: &Tool,
         reason: &'static str,
-        also_needed_bytes: usize,
     ) -> Result<Gate> {
         let standing = self
             .ledger
             .standing(&session_ref.workspace, proposal.fingerprint);
-        if !matches!(standing, Standing::None) {
-            self.make_byte_room(also_needed_bytes, now, &policy.limits)?;
-        }
         Ok(match standing {
             Standing::Granted(approval) => Gate::Granted(approval),
-            Standing::Denied(approval) => Gate::Denied(approval),
+            Standing::Denied(approval) => {
+                let reason = self
+                    .ledger
+                    .get(approval.id)
+                    .map(|record| record.decision_note.as_str())
+                    .unwrap_or("");
+                Gate::Denied(approval, denial_message(reason))
+            }
             Standing::Pending(approval) => Gate::Pending(approval, None),
             Standing::None => {
                 let new = NewApproval {
                     fingerprint: proposal.fingerprint,
+                    host: session_ref.host.clone(),
                     actor: session_ref.actor.clone(),
                     session_id: session_ref.session_id.clone(),
                     workspace: session_ref.workspace.clone(),
@@ -212,13 +251,12 @@ impl State {
                         ),
                     ));
                 }
-                self.ledger
-                    .check_capacity(&session_ref.actor, &policy.limits)?;
-                self.make_byte_room(
-                    new.bytes().saturating_add(also_needed_bytes),
-                    now,
+                self.ledger.check_capacity(
+                    &session_ref.host,
+                    &session_ref.actor,
                     &policy.limits,
                 )?;
+                self.make_byte_room(new.bytes(), now, &policy.limits)?;
                 let event = self.ledger.create(new, now, &policy.limits);
                 Gate::Pending(ApprovalRef::from(&event.approval), Some(Box::new(event)))
             }
@@ -232,6 +270,7 @@ impl State {
             .bytes()
             .saturating_add(self.receipts.bytes())
             .saturating_add(self.sessions.decided_bytes())
+            .saturating_add(self.charging_bytes)
     }
 
     /// Room for `needed` more bytes under `limits.max_state_bytes`. Only
@@ -272,8 +311,10 @@ impl State {
 
     /// Decide (SPEC §4). The policy-only steps (2, 3 and the schema check of
     /// 5) were screened without the lock; their answers are reported here in
-    /// the contract's order. Returns the decision and the approval request it
-    /// created, if any. The engine expires due approvals first.
+    /// the contract's order. Every answer is charged to the session as SPEC
+    /// §4 "Charging" says; an error changes nothing. Returns the decision and
+    /// the approval request it created, if any. The engine expires due
+    /// approvals first.
     pub fn decide(
         &mut self,
         policy: &Policy,
@@ -282,90 +323,136 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<(Decision, Option<ApprovalEvent>)> {
-        // Step 1 (the part that needs state): the session id's binding.
+        self.charged(policy, now, session_ref, proposal, |state, standing| {
+            let (decision, created, refused) =
+                state.decide_steps(policy, now, session_ref, proposal, screened, standing)?;
+            Ok(((decision, created), refused))
+        })
+    }
+
+    /// Charging (SPEC §4 "Charging"), shared by Decide and Dispatch: the
+    /// session id's binding, room for the session if it is new and room in
+    /// the byte budget for the call id if it will be remembered — all before
+    /// anything changes — then the call's steps, then the charge of their
+    /// answer, settled on the session. `steps` also returns the budget that
+    /// refused the call, if one did.
+    fn charged<T>(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        steps: impl FnOnce(&mut Self, CallStanding) -> Result<(T, Option<&'static str>)>,
+    ) -> Result<T> {
         self.sessions.check_binding(session_ref)?;
+        self.sessions.reserve(session_ref, now, &policy.limits)?;
+        let standing = CallStanding::of(
+            self.sessions.find(session_ref),
+            &proposal.call_id,
+            proposal.fingerprint,
+        );
+        // Every call id remembered counts under the byte budget, whatever
+        // the answer: room for it now, or RESOURCE_EXHAUSTED and no change.
+        let budget = Budget::of(policy.actors.get(&session_ref.actor));
+        let call_bytes =
+            self.sessions
+                .bytes_to_remember(session_ref, &proposal.call_id, standing, &budget);
+        if call_bytes > 0 {
+            self.make_byte_room(call_bytes, now, &policy.limits)?;
+        }
+        self.charging_bytes = call_bytes;
+        let answered = steps(self, standing);
+        self.charging_bytes = 0;
+        let (answer, refused) = answered?;
+        let charge = Charge::of(standing, is_tool_call(policy, proposal), refused);
+        // Counts the bytes of a call id it remembers.
+        self.sessions.settle(
+            session_ref,
+            &proposal.call_id,
+            proposal.fingerprint,
+            charge,
+            now,
+            &policy.limits,
+        )?;
+        Ok(answer)
+    }
+
+    /// SPEC §4 steps 2–8 for a call of this standing; also returns the
+    /// budget that refused it, if one did.
+    fn decide_steps(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        screened: Screened<'_>,
+        standing: CallStanding,
+    ) -> Result<(Decision, Option<ApprovalEvent>, Option<&'static str>)> {
+        // Charging: once the decisions are spent, a new call id is refused
+        // before anything else, and costs nothing.
+        let budget = Budget::of(policy.actors.get(&session_ref.actor));
+        if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
+        {
+            let reason = "decision-budget";
+            let message = session::refusal_message(reason, &proposal.call_id);
+            return Ok((
+                Decision::deny(proposal, reason, message),
+                None,
+                Some(reason),
+            ));
+        }
         // Steps 2–3.
         let (admitted, schema) = match screened {
             Ok(screened) => screened,
-            Err(refusal) => return Ok((Decision::refused(refusal, proposal, session_ref), None)),
+            Err(refusal) => {
+                return Ok((
+                    Decision::refused(refusal, proposal, session_ref),
+                    None,
+                    None,
+                ));
+            }
         };
         let tool = admitted.tool;
         // Step 4: the manifest gate.
         if let Err(refusal) = self.manifest_gate(policy, tool) {
-            return Ok((Decision::refused(refusal, proposal, session_ref), None));
+            return Ok((
+                Decision::refused(refusal, proposal, session_ref),
+                None,
+                None,
+            ));
         }
         // Step 5: the input schema.
         schema?;
-        // Step 6: the session budget. A new session is only checked here and
-        // made at the end, once nothing can refuse the call any more.
+        // Step 6: the session budget.
         let is_tool_call = tool.mode == Mode::Execute;
-        let fresh;
-        let session = match self.sessions.get(&session_ref.session_id) {
-            Some(existing) => existing,
-            None => {
-                self.sessions.check_room(now, &policy.limits)?;
-                fresh = Session::new(session_ref, now);
-                &fresh
-            }
-        };
-        let budget = session::check_budget(
-            session,
-            admitted.profile,
-            &proposal.call_id,
-            proposal.fingerprint,
-            is_tool_call,
-            now,
-        );
-        if let BudgetCheck::Refused(reason) = budget {
-            if reason != "call-id-conflict"
-                && let Some(session) = self.sessions.get_mut(&session_ref.session_id)
-            {
-                session.stopped_reason.get_or_insert(reason);
-            }
-            let message = match reason {
-                "call-id-conflict" => format!(
-                    "call id {:?} was already decided in this session for a different proposal",
-                    proposal.call_id
-                ),
-                "session-expired" => "the session is older than its profile allows".to_string(),
-                _ => format!("the session's {reason} is spent"),
-            };
-            return Ok((Decision::deny(proposal, reason, message), None));
+        if let Some(reason) =
+            budget.check(standing, self.sessions.find(session_ref), is_tool_call, now)
+        {
+            let message = session::refusal_message(reason, &proposal.call_id);
+            return Ok((
+                Decision::deny(proposal, reason, message),
+                None,
+                Some(reason),
+            ));
         }
-        // A new call id is remembered: it needs room in the byte budget.
-        let call_bytes = match budget {
-            BudgetCheck::NewCall => session::decided_call_bytes(&proposal.call_id),
-            _ => 0,
-        };
         // Step 7: no approval needed; step 8: the ledger.
         let approval_reason = match tool.mode {
             Mode::Execute => proposal::approval_reason(tool, admitted.profile, &proposal.arguments),
             _ => None,
         };
         let (decision, created) = match approval_reason {
-            None => {
-                self.make_byte_room(call_bytes, now, &policy.limits)?;
-                (
-                    Decision {
-                        outcome: Outcome::Allow,
-                        reason: "allowed",
-                        message: format!("{:?} may run", proposal.name),
-                        fingerprint: proposal.fingerprint,
-                        approval: None,
-                    },
-                    None,
-                )
-            }
+            None => (
+                Decision {
+                    outcome: Outcome::Allow,
+                    reason: "allowed",
+                    message: format!("{:?} may run", proposal.name),
+                    fingerprint: proposal.fingerprint,
+                    approval: None,
+                },
+                None,
+            ),
             Some(reason) => {
-                match self.approval_gate(
-                    policy,
-                    now,
-                    session_ref,
-                    proposal,
-                    tool,
-                    reason,
-                    call_bytes,
-                )? {
+                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
                     Gate::Granted(approval) => (
                         Decision {
                             outcome: Outcome::Allow,
@@ -377,11 +464,11 @@ impl State {
                         },
                         None,
                     ),
-                    Gate::Denied(approval) => (
+                    Gate::Denied(approval, message) => (
                         Decision {
                             outcome: Outcome::Deny,
                             reason: "approval-denied",
-                            message: "a reviewer denied this exact proposal".to_string(),
+                            message,
                             fingerprint: proposal.fingerprint,
                             approval: Some((approval.id, approval.expires_at)),
                         },
@@ -400,24 +487,17 @@ impl State {
                 }
             }
         };
-        let session = self.sessions.open(session_ref, now, &policy.limits)?;
-        if budget == BudgetCheck::NewCall {
-            session::charge(
-                session,
-                &proposal.call_id,
-                proposal.fingerprint,
-                is_tool_call,
-            );
-            self.sessions.count_decided_bytes(call_bytes);
-        }
-        Ok((decision, created.map(|event| *event)))
+        Ok((decision, created.map(|event| *event), None))
     }
 
     /// Dispatch (SPEC §6), in the contract's order, in one critical section:
     /// a refusal changes no resource, version, grant or receipt; a commit
     /// applies the effect, bumps the version, consumes the grant and stores
-    /// the receipt together. Returns the answer and the ledger transitions
-    /// (a request made, a grant consumed).
+    /// the receipt together. A call id the session never decided is charged
+    /// and checked as a Decide of it first (SPEC §4 "Charging"); a decided
+    /// one costs nothing more and keeps the budget verdict it got. Returns
+    /// the answer and the ledger transitions (a request made, a grant
+    /// consumed).
     pub fn dispatch(
         &mut self,
         policy: &Policy,
@@ -426,15 +506,42 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
+        // 1. The session id's binding (the envelope was checked at the
+        // edge), room for the session if it is new, and the charge.
+        self.charged(policy, now, session_ref, proposal, |state, standing| {
+            let (dispatched, events, refused) =
+                state.dispatch_steps(policy, now, session_ref, proposal, screened, standing)?;
+            Ok(((dispatched, events), refused))
+        })
+    }
+
+    /// SPEC §6 steps 2–3 and the session budget of SPEC §4 step 6, then the
+    /// commit steps; also returns the budget that refused it, if one did.
+    fn dispatch_steps(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        screened: Screened<'_>,
+        standing: CallStanding,
+    ) -> Result<(Dispatched, Vec<ApprovalEvent>, Option<&'static str>)> {
         let fingerprint = proposal.fingerprint;
         let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
             Ok((
                 Dispatched::refused(status, reason, message, fingerprint),
                 Vec::new(),
+                None,
             ))
         };
-        // 1. The session id's binding (the envelope was checked at the edge).
-        self.sessions.check_binding(session_ref)?;
+        let budget = Budget::of(policy.actors.get(&session_ref.actor));
+        if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
+        {
+            let reason = "decision-budget";
+            let message = session::refusal_message(reason, &proposal.call_id);
+            let refused = Dispatched::refused(DispatchStatus::Denied, reason, message, fingerprint);
+            return Ok((refused, Vec::new(), Some(reason)));
+        }
         // 2–3. Actor, tool, policy refusals, schema.
         let (admitted, schema) = match screened {
             Ok(screened) => screened,
@@ -470,8 +577,43 @@ impl State {
             );
         }
         schema?;
+        // The session budget, as Decide's step 6 would answer.
+        if let Some(reason) = budget.check(standing, self.sessions.find(session_ref), true, now) {
+            let status = match reason {
+                "call-id-conflict" => DispatchStatus::CallIdConflict,
+                _ => DispatchStatus::Denied,
+            };
+            let message = session::refusal_message(reason, &proposal.call_id);
+            let refused = Dispatched::refused(status, reason, message, fingerprint);
+            return Ok((refused, Vec::new(), Some(reason)));
+        }
+        let (dispatched, events) =
+            self.commit_steps(policy, now, session_ref, proposal, admitted)?;
+        Ok((dispatched, events, None))
+    }
+
+    /// SPEC §6 steps 4–9 for a proposal that passed steps 1–3.
+    fn commit_steps(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        admitted: proposal::Admitted<'_>,
+    ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
+        let fingerprint = proposal.fingerprint;
+        let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
+            Ok((
+                Dispatched::refused(status, reason, message, fingerprint),
+                Vec::new(),
+            ))
+        };
+        let tool = admitted.tool;
         // 4. A receipt for this call id.
-        if let Some(receipt) = self.receipts.get(&proposal.actor, &proposal.call_id) {
+        if let Some(receipt) =
+            self.receipts
+                .get(&session_ref.host, &proposal.actor, &proposal.call_id)
+        {
             if receipt.fingerprint != fingerprint {
                 return refuse(
                     DispatchStatus::CallIdConflict,
@@ -529,13 +671,13 @@ impl State {
         let grant = match proposal::approval_reason(tool, admitted.profile, &proposal.arguments) {
             None => None,
             Some(reason) => {
-                match self.approval_gate(policy, now, session_ref, proposal, tool, reason, 0)? {
+                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
                     Gate::Granted(approval) => Some(approval.id),
-                    Gate::Denied(approval) => {
+                    Gate::Denied(approval, message) => {
                         let mut refused = Dispatched::refused(
                             DispatchStatus::ApprovalRequired,
                             "approval-denied",
-                            "a reviewer denied this exact proposal".to_string(),
+                            message,
                             fingerprint,
                         );
                         refused.approval_id = Some(approval.id);
@@ -577,6 +719,7 @@ impl State {
         }
         // 8b. Room for the receipt in the byte budget.
         let receipt_bytes = dispatch::receipt_bytes(
+            &session_ref.host,
             &proposal.actor,
             &proposal.call_id,
             target.resource(),
@@ -584,9 +727,9 @@ impl State {
         );
         self.make_byte_room(receipt_bytes, now, &policy.limits)?;
         // 9. Commit: all of it, under this one lock, with nothing left that can fail.
-        let session = self.sessions.open(session_ref, now, &policy.limits)?;
-        session.executed_tools += 1;
-        session.executed_cost = session.executed_cost.saturating_add(tool.cost);
+        self.sessions
+            .open(session_ref, now, &policy.limits)?
+            .executed(tool.cost);
         if let Some(grant) = grant {
             events.push(self.ledger.consume(grant, now)?);
         }
@@ -598,8 +741,12 @@ impl State {
             created_at: now,
         };
         let receipt_id = receipt.id;
-        self.receipts
-            .insert(&proposal.actor, &proposal.call_id, receipt);
+        self.receipts.insert(
+            &session_ref.host,
+            &proposal.actor,
+            &proposal.call_id,
+            receipt,
+        );
         Ok((
             Dispatched {
                 status: DispatchStatus::Ok,
@@ -650,9 +797,15 @@ impl State {
             })
     }
 
-    pub fn session(&self, session_id: &str, decision_cost: u64) -> Result<SessionSummary> {
+    /// A session of host `host` (GetSession).
+    pub fn session(
+        &self,
+        host: &str,
+        session_id: &str,
+        decision_cost: u64,
+    ) -> Result<SessionSummary> {
         self.sessions
-            .get(session_id)
+            .get(host, session_id)
             .map(|session| session.summary(decision_cost))
             .ok_or_else(|| Error::NotFound(format!("no session {session_id:?}")))
     }
@@ -673,8 +826,60 @@ impl State {
         self.ledger.get(id).cloned()
     }
 
-    pub fn list_approvals(&self, query: &ListQuery) -> Page {
-        self.ledger.list(query)
+    pub fn list_approvals(&self, policy: &Policy, query: &ListQuery) -> Page {
+        self.ledger.list(query, policy)
+    }
+
+    /// Resources in name order after `after` as (name, canonical JSON,
+    /// version): at most `page_size` of them and about `max_bytes` (at
+    /// least one). The name to continue after, when more follow.
+    pub fn list_resources(
+        &self,
+        after: Option<&str>,
+        page_size: usize,
+        max_bytes: usize,
+    ) -> ResourceList {
+        let mut page: Vec<ListedResource> = Vec::new();
+        let mut bytes = 0usize;
+        for name in self.resources.names() {
+            if after.is_some_and(|after| name <= after) {
+                continue;
+            }
+            let Some((value, version)) = self.resources.get(name) else {
+                continue;
+            };
+            if page.len() == page_size {
+                let next = page.last().map(|listed| listed.name.clone());
+                return ResourceList {
+                    resources: page,
+                    next,
+                };
+            }
+            let value_json = crate::canonical::to_canonical(value);
+            let size = name.len() + value_json.len();
+            if !page.is_empty() && bytes.saturating_add(size) > max_bytes {
+                let next = page.last().map(|listed| listed.name.clone());
+                return ResourceList {
+                    resources: page,
+                    next,
+                };
+            }
+            bytes = bytes.saturating_add(size);
+            let item_count = match value {
+                Value::Array(items) => Some(items.len() as u64),
+                _ => None,
+            };
+            page.push(ListedResource {
+                name: name.to_string(),
+                value_json,
+                version,
+                item_count,
+            });
+        }
+        ResourceList {
+            resources: page,
+            next: None,
+        }
     }
 
     /// Grant, deny or revoke (SPEC §5) by the authenticated reviewer.
@@ -835,6 +1040,15 @@ fn check_answer_size(carried: Option<&crate::canonical::Value>, limit: usize) ->
         ));
     }
     Ok(())
+}
+
+/// Whether a call of this proposal's tool costs a tool attempt: an unknown
+/// tool or an `execute` one (SPEC §4 "Charging").
+fn is_tool_call(policy: &Policy, proposal: &Proposal) -> bool {
+    policy
+        .tools
+        .get(&proposal.name)
+        .is_none_or(|tool| tool.mode == Mode::Execute)
 }
 
 fn api_pin_record(api_pin: &ApiPin) -> PinRecord {

@@ -21,6 +21,7 @@ fn policy() -> String {
         r#"
 [server]
 max_message_bytes = {MAX_MESSAGE_BYTES}
+open_host_api = true
 
 [profiles.agent]
 roles = ["agent"]

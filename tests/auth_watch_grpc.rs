@@ -19,7 +19,7 @@ enum Reach {
     Either,
 }
 
-const RPCS: [(&str, Reach); 14] = [
+const RPCS: [(&str, Reach); 15] = [
     ("Decide", Reach::Host),
     ("Dispatch", Reach::Host),
     ("AssessManifest", Reach::Host),
@@ -34,6 +34,7 @@ const RPCS: [(&str, Reach); 14] = [
     ("ListPins", Reach::Reviewer),
     ("RemovePin", Reach::Reviewer),
     ("GetResource", Reach::Either),
+    ("ListResources", Reach::Either),
 ];
 
 /// Calls one RPC with an empty request and returns the status code (OK when
@@ -98,6 +99,10 @@ async fn call(server: &TestServer, rpc: &str, token: &str) -> Code {
             .map(drop),
         "GetResource" => resources
             .get_resource(authed(pb::GetResourceRequest::default(), token))
+            .await
+            .map(drop),
+        "ListResources" => resources
+            .list_resources(authed(pb::ListResourcesRequest::default(), token))
             .await
             .map(drop),
         other => panic!("no such rpc {other}"),
@@ -176,7 +181,7 @@ async fn a_host_speaks_only_for_its_actors() {
 }
 
 #[tokio::test]
-async fn without_credentials_the_host_api_is_open_and_the_reviewer_api_closed() {
+async fn open_host_api_opens_the_host_api_and_the_reviewer_api_stays_closed() {
     let policy = r#"
 [profiles.p]
 roles = ["r"]
@@ -185,7 +190,20 @@ profile = "p"
 [tools.t]
 mode = "read"
 roles = ["r"]
+[server]
+open_host_api = true
 "#;
+    // Without the explicit setting the same policy is refused: an open host
+    // API is never the result of an absence.
+    let closed = policy.replace("open_host_api = true", "");
+    let error = toolgate::policy::Policy::parse(&closed, "closed.toml", None)
+        .expect_err("no host access declared");
+    assert_eq!(error.key, "credentials");
+    assert_eq!(
+        error.message,
+        "no host credential: declare one ([[credentials]] with kind = \"host\"), \
+         or set [server] open_host_api = true to let any local client call the host API"
+    );
     let server = TestServer::start(policy).await;
     let answer = server
         .decide_ok(
@@ -260,6 +278,8 @@ mode = "execute"
 roles = ["r"]
 approval = "always"
 approvers = ["x"]
+[server]
+open_host_api = true
 [reviewers.alice]
 roles = ["x"]
 workspaces = ["*"]
@@ -300,5 +320,299 @@ sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
         "a watcher 3000 events behind must be told it lagged"
     );
     assert_eq!(seen + lagged, requests);
+    server.stop().await;
+}
+
+const CAROL: &str = "carol-secret";
+const BOB: &str = "bob-secret";
+const DAVE: &str = "dave-secret";
+/// alice's `[[credentials]]` entry in the fixture, removed by a reload.
+const ALICE_CREDENTIAL: &str = "[[credentials]]\nkind = \"reviewer\"\nidentity = \"alice\"\nsha256 = \"0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376\"\n";
+
+fn fixture_text() -> String {
+    std::fs::read_to_string(common::repo_path(POLICY)).expect("fixture")
+}
+
+/// The fixture with `edit` applied, as a policy (paths resolve as in the file).
+fn fixture_policy(edit: impl FnOnce(String) -> String) -> toolgate::policy::Policy {
+    toolgate::policy::Policy::parse(
+        &edit(fixture_text()),
+        "edited.toml",
+        Some(&common::repo_path("tests/fixtures")),
+    )
+    .expect("edited fixture is valid")
+}
+
+async fn watch(server: &TestServer, token: &str) -> tonic::Streaming<pb::ApprovalEvent> {
+    server
+        .approvals()
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, token))
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
+/// A pending payment over the threshold in `workspace`; its approval id.
+async fn pending_payment(server: &TestServer, call_id: &str, workspace: &str) -> String {
+    let answer = server
+        .decide_ok(
+            HOST,
+            &session("payer", &format!("s-{workspace}"), workspace),
+            &proposal(
+                call_id,
+                "payer",
+                "payment_execute",
+                0,
+                r#"{"amount": 15000, "account_number": "12345678"}"#,
+            ),
+        )
+        .await;
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval, "{answer:?}");
+    answer.approval_id
+}
+
+async fn next_id(events: &mut tonic::Streaming<pb::ApprovalEvent>) -> String {
+    let event = events.next().await.expect("stream open").expect("event");
+    event.approval.expect("approval").approval_id
+}
+
+#[tokio::test]
+async fn a_reload_that_revokes_a_watchers_credential_ends_its_stream() {
+    let server = TestServer::start_file(POLICY).await;
+    let mut alice = watch(&server, ALICE).await;
+    let mut carol = watch(&server, CAROL).await;
+    let before = pending_payment(&server, "c1", "acme").await;
+    assert_eq!(next_id(&mut alice).await, before);
+    assert_eq!(next_id(&mut carol).await, before);
+
+    server
+        .engine
+        .replace_policy(fixture_policy(|text| text.replace(ALICE_CREDENTIAL, "")));
+
+    let ended = alice
+        .next()
+        .await
+        .expect("a final status")
+        .expect_err("the stream ends with an error");
+    assert_eq!(ended.code(), Code::Unauthenticated);
+    assert_eq!(
+        ended.message(),
+        "the credential of this watch was revoked by a policy reload"
+    );
+    assert!(
+        alice.next().await.is_none(),
+        "nothing after the final status"
+    );
+
+    // A watcher whose credential survived the reload keeps its stream.
+    let after = pending_payment(&server, "c2", "acme").await;
+    assert_eq!(next_id(&mut carol).await, after);
+    // And the revoked token cannot open a new one.
+    let refused = server
+        .approvals()
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
+        .await
+        .expect_err("revoked token");
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_reload_that_keeps_the_credential_keeps_the_stream() {
+    let server = TestServer::start_file(POLICY).await;
+    let mut alice = watch(&server, ALICE).await;
+    server.engine.replace_policy(fixture_policy(|text| text));
+    let id = pending_payment(&server, "c1", "acme").await;
+    assert_eq!(next_id(&mut alice).await, id);
+    server.stop().await;
+}
+
+async fn listed_ids(server: &TestServer, token: &str) -> Vec<String> {
+    let mut ids: Vec<String> = server
+        .all_approvals(token)
+        .await
+        .into_iter()
+        .map(|approval| approval.approval_id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn reviewers_list_get_and_watch_only_what_they_could_review() {
+    let server = TestServer::start_file(POLICY).await;
+    // alice: finance-approver in acme; dave: finance-approver in globex;
+    // carol: finance-approver everywhere; bob: support-lead, approves nothing.
+    let mut alice = watch(&server, ALICE).await;
+    let mut dave = watch(&server, DAVE).await;
+    let acme = pending_payment(&server, "c1", "acme").await;
+    let globex = pending_payment(&server, "c2", "globex").await;
+    let acme_again = pending_payment(&server, "c3", "acme").await;
+
+    let mut acme_ids = vec![acme.clone(), acme_again.clone()];
+    acme_ids.sort();
+    let mut all_ids = vec![acme.clone(), globex.clone(), acme_again.clone()];
+    all_ids.sort();
+    assert_eq!(listed_ids(&server, ALICE).await, acme_ids);
+    assert_eq!(listed_ids(&server, DAVE).await, vec![globex.clone()]);
+    assert_eq!(listed_ids(&server, CAROL).await, all_ids);
+    assert_eq!(listed_ids(&server, BOB).await, Vec::<String>::new());
+
+    // Another workspace's approval reads exactly like one that does not exist.
+    let hidden = server
+        .get_approval(ALICE, &globex)
+        .await
+        .expect_err("not alice's workspace");
+    assert_eq!(hidden.code(), Code::NotFound);
+    assert_eq!(hidden.message(), format!("no approval {globex}"));
+    let no_role = server
+        .get_approval(BOB, &acme)
+        .await
+        .expect_err("bob approves nothing");
+    assert_eq!(no_role.code(), Code::NotFound);
+    assert_eq!(
+        server
+            .get_approval(DAVE, &globex)
+            .await
+            .expect("dave's")
+            .workspace,
+        "globex"
+    );
+
+    // Watchers skip what they may not see: alice's second event is the
+    // second acme request, dave's first is the globex one.
+    assert_eq!(next_id(&mut alice).await, acme);
+    assert_eq!(next_id(&mut alice).await, acme_again);
+    assert_eq!(next_id(&mut dave).await, globex);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_see_all_reviewer_sees_every_approval() {
+    let erin_digest = toolgate::canonical::Fingerprint::of_bytes(b"erin-secret").to_hex();
+    let erin = format!(
+        "\n[reviewers.erin]\nroles = []\nworkspaces = [\"acme\"]\nsee_all = true\n\n\
+         [[credentials]]\nkind = \"reviewer\"\nidentity = \"erin\"\nsha256 = \"{erin_digest}\"\n"
+    );
+    let policy = fixture_policy(|text| text + &erin);
+    assert!(policy.reviewers["erin"].see_all);
+    assert!(!policy.reviewers["alice"].see_all, "off unless set");
+    let server = TestServer::start_with(policy).await;
+    let mut watcher = watch(&server, "erin-secret").await;
+    let acme = pending_payment(&server, "c1", "acme").await;
+    let globex = pending_payment(&server, "c2", "globex").await;
+    let mut all_ids = vec![acme.clone(), globex.clone()];
+    all_ids.sort();
+    assert_eq!(listed_ids(&server, "erin-secret").await, all_ids);
+    assert_eq!(next_id(&mut watcher).await, acme);
+    assert_eq!(next_id(&mut watcher).await, globex);
+    assert_eq!(
+        server
+            .get_approval("erin-secret", &globex)
+            .await
+            .expect("visible")
+            .approval_id,
+        globex
+    );
+    // Seeing is not deciding: erin holds no approver role.
+    let refused = server
+        .grant("erin-secret", &globex)
+        .await
+        .expect_err("no approver role");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    server.stop().await;
+
+    // The setting is a boolean, checked at load.
+    let error = toolgate::policy::Policy::parse(
+        &(fixture_text()
+            + "\n[reviewers.erin]\nroles = []\nworkspaces = [\"*\"]\nsee_all = \"yes\"\n"),
+        "bad.toml",
+        Some(&common::repo_path("tests/fixtures")),
+    )
+    .expect_err("see_all must be a boolean");
+    assert!(error.to_string().contains("boolean"), "{error}");
+}
+
+#[tokio::test]
+async fn list_filters_by_id_prefix_and_refuses_a_bad_one() {
+    let server = TestServer::start_file(POLICY).await;
+    let first = pending_payment(&server, "c1", "acme").await;
+    let second = pending_payment(&server, "c2", "acme").await;
+    let list = |prefix: String| {
+        let mut approvals = server.approvals();
+        async move {
+            approvals
+                .list_approvals(authed(
+                    pb::ListApprovalsRequest {
+                        approval_id_prefix: prefix,
+                        ..Default::default()
+                    },
+                    ALICE,
+                ))
+                .await
+                .map(|response| response.into_inner().approvals)
+        }
+    };
+    // The whole id, upper case: only that approval.
+    let found = list(first.to_uppercase()).await.expect("list");
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].approval_id, first);
+    let found = list(second[..8].to_string()).await.expect("list");
+    assert!(
+        found
+            .iter()
+            .all(|approval| approval.approval_id.starts_with(&second[..8]))
+    );
+    assert!(found.iter().any(|approval| approval.approval_id == second));
+
+    for bad in ["xyz", &"a".repeat(37)] {
+        let refused = list(bad.to_string()).await.expect_err("not a UUID prefix");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{bad}");
+        assert_eq!(common::violation_field(&refused), "approval_id_prefix");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn list_resources_pages_in_name_order() {
+    let server = TestServer::start_file("examples/tickets.toml").await;
+    let token = "example-reviewer-token";
+    let mut client = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    let mut names = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_resources(authed(
+                pb::ListResourcesRequest {
+                    page_size: 1,
+                    page_token: page_token.clone(),
+                },
+                token,
+            ))
+            .await
+            .expect("page")
+            .into_inner();
+        assert_eq!(page.resources.len(), 1);
+        let resource = page.resources[0].clone();
+        assert_eq!(resource, server.resource(token, &resource.name).await);
+        names.push(resource.name);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(names, ["lamp", "outbox", "sensor"]);
+    let refused = client
+        .list_resources(authed(
+            pb::ListResourcesRequest {
+                page_size: 1001,
+                ..Default::default()
+            },
+            token,
+        ))
+        .await
+        .expect_err("too large");
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(common::violation_field(&refused), "page_size");
     server.stop().await;
 }

@@ -28,6 +28,9 @@ max_pending_total = 1000
 pending_ttl_seconds = {PENDING_TTL_SECONDS}
 receipt_retention_seconds = {RECEIPT_RETENTION_SECONDS}
 
+[server]
+open_host_api = true
+
 [profiles.agent]
 roles = ["agent"]
 
@@ -287,5 +290,74 @@ async fn a_session_without_max_decisions_remembers_call_ids_only_within_the_budg
     .expect("a repeat needs no room");
     assert_eq!(repeat.outcome(), pb::Outcome::Allow);
     assert_eq!(decisions(&server, "s1").await, Some(decided as u64));
+    server.stop().await;
+}
+
+/// Refused Decides charge (issue 11.2): the call id each one remembers
+/// counts under the byte budget exactly like an allowed one's, and once the
+/// budget is full a new one is RESOURCE_EXHAUSTED, not a DENY that would be
+/// remembered past the budget. So is a Dispatch of a call id never decided,
+/// which is charged as a Decide of it first.
+#[tokio::test]
+async fn refused_decides_and_undecided_dispatches_count_their_call_ids() {
+    let server = TestServer::start(&policy(64 * 1024)).await;
+    let call_id = |index: usize| format!("call-{index:0>35}");
+    let mut refused = 0usize;
+    let refusal = loop {
+        let unknown = proposal(&call_id(refused), "agent", "no-such-tool", 0, "{}");
+        match decide(&server, "s1", &unknown).await {
+            Ok(decision) => {
+                assert_eq!(decision.outcome(), pb::Outcome::Deny, "{decision:?}");
+                refused += 1;
+            }
+            Err(status) => break status,
+        }
+        assert!(refused < 10_000, "the budget never refused");
+    };
+    assert_budget_refusal(&refusal);
+    // 64 KiB at 64 + 40 bytes a call id: 630.
+    assert!((550..=630).contains(&refused), "{refused} call ids fit");
+    assert_eq!(decisions(&server, "s1").await, Some(refused as u64));
+    // A refused call id already remembered answers as before, for nothing.
+    let repeat = decide(
+        &server,
+        "s1",
+        &proposal(&call_id(0), "agent", "no-such-tool", 0, "{}"),
+    )
+    .await
+    .expect("a repeat needs no room");
+    assert_eq!(repeat.outcome(), pb::Outcome::Deny);
+    // A Dispatch of a call id no Decide charged needs room too: none left.
+    let status = dispatch(&server, &commit("never-decided", 0, "v"))
+        .await
+        .unwrap_err();
+    assert_budget_refusal(&status);
+    assert_eq!(decisions(&server, "s1").await, Some(refused as u64));
+    let resource = server.resource(ALICE, "r").await;
+    assert_eq!(resource.version, 0, "nothing was committed");
+    server.stop().await;
+}
+
+/// A Dispatch of a never-decided call id remembers it (charged as a Decide)
+/// and stores a receipt: both count, so far fewer commits fit than call ids.
+#[tokio::test]
+async fn undecided_dispatches_count_the_call_id_and_the_receipt() {
+    let server = TestServer::start(&policy(64 * 1024)).await;
+    let mut version = 0;
+    let refusal = loop {
+        match dispatch(&server, &commit(&format!("d{version}"), version, "v")).await {
+            Ok(answer) => {
+                assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
+                version = answer.version;
+            }
+            Err(status) => break status,
+        }
+        assert!(version < 10_000, "the budget never refused");
+    };
+    assert_budget_refusal(&refusal);
+    // Each commit: a receipt (256 bytes and its text) and a call id (64 and
+    // its text): at most 64 KiB / 330 of them.
+    assert!((150..=200).contains(&version), "{version} commits fit");
+    assert_eq!(decisions(&server, "s1").await, Some(version));
     server.stop().await;
 }

@@ -58,6 +58,17 @@ impl Run {
     }
 }
 
+/// JSON printed by the CLI, read back through protobuf's JSON mapping
+/// into the generated message `M` (named `full_name` in the descriptors).
+fn parse_proto<M: prost::Message + Default>(text: &str, full_name: &str) -> M {
+    let pool = prost_reflect::DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptors");
+    let descriptor = pool.get_message_by_name(full_name).expect("message");
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let dynamic = prost_reflect::DynamicMessage::deserialize(descriptor, &mut deserializer)
+        .unwrap_or_else(|error| panic!("not {full_name} JSON ({error}): {text}"));
+    dynamic.transcode_to::<M>().expect("transcode")
+}
+
 fn toolgate_command(args: &[String], token: Option<&str>) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
     command
@@ -135,21 +146,25 @@ async fn approvals_list_and_get_as_table_and_json() {
                 "ACTOR",
                 "TOOL",
                 "WORKSPACE",
-                "REASON",
-                "REQUESTED",
-                "EXPIRES"
+                "EXPIRES",
+                "ARGUMENTS"
             ],
             vec![
-                id,
+                &id[..8],
                 "pending",
                 "payer",
                 "payment_execute",
                 "acme",
-                "approval-threshold-exceeded",
-                REQUESTED_AT,
-                PENDING_EXPIRES_AT
+                "00:05:00",
+                // Cut so that the line fits 100 columns.
+                r#"{"account_number":"[redacted]","amo…"#,
             ],
         ]
+    );
+    assert!(
+        table.stdout.lines().all(|line| line.chars().count() <= 100),
+        "{}",
+        table.stdout
     );
     assert_eq!(table.stderr, "");
 
@@ -167,27 +182,32 @@ async fn approvals_list_and_get_as_table_and_json() {
     )
     .await;
     assert_eq!(listed.code, Some(0), "{listed:?}");
+    // Protobuf's canonical JSON mapping: camelCase, enum names, RFC 3339
+    // timestamps, default values (version 0, empty decidedBy) left out.
     assert_eq!(
         listed.json(),
         json!({"approvals": [{
-            "approval_id": id,
+            "approvalId": id,
             "fingerprint": answer.fingerprint,
             "actor": "payer",
-            "session_id": "s1",
+            "sessionId": "s1",
             "workspace": "acme",
             "tool": "payment_execute",
-            "call_id": "c1",
-            "arguments": {"account_number": "[redacted]", "amount": 15000},
+            "callId": "c1",
+            "argumentsJson": r#"{"account_number":"[redacted]","amount":15000}"#,
             "reason": "approval-threshold-exceeded",
-            "status": "pending",
-            "requested_at": REQUESTED_AT,
-            "expires_at": PENDING_EXPIRES_AT,
-            "decided_by": "",
-            "decided_at": null,
-            "decision_note": "",
-            "version": 0,
+            "status": "APPROVAL_STATUS_PENDING",
+            "requestedAt": REQUESTED_AT,
+            "expiresAt": PENDING_EXPIRES_AT,
         }]})
     );
+    // Parsed back through the same mapping, it is the server's message.
+    let parsed = parse_proto::<pb::ListApprovalsResponse>(
+        &listed.stdout,
+        "toolgate.v1.ListApprovalsResponse",
+    );
+    let stored = server.get_approval(ALICE, id).await.expect("get");
+    assert_eq!(parsed.approvals, vec![stored]);
 
     let got = toolgate(
         &[
@@ -233,7 +253,7 @@ async fn approvals_list_and_get_as_table_and_json() {
         Some(ALICE),
     )
     .await;
-    assert_eq!(granted.json(), json!({"approvals": []}));
+    assert_eq!(granted.json(), json!({}));
     let by_tool = toolgate(
         &[
             "approvals",
@@ -250,7 +270,7 @@ async fn approvals_list_and_get_as_table_and_json() {
         Some(ALICE),
     )
     .await;
-    assert_eq!(by_tool.json(), json!({"approvals": []}));
+    assert_eq!(by_tool.json(), json!({}));
     server.stop().await;
 }
 
@@ -269,7 +289,7 @@ async fn approvals_list_follows_pages_and_stops_at_the_limit() {
             .as_array()
             .expect("approvals array")
             .iter()
-            .map(|approval| approval["approval_id"].as_str().expect("id").to_string())
+            .map(|approval| approval["approvalId"].as_str().expect("id").to_string())
             .collect();
         listed.sort();
         listed
@@ -371,9 +391,9 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     .await;
     assert_eq!(revoked.code, Some(0), "{revoked:?}");
     let revoked_json = revoked.json();
-    assert_eq!(revoked_json["status"], "revoked");
-    assert_eq!(revoked_json["decision_note"], "changed my mind");
-    assert_eq!(revoked_json["approval_id"], payment_id.as_str());
+    assert_eq!(revoked_json["status"], "APPROVAL_STATUS_REVOKED");
+    assert_eq!(revoked_json["decisionNote"], "changed my mind");
+    assert_eq!(revoked_json["approvalId"], payment_id.as_str());
     let stored = server.get_approval(ALICE, &payment_id).await.expect("get");
     assert_eq!(stored.status(), pb::ApprovalStatus::Revoked);
 
@@ -393,8 +413,8 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     )
     .await;
     assert_eq!(denied.code, Some(0), "{denied:?}");
-    assert_eq!(denied.json()["status"], "denied");
-    assert_eq!(denied.json()["arguments"], json!({"to": "x"}));
+    assert_eq!(denied.json()["status"], "APPROVAL_STATUS_DENIED");
+    assert_eq!(denied.json()["argumentsJson"], r#"{"to":"x"}"#);
     let stored = server.get_approval(ALICE, &wire_id).await.expect("get");
     assert_eq!(stored.status(), pb::ApprovalStatus::Denied);
     assert_eq!(stored.decision_note, "unknown payee");
@@ -524,6 +544,11 @@ impl Watcher {
             .map(|arg| arg.to_string())
             .chain([url(server)])
             .collect();
+        Watcher::start_with(args).await
+    }
+
+    /// Starts `toolgate ARGS` as ALICE and waits for the stream to open.
+    async fn start_with(args: Vec<String>) -> Watcher {
         let mut child = toolgate_command(&args, Some(ALICE))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -542,6 +567,13 @@ impl Watcher {
             stdout: Some(stdout),
             stderr: Some(stderr),
         }
+    }
+
+    async fn next_error_line(&mut self) -> String {
+        let reader = self.stderr.take().expect("stderr reader");
+        let (reader, line) = read_line(reader).await;
+        self.stderr = Some(reader);
+        line
     }
 
     async fn next_line(&mut self) -> String {
@@ -606,26 +638,36 @@ async fn watch_prints_each_transition_as_json_lines() {
     let wire = proposal("w1", "payer", "wire_transfer", 0, r#"{"to":"x"}"#);
     let answer = pending(&server, &wire).await;
     let requested: Value = serde_json::from_str(&watcher.next_line().await).expect("json line");
-    assert_eq!(requested["kind"], "requested");
-    assert_eq!(requested["lagged"], 0);
+    assert_eq!(requested["kind"], "APPROVAL_EVENT_KIND_REQUESTED");
+    assert_eq!(requested.get("lagged"), None, "0 is left out");
     assert_eq!(
-        requested["approval"]["approval_id"],
+        requested["approval"]["approvalId"],
         answer.approval_id.as_str()
     );
-    assert_eq!(requested["approval"]["status"], "pending");
+    assert_eq!(requested["approval"]["status"], "APPROVAL_STATUS_PENDING");
     assert_eq!(requested["approval"]["tool"], "wire_transfer");
-    assert_eq!(requested["approval"]["arguments"], json!({"to": "x"}));
+    assert_eq!(requested["approval"]["argumentsJson"], r#"{"to":"x"}"#);
     assert_eq!(requested["approval"]["reason"], "approval-required");
 
     server
         .grant(ALICE, &answer.approval_id)
         .await
         .expect("grant");
-    let granted: Value = serde_json::from_str(&watcher.next_line().await).expect("json line");
-    assert_eq!(granted["kind"], "granted");
-    assert_eq!(granted["approval"]["status"], "granted");
-    assert_eq!(granted["approval"]["decided_by"], "alice");
-    assert_eq!(granted["approval"]["decision_note"], "looks right");
+    let line = watcher.next_line().await;
+    let granted: Value = serde_json::from_str(&line).expect("json line");
+    assert_eq!(granted["kind"], "APPROVAL_EVENT_KIND_GRANTED");
+    assert_eq!(granted["approval"]["status"], "APPROVAL_STATUS_GRANTED");
+    assert_eq!(granted["approval"]["decidedBy"], "alice");
+    assert_eq!(granted["approval"]["decisionNote"], "looks right");
+    let event = parse_proto::<pb::ApprovalEvent>(&line, "toolgate.v1.ApprovalEvent");
+    assert_eq!(event.kind(), pb::ApprovalEventKind::Granted);
+    assert_eq!(
+        event.approval.expect("approval"),
+        server
+            .get_approval(ALICE, &answer.approval_id)
+            .await
+            .expect("get")
+    );
     drop(watcher);
     server.stop().await;
 }
@@ -639,9 +681,8 @@ async fn watch_prints_human_lines_and_exits_zero_when_the_server_ends_the_stream
     assert_eq!(
         watcher.next_line().await,
         format!(
-            "requested approval_id={} status=pending actor=payer tool=wire_transfer \
-             workspace=acme reason=approval-required\n",
-            answer.approval_id
+            "requested {} pending payer wire_transfer acme {{\"to\":\"x\"}}\n",
+            &answer.approval_id[..8]
         )
     );
 
@@ -730,9 +771,9 @@ async fn pins_add_list_and_remove() {
         .iter()
         .map(|pin| {
             (
-                pin["server_id"].as_str().expect("id").to_string(),
+                pin["serverId"].as_str().expect("id").to_string(),
                 pin["source"].as_str().expect("source").to_string(),
-                pin["pinned_by"].as_str().expect("by").to_string(),
+                pin["pinnedBy"].as_str().unwrap_or_default().to_string(),
             )
         })
         .collect();
@@ -740,8 +781,16 @@ async fn pins_add_list_and_remove() {
     assert_eq!(
         pins,
         vec![
-            ("docs-search".into(), "policy".into(), String::new()),
-            ("docs-search-copy".into(), "api".into(), "alice".into()),
+            (
+                "docs-search".into(),
+                "PIN_SOURCE_POLICY".into(),
+                String::new()
+            ),
+            (
+                "docs-search-copy".into(),
+                "PIN_SOURCE_API".into(),
+                "alice".into()
+            ),
         ]
     );
     let table = toolgate(&["pins", "list", "--server", &addr], Some(ALICE)).await;
@@ -782,7 +831,7 @@ async fn pins_add_list_and_remove() {
     )
     .await;
     assert_eq!(removed.code, Some(0), "{removed:?}");
-    assert_eq!(removed.json()["server_id"], "docs-search-copy");
+    assert_eq!(removed.json()["serverId"], "docs-search-copy");
     assert_eq!(removed.json()["fingerprint"], fingerprint.as_str());
     let after = toolgate(
         &["pins", "list", "--server", &addr, "--output", "json"],
@@ -794,7 +843,7 @@ async fn pins_add_list_and_remove() {
         .as_array()
         .expect("pins")
         .iter()
-        .map(|pin| pin["server_id"].as_str().expect("id"))
+        .map(|pin| pin["serverId"].as_str().expect("id"))
         .collect();
     assert_eq!(ids, vec!["docs-search"]);
 
@@ -840,7 +889,7 @@ async fn resource_get_shows_value_and_version() {
     assert_eq!(json_run.code, Some(0), "{json_run:?}");
     assert_eq!(
         json_run.json(),
-        json!({"name": "outbox", "value": [], "version": 0})
+        json!({"name": "outbox", "valueJson": "[]", "itemCount": "0"})
     );
     let lamp = toolgate(
         &[
@@ -851,7 +900,7 @@ async fn resource_get_shows_value_and_version() {
     .await;
     assert_eq!(
         lamp.json(),
-        json!({"name": "lamp", "value": "open", "version": 0})
+        json!({"name": "lamp", "valueJson": "\"open\""})
     );
 
     let missing = toolgate(&["resource", "get", "nothing", "--server", &addr], token).await;
@@ -873,8 +922,16 @@ async fn check_config_prints_what_a_policy_defines() {
 
     let run = toolgate(&["check-config", path], None).await;
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert_eq!(run.stderr, "");
+    // Its reviewer has a token only when serving the embedded copy.
+    assert_eq!(
+        run.stderr,
+        format!(
+            "warning: {path}: reviewers.admin: no reviewer credential in [[credentials]]: \
+             this reviewer cannot sign in\n"
+        )
+    );
     let rows = run.rows();
+    assert!(rows.contains(&vec!["open_host_api".to_string(), "true".to_string()]));
     assert!(rows.contains(&vec!["revision".to_string(), revision.clone()]));
     assert!(rows.contains(&vec!["version_scope".to_string(), "global".to_string()]));
     assert!(rows.contains(&vec!["tools".to_string(), "(6)".to_string()]));
@@ -930,6 +987,10 @@ async fn check_config_prints_what_a_policy_defines() {
     .await;
     assert_eq!(json_run.code, Some(0), "{json_run:?}");
     let summary = json_run.json();
+    assert_eq!(summary["valid"], true);
+    assert_eq!(summary["errors"], json!([]));
+    assert_eq!(summary["warnings"], json!([]));
+    assert_eq!(summary["open_host_api"], false);
     let credentials: Vec<(String, String)> = summary["credentials"]
         .as_array()
         .expect("credentials")
@@ -1326,4 +1387,692 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
         "{answer:?}"
     );
     server.stop().await;
+}
+
+/// A policy with room for many pending requests of one tool (`t`, approved
+/// by alice everywhere); host token `host-secret`, reviewer `alice-secret`.
+const ROOMY_POLICY: &str = r#"
+[limits]
+max_approval_argument_bytes = 262144
+max_pending_per_actor = 600
+max_pending_total = 600
+max_approval_records = 1000
+[profiles.p]
+roles = ["r"]
+max_decisions = 1000
+[actors.a]
+profile = "p"
+[tools.t]
+mode = "execute"
+roles = ["r"]
+approval = "always"
+approvers = ["x"]
+sensitive = ["secret"]
+[reviewers.alice]
+roles = ["x"]
+workspaces = ["*"]
+[[credentials]]
+kind = "host"
+identity = "h"
+actors = ["a"]
+sha256 = "736340e6842adca333b34d6beca003ab19f13a13ccc70573114996ae6627b2f2"
+[[credentials]]
+kind = "reviewer"
+identity = "alice"
+sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
+"#;
+
+/// A pending request for tool `t` with these arguments; its approval id.
+async fn roomy_pending(server: &TestServer, call_id: &str, arguments: &str) -> String {
+    let answer = server
+        .decide_ok(
+            HOST,
+            &session("a", "s1", "w"),
+            &proposal(call_id, "a", "t", 0, arguments),
+        )
+        .await;
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval, "{answer:?}");
+    answer.approval_id
+}
+
+fn fits_100_columns(text: &str) -> bool {
+    text.lines().all(|line| line.chars().count() <= 100)
+}
+
+#[tokio::test]
+async fn list_and_watch_cut_long_arguments_and_hide_sensitive_values() {
+    let server = TestServer::start_file(POLICY).await;
+    let mut watcher = Watcher::start(&server, "table").await;
+    let memo = "m".repeat(140);
+    let arguments =
+        format!(r#"{{"amount": 20000, "account_number": "12345678", "memo": "{memo}"}}"#);
+    let answer = pending(
+        &server,
+        &proposal("c1", "payer", "payment_execute", 0, &arguments),
+    )
+    .await;
+
+    let line = watcher.next_line().await;
+    let expected_start = format!(
+        r#"requested {} pending payer payment_execute acme {{"account_number":"[redacted]","amount":20000"#,
+        &answer.approval_id[..8]
+    );
+    assert!(line.starts_with(&expected_start), "{line:?}");
+    assert!(line.ends_with("…\n"), "{line:?}");
+    assert_eq!(line.trim_end().chars().count(), 100, "{line:?}");
+    assert!(!line.contains("12345678"), "{line:?}");
+
+    let addr = url(&server);
+    let table = toolgate(&["approvals", "list", "--server", &addr], Some(ALICE)).await;
+    assert_eq!(table.code, Some(0), "{table:?}");
+    assert!(fits_100_columns(&table.stdout), "{}", table.stdout);
+    let row = table.stdout.lines().nth(1).expect("one row");
+    assert!(row.ends_with('…'), "{row:?}");
+    assert!(row.contains(r#"{"account_number":"[redacted]""#), "{row:?}");
+    assert!(!table.stdout.contains("12345678"));
+
+    let listed = toolgate(
+        &["approvals", "list", "--server", &addr, "--output", "json"],
+        Some(ALICE),
+    )
+    .await;
+    let arguments: Value = serde_json::from_str(
+        listed.json()["approvals"][0]["argumentsJson"]
+            .as_str()
+            .expect("argumentsJson"),
+    )
+    .expect("arguments are JSON");
+    assert_eq!(
+        arguments,
+        json!({"account_number": "[redacted]", "amount": 20000, "memo": memo})
+    );
+    drop(watcher);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
+    let server = TestServer::start(ROOMY_POLICY).await;
+    let addr = url(&server);
+    // 17 ids over 16 possible first digits: two of them share one.
+    let mut ids = Vec::new();
+    for index in 0..17 {
+        ids.push(
+            roomy_pending(
+                &server,
+                &format!("c{index}"),
+                &format!(r#"{{"n":{index}}}"#),
+            )
+            .await,
+        );
+    }
+    let shared_first = ids
+        .iter()
+        .map(|id| &id[..1])
+        .find(|first| ids.iter().filter(|id| id.starts_with(*first)).count() > 1)
+        .expect("pigeonhole");
+    let ambiguous = toolgate(
+        &["approvals", "get", shared_first, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(ambiguous.code, Some(2), "{ambiguous:?}");
+    assert!(
+        ambiguous.stderr.starts_with(&format!(
+            "error: approval id prefix \"{shared_first}\" is ambiguous: "
+        )),
+        "{ambiguous:?}"
+    );
+    assert_eq!(ambiguous.stdout, "");
+
+    // 17 ids cannot start with all 256 two-digit prefixes.
+    let unused = (0..256)
+        .map(|value| format!("{value:02x}"))
+        .find(|prefix| !ids.iter().any(|id| id.starts_with(prefix.as_str())))
+        .expect("an unused prefix");
+    let unknown = toolgate(
+        &["approvals", "grant", &unused, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(unknown.code, Some(1), "{unknown:?}");
+    assert_eq!(
+        unknown.stderr,
+        format!(
+            "error: no approval id starts with \"{unused}\" (among the approvals this reviewer can see)\n"
+        )
+    );
+
+    let invalid = toolgate(&["approvals", "get", "xyz", "--server", &addr], Some(ALICE)).await;
+    assert_eq!(invalid.code, Some(2), "{invalid:?}");
+    assert!(
+        invalid
+            .stderr
+            .contains("expected a UUID or the start of one"),
+        "{invalid:?}"
+    );
+
+    // The short ids the table shows are unique and accepted, in any case.
+    let table = toolgate(&["approvals", "list", "--server", &addr], Some(ALICE)).await;
+    let shown: Vec<String> = table.rows()[1..].iter().map(|row| row[0].clone()).collect();
+    assert_eq!(shown.len(), 17);
+    for short in &shown {
+        assert_eq!(
+            ids.iter()
+                .filter(|id| id.starts_with(short.as_str()))
+                .count(),
+            1,
+            "{short}"
+        );
+    }
+    let target = &ids[0];
+    let short = shown
+        .iter()
+        .find(|short| target.starts_with(short.as_str()))
+        .expect("shown");
+    let got = toolgate(
+        &[
+            "approvals",
+            "get",
+            &short.to_uppercase(),
+            "--server",
+            &addr,
+            "--output",
+            "json",
+        ],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(got.code, Some(0), "{got:?}");
+    assert_eq!(got.json()["approvalId"], target.as_str());
+    let granted = toolgate(
+        &["approvals", "grant", short, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(granted.code, Some(0), "{granted:?}");
+    assert_eq!(granted.record()["approval_id"], *target);
+    assert_eq!(
+        server
+            .get_approval(ALICE, target)
+            .await
+            .expect("get")
+            .status(),
+        pb::ApprovalStatus::Granted
+    );
+    let revoked = toolgate(
+        &["approvals", "revoke", short, "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(revoked.record()["status"], "revoked", "{revoked:?}");
+    let other = &ids[1];
+    let denied = toolgate(
+        &["approvals", "deny", &other[..12], "--server", &addr],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(denied.record()["status"], "denied", "{denied:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn resource_list_shows_every_resource() {
+    let server = TestServer::start_file(TICKETS).await;
+    let token = Some("example-reviewer-token");
+    let addr = server.addr.to_string();
+    let table = toolgate(&["resource", "list", "--server", &addr], token).await;
+    assert_eq!(table.code, Some(0), "{table:?}");
+    assert_eq!(
+        table.rows(),
+        [
+            vec!["NAME", "VERSION", "VALUE"],
+            vec!["lamp", "0", "\"open\""],
+            vec!["outbox", "0", "[]"],
+            vec!["sensor", "0", "\"open\""],
+        ]
+        .map(|row| row.into_iter().map(str::to_string).collect::<Vec<_>>())
+        .to_vec()
+    );
+    let listed = toolgate(
+        &["resource", "list", "--server", &addr, "--output", "json"],
+        token,
+    )
+    .await;
+    assert_eq!(listed.code, Some(0), "{listed:?}");
+    let parsed = parse_proto::<pb::ListResourcesResponse>(
+        &listed.stdout,
+        "toolgate.v1.ListResourcesResponse",
+    );
+    let mut expected = Vec::new();
+    for name in ["lamp", "outbox", "sensor"] {
+        expected.push(server.resource("example-reviewer-token", name).await);
+    }
+    assert_eq!(parsed.resources, expected);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn approvals_list_pages_by_bytes_through_500_large_requests() {
+    let server = TestServer::start(ROOMY_POLICY).await;
+    // As large as arguments may be (256 KiB in all).
+    let blob = "b".repeat(256 * 1024 - 64);
+    let mut ids = Vec::new();
+    for index in 0..500 {
+        let arguments = format!(r#"{{"blob":"{blob}","n":{index},"secret":"s3cr3t"}}"#);
+        ids.push(roomy_pending(&server, &format!("c{index}"), &arguments).await);
+    }
+    ids.sort();
+
+    // One page asked for 500 holds far fewer: it is bounded in bytes, well
+    // under the 4 MiB a client accepts, and says where to go on.
+    let page = server
+        .approvals()
+        .list_approvals(common::authed(
+            pb::ListApprovalsRequest {
+                page_size: 500,
+                ..Default::default()
+            },
+            ALICE,
+        ))
+        .await
+        .expect("first page")
+        .into_inner();
+    let encoded = prost::Message::encoded_len(&page);
+    assert!(encoded <= 3 * 1024 * 1024, "page of {encoded} bytes");
+    assert!(!page.approvals.is_empty() && page.approvals.len() < 500);
+    assert!(!page.next_page_token.is_empty());
+    let mut all: Vec<String> = server
+        .all_approvals(ALICE)
+        .await
+        .into_iter()
+        .map(|approval| approval.approval_id)
+        .collect();
+    all.sort();
+    assert_eq!(all, ids, "every approval exactly once across the pages");
+
+    let table = toolgate(
+        &["approvals", "list", "--server", &url(&server)],
+        Some(ALICE),
+    )
+    .await;
+    assert_eq!(table.code, Some(0), "{:?}", table.stderr);
+    assert_eq!(table.stdout.lines().count(), 501);
+    assert!(fits_100_columns(&table.stdout));
+    assert!(!table.stdout.contains("s3cr3t"));
+    server.stop().await;
+}
+
+/// A `toolgate serve` child process, killed when dropped.
+struct ServeProcess {
+    child: Child,
+    addr: String,
+}
+
+impl ServeProcess {
+    /// Starts the binary on `listen` and waits for its `listening on` line.
+    async fn start(listen: &str) -> ServeProcess {
+        let args: Vec<String> = [
+            "serve",
+            "--config",
+            repo_path(POLICY).to_str().expect("utf-8"),
+            "--listen",
+            listen,
+        ]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect();
+        let mut child = toolgate_command(&args, None)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn serve");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let (stdout, line) = read_line(stdout).await;
+        let addr = line
+            .trim()
+            .strip_prefix("toolgate listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        // Keep draining stdout so the server never blocks on it.
+        std::thread::spawn(move || {
+            let mut rest = stdout;
+            let _ = std::io::copy(&mut rest, &mut std::io::sink());
+        });
+        ServeProcess { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A wire transfer decided on the server at `addr`; its approval id.
+async fn request_on(addr: &str) -> String {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let request = pb::DecideRequest {
+        session: Some(session("payer", "s1", "acme")),
+        proposal: Some(proposal("w1", "payer", "wire_transfer", 0, r#"{"to":"x"}"#)),
+    };
+    let answer = pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel)
+        .decide(common::authed(request, HOST))
+        .await
+        .expect("decide")
+        .into_inner();
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    answer.approval_id
+}
+
+#[tokio::test]
+async fn watch_follow_reconnects_after_the_server_restarts() {
+    let mut first = ServeProcess::start("127.0.0.1:0").await;
+    let addr = first.addr.clone();
+    let args: Vec<String> = ["approvals", "watch", "--follow", "--server", &addr]
+        .iter()
+        .map(|arg| arg.to_string())
+        .collect();
+    let mut watcher = Watcher::start_with(args).await;
+    let before = request_on(&addr).await;
+    assert!(
+        watcher
+            .next_line()
+            .await
+            .starts_with(&format!("requested {} ", &before[..8]))
+    );
+
+    first.kill();
+    let ended = watcher.next_error_line().await;
+    assert!(ended.starts_with("toolgate: watch ended: "), "{ended:?}");
+    assert!(ended.contains("; reconnecting in 200 ms"), "{ended:?}");
+
+    // The same port again; the watcher finds it on its own.
+    let _second = ServeProcess::start(&addr).await;
+    loop {
+        let line = watcher.next_error_line().await;
+        if line.starts_with("toolgate: watching approvals on ") {
+            break;
+        }
+        assert!(line.contains("reconnecting in "), "{line:?}");
+    }
+    let after = request_on(&addr).await;
+    assert!(
+        watcher
+            .next_line()
+            .await
+            .starts_with(&format!("requested {} ", &after[..8]))
+    );
+}
+
+#[tokio::test]
+async fn watch_follow_exits_when_a_reload_revokes_its_credential() {
+    let server = TestServer::start_file(POLICY).await;
+    let args: Vec<String> = ["approvals", "watch", "--follow", "--server"]
+        .iter()
+        .map(|arg| arg.to_string())
+        .chain([url(&server)])
+        .collect();
+    let watcher = Watcher::start_with(args).await;
+    let alice_credential = "[[credentials]]\nkind = \"reviewer\"\nidentity = \"alice\"\nsha256 = \"0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376\"\n";
+    let text = std::fs::read_to_string(repo_path(POLICY)).expect("fixture");
+    assert!(text.contains(alice_credential));
+    let policy = toolgate::policy::Policy::parse(
+        &text.replace(alice_credential, ""),
+        "reloaded.toml",
+        Some(&repo_path("tests/fixtures")),
+    )
+    .expect("valid");
+    server.engine.replace_policy(policy);
+    let (rest_out, rest_err, code) = watcher.finish().await;
+    assert_eq!(rest_out, "");
+    assert_eq!(
+        rest_err,
+        "error: Unauthenticated: the credential of this watch was revoked by a policy reload\n"
+    );
+    assert_eq!(code, Some(1), "a refusal is not retried");
+    server.stop().await;
+}
+
+/// A policy file in a temporary directory, removed with the value.
+struct PolicyFile {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl PolicyFile {
+    fn new(text: &str) -> PolicyFile {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, text).expect("write policy");
+        PolicyFile { _dir: dir, path }
+    }
+
+    fn path(&self) -> &str {
+        self.path.to_str().expect("utf-8 path")
+    }
+}
+
+/// One tool, one actor holding its role, an open host API.
+const VALID_TAIL: &str = "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\n\n[profiles.p]\nroles = [\"r\"]\n\n[actors.a]\nprofile = \"p\"\n\n[server]\nopen_host_api = true\n";
+
+#[tokio::test]
+async fn check_config_errors_name_the_key_in_plain_words() {
+    let cases = [
+        (
+            "[limits]\npending_ttl_seconds = \"300\"\n",
+            "limits.pending_ttl_seconds: expected a non-negative integer, found the string \"300\"",
+        ),
+        ("[limits]\nlimit = 5\n", "limits: unknown key limit"),
+        ("[tools.x]\nroles = [\"r\"]\n", "tools.x: missing key mode"),
+        (
+            "[[credentials]]\nkind = \"reviewer\"\nidentity = \"b\"\n",
+            "credentials[0]: missing key sha256",
+        ),
+        (
+            "[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = { type = \"object\", properties = { n = { type = \"integer\", minimum = \"1\" } } }\n",
+            "tools.x.input_schema: invalid JSON Schema at /properties/n/minimum: \"1\" is not of type \"number\"",
+        ),
+    ];
+    for (text, expected) in cases {
+        let file = PolicyFile::new(&format!("{text}\n{VALID_TAIL}"));
+        let run = toolgate(&["check-config", file.path()], None).await;
+        assert_eq!(run.code, Some(1), "{run:?}");
+        assert_eq!(run.stdout, "");
+        assert_eq!(run.stderr, format!("error: {}: {expected}\n", file.path()));
+    }
+    let closed = PolicyFile::new(&VALID_TAIL.replace("open_host_api = true", ""));
+    let run = toolgate(&["check-config", closed.path()], None).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.stderr,
+        format!(
+            "error: {}: credentials: no host credential: declare one ([[credentials]] with \
+             kind = \"host\"), or set [server] open_host_api = true to let any local client \
+             call the host API\n",
+            closed.path()
+        )
+    );
+    let empty = PolicyFile::new("# nothing yet\n");
+    let run = toolgate(&["check-config", empty.path()], None).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.stderr,
+        format!(
+            "error: {}: the policy is empty: it must declare its tools and how hosts authenticate\n",
+            empty.path()
+        )
+    );
+}
+
+#[tokio::test]
+async fn check_config_names_a_missing_file() {
+    let run = toolgate(&["check-config", "/nope.toml"], None).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(run.stdout, "");
+    assert_eq!(
+        run.stderr,
+        "error: cannot read /nope.toml: No such file or directory (os error 2)\n"
+    );
+    let json_run = toolgate(&["check-config", "/nope.toml", "--output", "json"], None).await;
+    assert_eq!(json_run.code, Some(1), "{json_run:?}");
+    assert_eq!(
+        json_run.json(),
+        json!({
+            "file": "/nope.toml",
+            "valid": false,
+            "errors": [{
+                "file": "/nope.toml",
+                "key": "",
+                "message": "cannot read /nope.toml: No such file or directory (os error 2)",
+            }],
+            "warnings": [],
+        })
+    );
+}
+
+#[tokio::test]
+async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
+    let text = format!(
+        "{VALID_TAIL}\n[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\n\n[reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n"
+    );
+    let file = PolicyFile::new(&text);
+    let path = file.path();
+    let warnings = [
+        (
+            "reviewers.bob",
+            "no reviewer credential in [[credentials]]: this reviewer cannot sign in",
+        ),
+        ("tools.pay.approvers", "no reviewer holds role \"finance\""),
+        ("tools.pay.roles", "no actor holds role \"payer\""),
+    ];
+    let lines = |label: &str| -> String {
+        warnings
+            .iter()
+            .map(|(key, message)| format!("{label}: {path}: {key}: {message}\n"))
+            .collect()
+    };
+
+    let run = toolgate(&["check-config", path], None).await;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stderr, lines("warning"));
+    assert!(
+        run.stdout.starts_with(&format!("policy {path}: valid\n")),
+        "{run:?}"
+    );
+
+    let strict = toolgate(&["check-config", "--strict", path], None).await;
+    assert_eq!(strict.code, Some(1), "{strict:?}");
+    assert_eq!(strict.stdout, "");
+    assert_eq!(strict.stderr, lines("error"));
+
+    let entries: Vec<Value> = warnings
+        .iter()
+        .map(|(key, message)| json!({ "file": path, "key": key, "message": message }))
+        .collect();
+    let json_run = toolgate(&["check-config", path, "--output", "json"], None).await;
+    assert_eq!(json_run.code, Some(0), "{json_run:?}");
+    assert_eq!(json_run.stderr, "");
+    let summary = json_run.json();
+    assert_eq!(summary["valid"], true);
+    assert_eq!(summary["errors"], json!([]));
+    assert_eq!(summary["warnings"], Value::Array(entries.clone()));
+    assert_eq!(summary["open_host_api"], true);
+
+    let strict_json = toolgate(
+        &["check-config", path, "--strict", "--output", "json"],
+        None,
+    )
+    .await;
+    assert_eq!(strict_json.code, Some(1), "{strict_json:?}");
+    assert_eq!(
+        strict_json.json(),
+        json!({ "file": path, "valid": false, "errors": entries, "warnings": [] })
+    );
+
+    let broken = PolicyFile::new("[limits]\nlimit = 5\n");
+    let broken_json = toolgate(&["check-config", broken.path(), "--output", "json"], None).await;
+    assert_eq!(broken_json.code, Some(1), "{broken_json:?}");
+    assert_eq!(broken_json.stderr, "");
+    assert_eq!(
+        broken_json.json(),
+        json!({
+            "file": broken.path(),
+            "valid": false,
+            "errors": [{ "file": broken.path(), "key": "limits", "message": "unknown key limit" }],
+            "warnings": [],
+        })
+    );
+}
+
+/// Every prefix of `text` that ends before a line starting with `[`.
+fn section_cuts(text: &str) -> Vec<String> {
+    let mut cuts = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.starts_with('[') {
+            cuts.push(text[..offset].to_string());
+        }
+        offset += line.len();
+    }
+    cuts
+}
+
+/// A policy file's text with its manifest paths made absolute, so that a
+/// copy elsewhere still finds them.
+fn portable(relative: &str) -> String {
+    std::fs::read_to_string(repo_path(relative))
+        .expect("policy file")
+        .replace(
+            "manifest = \"../../examples/",
+            &format!("manifest = \"{}/", repo_path("examples").display()),
+        )
+}
+
+#[tokio::test]
+async fn check_config_strict_refuses_a_file_cut_at_any_section() {
+    for relative in [
+        "examples/policy.toml",
+        "examples/tickets.toml",
+        POLICY,
+        "tests/fixtures/hostile.toml",
+    ] {
+        let text = portable(relative);
+        let whole = PolicyFile::new(&text);
+        let run = toolgate(&["check-config", whole.path()], None).await;
+        assert_eq!(run.code, Some(0), "{relative}: {run:?}");
+        let whole_warnings = run.stderr.replace(whole.path(), "FILE");
+        let cuts = section_cuts(&text);
+        assert!(cuts.len() >= 8, "{relative}");
+        for cut in cuts {
+            let at = cut.lines().count();
+            let file = PolicyFile::new(&cut);
+            let strict = toolgate(&["check-config", "--strict", file.path()], None).await;
+            assert_eq!(
+                strict.code,
+                Some(1),
+                "{relative} cut after line {at}: {strict:?}"
+            );
+            assert_eq!(strict.stdout, "");
+            // Without --strict: an error, or a warning the whole file does not have.
+            let plain = toolgate(&["check-config", file.path()], None).await;
+            let warnings = plain.stderr.replace(file.path(), "FILE");
+            let new_warning = warnings
+                .lines()
+                .any(|line| line.starts_with("warning: ") && !whole_warnings.contains(line));
+            assert!(
+                plain.code == Some(1) || new_warning,
+                "{relative} cut after line {at}: {plain:?}"
+            );
+        }
+    }
 }

@@ -340,12 +340,18 @@ async fn budgets_bound_the_agent_loop() {
         (second.outcome(), second.reason.as_str()),
         (pb::Outcome::Deny, "tool-budget")
     );
-    // The same call id with other arguments is a conflict.
+    // The refusal cost a decision; asking again about it costs nothing and
+    // is refused again.
+    let again = server
+        .decide_ok(HOST, &tight, &payment("c2", "tight", 10))
+        .await;
+    assert_eq!(again.reason, "tool-budget");
+    // The same call id with other arguments is a conflict (costs nothing).
     let conflict = server
         .decide_ok(HOST, &tight, &payment("c1", "tight", 11))
         .await;
     assert_eq!(conflict.reason, "call-id-conflict");
-    // Read tools still run until max_decisions = 3 is spent.
+    // Read tools still run until max_decisions = 3 is spent: one is left.
     let read = proposal("r1", "tight", "read_balance", 0, "{}");
     assert_eq!(
         server.decide_ok(HOST, &tight, &read).await.reason,
@@ -354,11 +360,6 @@ async fn budgets_bound_the_agent_loop() {
     let read2 = proposal("r2", "tight", "read_balance", 0, "{}");
     assert_eq!(
         server.decide_ok(HOST, &tight, &read2).await.reason,
-        "allowed"
-    );
-    let read3 = proposal("r3", "tight", "read_balance", 0, "{}");
-    assert_eq!(
-        server.decide_ok(HOST, &tight, &read3).await.reason,
         "decision-budget"
     );
 
@@ -459,7 +460,8 @@ async fn modes_roles_and_claims() {
         .await;
     assert_eq!(answer.reason, "not-authorized");
 
-    // The model's claims are data: `approved: true` fails the schema, nothing is created or charged.
+    // The model's claims are data: `approved: true` fails the schema; an
+    // INVALID_ARGUMENT creates nothing and charges nothing.
     let claims = [
         (
             r#"{"amount": 50000, "account_number": "12345678", "approved": true}"#,
@@ -509,7 +511,10 @@ async fn modes_roles_and_claims() {
         .await
         .expect("session")
         .into_inner();
-    assert_eq!(info.decisions, 2, "only the two allowed calls were charged");
+    // Every answered call id was charged, refusals included; only the
+    // unknown tool is a tool attempt (none of the others is `execute`).
+    assert_eq!(info.decisions, 6, "every answer costs a decision");
+    assert_eq!(info.tool_attempts, 1);
     server.stop().await;
 }
 
@@ -799,3 +804,580 @@ async fn approvals_survive_a_policy_reload() {
     );
     server.stop().await;
 }
+
+/// One case of `tests/fixtures/budget_cases.toml` (its header says how
+/// cases are written).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetCase {
+    name: String,
+    max_decisions: Option<u64>,
+    max_tool_calls: Option<u64>,
+    max_session_seconds: Option<u64>,
+    decision_cost: u64,
+    tool_cost: u64,
+    steps: Vec<BudgetStep>,
+    session: Option<ExpectedSession>,
+    #[serde(default)]
+    absent: bool,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetStep {
+    decide: Option<String>,
+    dispatch: Option<String>,
+    grant: Option<String>,
+    advance_seconds: Option<u64>,
+    tool: Option<String>,
+    claim: Option<String>,
+    expect: Option<String>,
+    status: Option<String>,
+    args: Option<String>,
+    /// The gRPC error code expected instead of an answer (`InvalidArgument`).
+    error: Option<String>,
+}
+
+#[derive(Debug, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExpectedSession {
+    decisions: u64,
+    tool_attempts: u64,
+    executed_tools: u64,
+    work_units: u64,
+    stopped_reason: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct BudgetCases {
+    case: Vec<BudgetCase>,
+}
+
+const BUDGET_REVIEWER: &str = "budget-reviewer-secret";
+
+fn budget_policy(case: &BudgetCase) -> String {
+    let mut budgets = String::new();
+    for (key, value) in [
+        ("max_decisions", case.max_decisions),
+        ("max_tool_calls", case.max_tool_calls),
+        ("max_session_seconds", case.max_session_seconds),
+    ] {
+        if let Some(value) = value {
+            budgets.push_str(&format!("{key} = {value}\n"));
+        }
+    }
+    let reviewer_digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(BUDGET_REVIEWER));
+    format!(
+        r#"
+[limits]
+decision_cost = {decision_cost}
+
+[profiles.agent]
+roles = ["agent"]
+{budgets}
+[actors.agent]
+profile = "agent"
+
+[tools.work]
+mode = "execute"
+roles = ["agent"]
+cost = {tool_cost}
+
+[tools.gated]
+mode = "execute"
+roles = ["agent"]
+approvers = ["lead"]
+approval = "always"
+cost = {tool_cost}
+
+[tools.look]
+mode = "read"
+roles = ["agent"]
+
+[tools.nuke]
+mode = "forbidden"
+
+[tools.vault]
+mode = "execute"
+roles = ["vault-keeper"]
+
+[tools.strict]
+mode = "execute"
+roles = ["agent"]
+input_schema = {{ type = "object", additionalProperties = false }}
+
+[reviewers.lead]
+roles = ["lead"]
+workspaces = ["*"]
+
+[[credentials]]
+kind = "reviewer"
+identity = "lead"
+sha256 = "{reviewer_digest}"
+"#,
+        decision_cost = case.decision_cost,
+        tool_cost = case.tool_cost,
+    )
+}
+
+/// The dispatch status as the fixture spells it (`call-id-conflict`).
+fn status_name(status: pb::DispatchStatus) -> String {
+    status
+        .as_str_name()
+        .trim_start_matches("DISPATCH_STATUS_")
+        .to_lowercase()
+        .replace('_', "-")
+}
+
+async fn run_budget_case(case: &BudgetCase) {
+    let server = TestServer::start(&budget_policy(case)).await;
+    let agent = session("agent", "s1", "w");
+    let name = &case.name;
+    // The version each call id was first proposed at, and the approval
+    // each gated call id is waiting for.
+    let mut versions: std::collections::HashMap<String, u64> = Default::default();
+    let mut approvals: std::collections::HashMap<String, String> = Default::default();
+    let mut current_version = 0;
+    for (index, step) in case.steps.iter().enumerate() {
+        let at = format!("{name}: step {index} {step:?}");
+        if let Some(seconds) = step.advance_seconds {
+            server.clock.advance(Duration::from_secs(seconds));
+            continue;
+        }
+        if let Some(call_id) = &step.grant {
+            let approval_id = approvals.get(call_id).expect("a pending approval");
+            let granted = server
+                .grant(BUDGET_REVIEWER, approval_id)
+                .await
+                .unwrap_or_else(|status| panic!("{at}: {status:?}"));
+            assert_eq!(granted.status(), pb::ApprovalStatus::Granted, "{at}");
+            continue;
+        }
+        let call_id = step
+            .decide
+            .as_ref()
+            .or(step.dispatch.as_ref())
+            .expect("a step decides, dispatches, grants or advances");
+        let version = *versions.entry(call_id.clone()).or_insert(current_version);
+        let tool = step.tool.as_deref().expect("a tool");
+        let claim = step.claim.as_deref().unwrap_or("agent");
+        let call = proposal(
+            call_id,
+            claim,
+            tool,
+            version,
+            step.args.as_deref().unwrap_or("{}"),
+        );
+        if let Some(code) = &step.error {
+            let status = match step.decide.is_some() {
+                true => server.decide("", &agent, &call).await.map(drop),
+                false => server
+                    .pdp()
+                    .dispatch(pb::DispatchRequest {
+                        session: Some(agent.clone()),
+                        proposal: Some(call),
+                    })
+                    .await
+                    .map(drop),
+            }
+            .expect_err(&at);
+            assert_eq!(format!("{:?}", status.code()), *code, "{at}: {status:?}");
+            continue;
+        }
+        let expect = step.expect.as_deref().expect("an expected reason");
+        if step.decide.is_some() {
+            let answer = server
+                .decide("", &agent, &call)
+                .await
+                .unwrap_or_else(|status| panic!("{at}: {status:?}"));
+            assert_eq!(answer.reason, expect, "{at}: {answer:?}");
+            assert!(!answer.message.is_empty(), "{at}");
+            if !answer.approval_id.is_empty() {
+                approvals.insert(call_id.clone(), answer.approval_id);
+            }
+        } else {
+            let answer = server
+                .pdp()
+                .dispatch(pb::DispatchRequest {
+                    session: Some(agent.clone()),
+                    proposal: Some(call),
+                })
+                .await
+                .unwrap_or_else(|status| panic!("{at}: {status:?}"))
+                .into_inner();
+            assert_eq!(
+                (status_name(answer.status()), answer.reason.as_str()),
+                (step.status.clone().expect("a status"), expect),
+                "{at}: {answer:?}"
+            );
+            if answer.status() == pb::DispatchStatus::Ok && !answer.replayed {
+                current_version = answer.version;
+            }
+        }
+    }
+    let info = server
+        .pdp()
+        .get_session(pb::GetSessionRequest {
+            session_id: "s1".into(),
+        })
+        .await
+        .map(tonic::Response::into_inner);
+    match (&case.session, info) {
+        (Some(expected), Ok(info)) => {
+            let got = ExpectedSession {
+                decisions: info.decisions,
+                tool_attempts: info.tool_attempts,
+                executed_tools: info.executed_tools,
+                work_units: info.work_units,
+                stopped_reason: info.stopped_reason,
+            };
+            assert_eq!(&got, expected, "{name}");
+        }
+        (None, Err(status)) if case.absent => {
+            assert_eq!(status.code(), Code::NotFound, "{name}: {status:?}");
+        }
+        (expected, got) => panic!("{name}: expected {expected:?}, got {got:?}"),
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn budget_cases_replay_the_reference_loop() {
+    let path = common::repo_path("tests/fixtures/budget_cases.toml");
+    let text = std::fs::read_to_string(path).expect("budget cases");
+    let cases: BudgetCases = toml::from_str(&text).expect("budget cases parse");
+    assert!(cases.case.len() >= 10, "{} cases", cases.case.len());
+    for case in &cases.case {
+        run_budget_case(case).await;
+    }
+}
+
+/// Two host credentials that may both assert actor `agent` (tokens
+/// `host-a-secret`, `host-b-secret`), a small session table and ledger.
+fn two_hosts_policy() -> String {
+    let digest = |token: &str| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token));
+    format!(
+        r#"
+[limits]
+max_sessions = 4
+max_pending_total = 4
+max_pending_per_actor = 4
+
+[profiles.agent]
+roles = ["agent"]
+max_decisions = 4
+
+[actors.agent]
+profile = "agent"
+
+[tools.work]
+mode = "execute"
+roles = ["agent"]
+cost = 5
+
+[tools.gated]
+mode = "execute"
+roles = ["agent"]
+approvers = ["lead"]
+approval = "always"
+
+[reviewers.lead]
+roles = ["lead"]
+workspaces = ["*"]
+
+[[credentials]]
+kind = "host"
+identity = "host-a"
+actors = ["agent"]
+sha256 = "{a}"
+
+[[credentials]]
+kind = "host"
+identity = "host-b"
+actors = ["agent", "other"]
+sha256 = "{b}"
+"#,
+        a = digest(HOST_A),
+        b = digest(HOST_B),
+    )
+}
+
+const HOST_A: &str = "host-a-secret";
+const HOST_B: &str = "host-b-secret";
+
+async fn session_info(
+    server: &TestServer,
+    token: &str,
+    session_id: &str,
+) -> Result<pb::SessionInfo, tonic::Status> {
+    server
+        .pdp()
+        .get_session(authed(
+            pb::GetSessionRequest {
+                session_id: session_id.into(),
+            },
+            token,
+        ))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+async fn dispatch_as(
+    server: &TestServer,
+    token: &str,
+    session: &pb::Session,
+    proposal: &pb::Proposal,
+) -> pb::DispatchResponse {
+    server
+        .pdp()
+        .dispatch(authed(
+            pb::DispatchRequest {
+                session: Some(session.clone()),
+                proposal: Some(proposal.clone()),
+            },
+            token,
+        ))
+        .await
+        .expect("dispatch answers")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn session_ids_are_namespaced_by_host() {
+    let server = TestServer::start(&two_hosts_policy()).await;
+    // Host B uses `sid` first, as another actor and workspace.
+    let taken = server
+        .decide_ok(
+            HOST_B,
+            &session("other", "sid", "elsewhere"),
+            &proposal("b1", "other", "work", 0, "{}"),
+        )
+        .await;
+    assert_eq!(taken.reason, "not-authorized");
+    // Host A's Decide in `sid` is unaffected and learns nothing of B's.
+    let mine = session("agent", "sid", "w");
+    let answer = server
+        .decide(HOST_A, &mine, &proposal("a1", "agent", "work", 0, "{}"))
+        .await
+        .expect("host A's own session");
+    assert_eq!(answer.reason, "allowed");
+    let info_a = session_info(&server, HOST_A, "sid").await.expect("A's sid");
+    assert_eq!(
+        (
+            info_a.actor.as_str(),
+            info_a.workspace.as_str(),
+            info_a.decisions
+        ),
+        ("agent", "w", 1)
+    );
+    let info_b = session_info(&server, HOST_B, "sid").await.expect("B's sid");
+    assert_eq!(
+        (
+            info_b.actor.as_str(),
+            info_b.workspace.as_str(),
+            info_b.decisions
+        ),
+        ("other", "elsewhere", 1)
+    );
+    // A session only host A made is NOT_FOUND for host B, exactly like none.
+    let only_a = session("agent", "only-a", "w");
+    server
+        .decide_ok(HOST_A, &only_a, &proposal("a2", "agent", "work", 0, "{}"))
+        .await;
+    let hidden = session_info(&server, HOST_B, "only-a")
+        .await
+        .expect_err("another host's session");
+    let missing = session_info(&server, HOST_B, "never-made")
+        .await
+        .expect_err("no session");
+    assert_eq!(hidden.code(), Code::NotFound);
+    assert_eq!(missing.code(), Code::NotFound);
+    assert_eq!(
+        hidden.message().replace("only-a", "X"),
+        missing.message().replace("never-made", "X")
+    );
+    // Budgets are per host's session: B's Decide charged only B's `sid`.
+    assert_eq!(
+        session_info(&server, HOST_A, "sid")
+            .await
+            .expect("sid")
+            .decisions,
+        1
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn receipts_are_keyed_by_host_actor_and_call_id() {
+    let server = TestServer::start(&two_hosts_policy()).await;
+    let in_a = session("agent", "s1", "w");
+    let in_b = session("agent", "s1", "w");
+    let work = proposal("c1", "agent", "work", 0, "{}");
+    let committed = dispatch_as(&server, HOST_A, &in_a, &work).await;
+    assert_eq!(
+        (committed.status(), committed.reason.as_str()),
+        (pb::DispatchStatus::Ok, "committed")
+    );
+    // Host B never replays host A's receipt: A's exact proposal is, for
+    // host B, a new commit against a version that has moved on.
+    let again = dispatch_as(&server, HOST_B, &in_b, &work).await;
+    assert_eq!(
+        (again.status(), again.reason.as_str(), again.replayed),
+        (pb::DispatchStatus::StaleVersion, "stale-version", false)
+    );
+    assert_eq!(again.receipt_id, "");
+    // Host B's c1 (another proposal) is no conflict with host A's.
+    let other = proposal("c1", "agent", "work", 1, "{}");
+    let answer = dispatch_as(&server, HOST_B, &session("agent", "s2", "w"), &other).await;
+    assert_eq!(
+        (answer.status(), answer.reason.as_str(), answer.replayed),
+        (pb::DispatchStatus::Ok, "committed", false)
+    );
+    assert_ne!(answer.receipt_id, committed.receipt_id);
+    // Host A still replays its own.
+    let replay = dispatch_as(&server, HOST_A, &in_a, &work).await;
+    assert_eq!(
+        (replay.status(), replay.replayed, replay.receipt_id.as_str()),
+        (pb::DispatchStatus::Ok, true, committed.receipt_id.as_str())
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn one_host_cannot_fill_the_session_table_or_the_ledger_for_another() {
+    let server = TestServer::start(&two_hosts_policy()).await;
+    // max_sessions = 4 with two host credentials: two each by default.
+    for index in 0..2 {
+        let answer = server
+            .decide_ok(
+                HOST_A,
+                &session("agent", &format!("a{index}"), "w"),
+                &proposal("c1", "agent", "work", 0, "{}"),
+            )
+            .await;
+        assert_eq!(answer.reason, "allowed");
+    }
+    let refused = server
+        .decide(
+            HOST_A,
+            &session("agent", "a2", "w"),
+            &proposal("c1", "agent", "work", 0, "{}"),
+        )
+        .await
+        .expect_err("host A's share is full");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("max_sessions_per_host"),
+        "{}",
+        refused.message()
+    );
+    assert!(matches!(
+        session_info(&server, HOST_A, "a2").await,
+        Err(status) if status.code() == Code::NotFound
+    ));
+    let answer = server
+        .decide_ok(
+            HOST_B,
+            &session("agent", "b0", "w"),
+            &proposal("c1", "agent", "work", 0, "{}"),
+        )
+        .await;
+    assert_eq!(answer.reason, "allowed");
+
+    // max_pending_total = 4: two pending requests each by default.
+    let in_a = session("agent", "a0", "w");
+    for call_id in ["g1", "g2"] {
+        let answer = server
+            .decide_ok(HOST_A, &in_a, &proposal(call_id, "agent", "gated", 0, "{}"))
+            .await;
+        assert_eq!(answer.reason, "approval-required");
+    }
+    let in_a_again = session("agent", "a1", "w");
+    let refused = server
+        .decide(
+            HOST_A,
+            &in_a_again,
+            &proposal("g3", "agent", "gated", 0, "{}"),
+        )
+        .await
+        .expect_err("host A's pending share is full");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("max_pending_per_host"),
+        "{}",
+        refused.message()
+    );
+    let in_b = session("agent", "b0", "w");
+    let answer = server
+        .decide_ok(HOST_B, &in_b, &proposal("g1", "agent", "gated", 0, "{}"))
+        .await;
+    assert_eq!(answer.reason, "approval-required");
+    server.stop().await;
+}
+
+#[test]
+fn per_host_shares_are_validated_and_default_to_half_with_two_hosts() {
+    let base = two_hosts_policy();
+    let parse = |extra: &str| {
+        let text = base.replace("[limits]\n", &format!("[limits]\n{extra}\n"));
+        toolgate::policy::Policy::parse(&text, "two-hosts.toml", None)
+    };
+    let defaults = parse("").expect("valid").limits;
+    assert_eq!(
+        (
+            defaults.max_sessions_per_host,
+            defaults.max_pending_per_host
+        ),
+        (2, 2)
+    );
+    let set = parse("max_sessions_per_host = 3\nmax_pending_per_host = 4")
+        .expect("valid")
+        .limits;
+    assert_eq!(
+        (set.max_sessions_per_host, set.max_pending_per_host),
+        (3, 4)
+    );
+    for (extra, key, rule) in [
+        (
+            "max_sessions_per_host = 0",
+            "limits.max_sessions_per_host",
+            "greater than 0",
+        ),
+        (
+            "max_sessions_per_host = 5",
+            "limits.max_sessions_per_host",
+            "at most the global cap (4)",
+        ),
+        (
+            "max_pending_per_host = 9",
+            "limits.max_pending_per_host",
+            "at most the global cap (4)",
+        ),
+    ] {
+        let error = parse(extra).expect_err(extra).to_string();
+        assert!(
+            error.contains(key) && error.contains(rule),
+            "{extra}: {error}"
+        );
+    }
+    // One host credential (or the open host API) keeps the whole table.
+    let one_host = toolgate::policy::Policy::parse(POLICY_ONE_HOST, "one-host.toml", None)
+        .expect("valid")
+        .limits;
+    assert_eq!(
+        (
+            one_host.max_sessions_per_host,
+            one_host.max_pending_per_host
+        ),
+        (one_host.max_sessions, one_host.max_pending_total)
+    );
+}
+
+const POLICY_ONE_HOST: &str = r#"
+[limits]
+max_sessions = 10
+
+[tools.look]
+mode = "read"
+roles = ["agent"]
+"#;

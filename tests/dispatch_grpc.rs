@@ -302,7 +302,16 @@ async fn approval_is_bound_to_what_the_reviewer_saw() {
     // (B) Granted for customer-42, sent to customer-99: refused.
     let granted = reply("b1", 0, "customer-42");
     approve(&server, &learner, &granted).await;
+    // Under the decided call id it is a conflict in the session (SPEC §4
+    // step 6, checked before Dispatch's own steps); under a new one it
+    // needs its own approval.
     let swapped = reply("b1", 0, "customer-99");
+    let answer = dispatch(&server, &learner, &swapped).await;
+    assert_eq!(
+        (answer.status(), answer.reason.as_str()),
+        (pb::DispatchStatus::CallIdConflict, "call-id-conflict")
+    );
+    let swapped = reply("b2", 0, "customer-99");
     let answer = dispatch(&server, &learner, &swapped).await;
     assert_eq!(answer.status(), pb::DispatchStatus::ApprovalRequired);
     assert_eq!(outbox_len(resource(&server, "outbox").await), 0);

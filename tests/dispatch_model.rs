@@ -6,7 +6,10 @@
 //! written here. Every answer must match the model exactly (status, reason,
 //! `replayed`, version, resource, value, approval id, receipt id,
 //! fingerprint), and so must the resources, the receipt log, the pending
-//! requests and the approvals at checkpoints and at the end. Failures name
+//! requests, the approvals and each session's charges (SPEC §4 "Charging":
+//! every answered call id new to a session costs a decision and a tool
+//! attempt, Dispatch included, refusals included) at checkpoints and at the
+//! end. Failures name
 //! the seed and the step.
 
 mod common;
@@ -30,6 +33,10 @@ const GRANT_TTL_MS: u64 = 600_000;
 const APPROVAL_RETENTION_MS: u64 = 3_600_000;
 const MAX_PENDING_PER_ACTOR: usize = 64;
 const MAX_DECISIONS: u64 = 1000;
+const MAX_TOOL_CALLS: u64 = 1000;
+/// Every tool of tickets.toml costs one work unit, as does a decision.
+const TOOL_COST: u64 = 1;
+const DECISION_COST: u64 = 1;
 
 /// The test moves to a fresh session id after this many decisions (the
 /// profile allows 1000), or when a session has been idle this long (the
@@ -37,6 +44,8 @@ const MAX_DECISIONS: u64 = 1000;
 /// does not control).
 const SESSION_DECISIONS: u64 = 200;
 const SESSION_IDLE_MS: u64 = 3_000_000;
+/// The server's `session_idle_seconds` default, in milliseconds.
+const SERVER_SESSION_IDLE_MS: u64 = 3_600_000;
 
 const TOOLS: [&str; 2] = ["set_ticket", "send_reply"];
 const UNKNOWN_TOOLS: [&str; 3] = ["delete_ticket", "set_tickets", "Send_reply"];
@@ -227,11 +236,47 @@ struct Receipt {
     receipt_id: String,
 }
 
+/// SPEC §4 "Charging": what a session has been charged.
 #[derive(Debug, Default)]
 struct SessionRecord {
     decisions: u64,
-    decided: HashMap<String, String>,
+    tool_attempts: u64,
+    executed_tools: u64,
+    executed_cost: u64,
+    /// Each charged call id: its fingerprint and the budget that refused it.
+    decided: HashMap<String, (String, Option<&'static str>)>,
+    stopped_reason: Option<&'static str>,
     last_seen: u64,
+}
+
+/// What a session knows of a call id.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CallStanding {
+    New,
+    Decided(Option<&'static str>),
+    Conflict,
+}
+
+/// What an answered Decide or Dispatch costs its session (an error costs
+/// nothing and makes no session).
+#[derive(Debug, Default, Clone, Copy)]
+struct Charge {
+    decision: bool,
+    tool_attempt: bool,
+    refused: Option<&'static str>,
+}
+
+impl Charge {
+    /// A call id new to the session is charged a decision and, since every
+    /// tool here (known or not) counts as a tool call, a tool attempt.
+    fn of(standing: CallStanding, refused: Option<&'static str>) -> Self {
+        let decision = standing == CallStanding::New && refused != Some("decision-budget");
+        Charge {
+            decision,
+            tool_attempt: decision && refused != Some("tool-budget"),
+            refused,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -322,10 +367,8 @@ impl DecideExpect {
 
 #[derive(Debug, Default)]
 struct DecideChange {
-    /// The session was opened (created, `last_seen` = now).
-    touch: bool,
-    /// A new call id charged to the session.
-    charge: bool,
+    /// What the answer costs the session (which it opens).
+    charge: Charge,
     /// A pending request made.
     request: bool,
 }
@@ -476,30 +519,132 @@ impl Model {
         }
     }
 
-    /// SPEC §6, in its order.
+    /// What session `session_id` knows of this call.
+    fn call_standing(&self, session_id: &str, call: &Call) -> CallStanding {
+        let decided = self
+            .sessions
+            .get(session_id)
+            .and_then(|session| session.decided.get(&call.call_id));
+        match decided {
+            None => CallStanding::New,
+            Some((fingerprint, refused)) if *fingerprint == call.fingerprint() => {
+                CallStanding::Decided(*refused)
+            }
+            Some(_) => CallStanding::Conflict,
+        }
+    }
+
+    /// SPEC §4 "Charging": a new call id once the decisions are spent.
+    fn decisions_spent(&self, session_id: &str, standing: CallStanding) -> bool {
+        standing == CallStanding::New
+            && self
+                .sessions
+                .get(session_id)
+                .is_some_and(|session| session.decisions >= MAX_DECISIONS)
+    }
+
+    /// SPEC §4 step 6 for a call that passed steps 2–5 (tickets.toml sets
+    /// no session age).
+    fn budget_refusal(&self, session_id: &str, standing: CallStanding) -> Option<&'static str> {
+        match standing {
+            CallStanding::Conflict => Some("call-id-conflict"),
+            CallStanding::Decided(refused) => refused,
+            CallStanding::New => self
+                .sessions
+                .get(session_id)
+                .is_some_and(|session| session.tool_attempts >= MAX_TOOL_CALLS)
+                .then_some("tool-budget"),
+        }
+    }
+
+    /// Opens the session and applies what an answer cost it.
+    fn settle(&mut self, session_id: &str, call: &Call, charge: Charge) {
+        let now = self.now;
+        let session = self.sessions.entry(session_id.to_string()).or_default();
+        session.last_seen = now;
+        if charge.decision {
+            session.decisions += 1;
+            session
+                .decided
+                .insert(call.call_id.clone(), (call.fingerprint(), charge.refused));
+        }
+        if charge.tool_attempt {
+            session.tool_attempts += 1;
+        }
+        if let Some(reason) = charge.refused
+            && reason != "call-id-conflict"
+        {
+            session.stopped_reason.get_or_insert(reason);
+        }
+    }
+
+    /// SPEC §6 in its order, after the charge of a Decide of the call when
+    /// the session never decided it (SPEC §4 "Charging").
     fn predict_dispatch(
         &self,
+        session_id: &str,
         session_actor: &str,
+        workspace: &str,
+        call: &Call,
+    ) -> (Result<DispatchExpect, Code>, DispatchChange, Charge) {
+        let standing = self.call_standing(session_id, call);
+        if self.decisions_spent(session_id, standing) {
+            let refused = DispatchExpect::refused(pb::DispatchStatus::Denied, "decision-budget");
+            let charge = Charge::of(standing, Some("decision-budget"));
+            return (Ok(refused), DispatchChange::Nothing, charge);
+        }
+        let (expect, change, refused) =
+            self.predict_dispatch_steps(session_id, session_actor, workspace, call, standing);
+        (expect, change, Charge::of(standing, refused))
+    }
+
+    fn predict_dispatch_steps(
+        &self,
+        session_id: &str,
+        session_actor: &str,
+        workspace: &str,
+        call: &Call,
+        standing: CallStanding,
+    ) -> (
+        Result<DispatchExpect, Code>,
+        DispatchChange,
+        Option<&'static str>,
+    ) {
+        use pb::DispatchStatus as S;
+        if call.actor != session_actor {
+            let expect = DispatchExpect::refused(S::Forbidden, "forbidden");
+            return (Ok(expect), DispatchChange::Nothing, None);
+        }
+        if !TOOLS.contains(&call.tool) {
+            let expect = DispatchExpect::refused(S::UnknownTool, "unknown-tool");
+            return (Ok(expect), DispatchChange::Nothing, None);
+        }
+        if !call.args.fit(call.tool) {
+            return (Err(Code::InvalidArgument), DispatchChange::Nothing, None);
+        }
+        if let Some(reason) = self.budget_refusal(session_id, standing) {
+            let status = match reason {
+                "call-id-conflict" => S::CallIdConflict,
+                _ => S::Denied,
+            };
+            let expect = DispatchExpect {
+                note: "in this session",
+                ..DispatchExpect::refused(status, reason)
+            };
+            return (Ok(expect), DispatchChange::Nothing, Some(reason));
+        }
+        let (expect, change) = self.predict_commit(workspace, call);
+        (expect, change, None)
+    }
+
+    /// SPEC §6 steps 4–9.
+    fn predict_commit(
+        &self,
         workspace: &str,
         call: &Call,
     ) -> (Result<DispatchExpect, Code>, DispatchChange) {
         use pb::DispatchStatus as S;
         let nothing = DispatchChange::Nothing;
-        if call.actor != session_actor {
-            return (
-                Ok(DispatchExpect::refused(S::Forbidden, "forbidden")),
-                nothing,
-            );
-        }
-        if !TOOLS.contains(&call.tool) {
-            return (
-                Ok(DispatchExpect::refused(S::UnknownTool, "unknown-tool")),
-                nothing,
-            );
-        }
-        if !call.args.fit(call.tool) {
-            return (Err(Code::InvalidArgument), nothing);
-        }
         let fingerprint = call.fingerprint();
         let key = (call.actor.to_string(), call.call_id.clone());
         if let Some(receipt) = self.receipts.get(&key) {
@@ -657,10 +802,9 @@ impl Model {
                     },
                 );
                 self.receipt_ids.insert(response.receipt_id.clone());
-                self.sessions
-                    .entry(session_id.to_string())
-                    .or_default()
-                    .last_seen = self.now;
+                let session = self.sessions.entry(session_id.to_string()).or_default();
+                session.executed_tools += 1;
+                session.executed_cost += TOOL_COST;
             }
         }
     }
@@ -674,7 +818,15 @@ impl Model {
         workspace: &str,
         call: &Call,
     ) -> (Result<DecideExpect, Code>, DecideChange) {
-        let mut change = DecideChange::default();
+        let standing = self.call_standing(session_id, call);
+        let mut change = DecideChange {
+            charge: Charge::of(standing, None),
+            request: false,
+        };
+        if self.decisions_spent(session_id, standing) {
+            change.charge = Charge::of(standing, Some("decision-budget"));
+            return (Ok(DecideExpect::deny("decision-budget")), change);
+        }
         if call.actor != session_actor {
             return (Ok(DecideExpect::deny("forbidden")), change);
         }
@@ -684,18 +836,10 @@ impl Model {
         if !call.args.fit(call.tool) {
             return (Err(Code::InvalidArgument), change);
         }
-        change.touch = true;
         let fingerprint = call.fingerprint();
-        let session = self.sessions.get(session_id);
-        match session.and_then(|session| session.decided.get(&call.call_id)) {
-            Some(decided) if *decided != fingerprint => {
-                return (Ok(DecideExpect::deny("call-id-conflict")), change);
-            }
-            Some(_) => {}
-            None if session.is_some_and(|session| session.decisions >= MAX_DECISIONS) => {
-                return (Ok(DecideExpect::deny("decision-budget")), change);
-            }
-            None => change.charge = true,
+        if let Some(reason) = self.budget_refusal(session_id, standing) {
+            change.charge = Charge::of(standing, Some(reason));
+            return (Ok(DecideExpect::deny(reason)), change);
         }
         let (outcome, reason, approval_id, expires_at) =
             match self.gate(workspace, &fingerprint, call.actor) {
@@ -736,18 +880,11 @@ impl Model {
         call: &Call,
         response: Option<&pb::DecideResponse>,
     ) {
-        if change.touch {
-            let now = self.now;
-            let session = self.sessions.entry(session_id.to_string()).or_default();
-            session.last_seen = now;
-            if change.charge && response.is_some() {
-                session.decisions += 1;
-                session
-                    .decided
-                    .insert(call.call_id.clone(), call.fingerprint());
-            }
-        }
-        if let (true, Some(response)) = (change.request, response) {
+        let Some(response) = response else {
+            return;
+        };
+        self.settle(session_id, call, change.charge);
+        if change.request {
             self.create_pending(
                 &response.approval_id,
                 workspace,
@@ -943,7 +1080,9 @@ impl Run {
     ) -> Option<pb::DispatchResponse> {
         let session = self.session(actor, workspace);
         let respell = self.rng.percent(30);
-        let (expected, change) = self.model.predict_dispatch(actor, workspace, call);
+        let (expected, change, charge) =
+            self.model
+                .predict_dispatch(&session.session_id, actor, workspace, call);
         let answer = self
             .server
             .pdp()
@@ -1009,6 +1148,7 @@ impl Run {
                 }
                 let commit = matches!(change, DispatchChange::Commit { .. });
                 let receipts = self.model.receipts.len();
+                self.model.settle(&session.session_id, call, charge);
                 self.model
                     .apply_dispatch(change, &session.session_id, &response);
                 if commit {
@@ -1180,6 +1320,48 @@ impl Run {
             (self.model.receipts.len(), self.model.pending_total()),
             "{context}: receipts and pending approvals"
         );
+        // Each session in use reports what the model charged it.
+        let mut session_ids: Vec<String> = self
+            .epochs
+            .iter()
+            .map(|((actor, workspace), epoch)| format!("{actor}-{workspace}-{epoch}"))
+            .collect();
+        session_ids.sort();
+        for session_id in session_ids {
+            let Some(record) = self.model.sessions.get(&session_id) else {
+                continue;
+            };
+            if self.model.now - record.last_seen >= SERVER_SESSION_IDLE_MS {
+                continue;
+            }
+            let info = self
+                .server
+                .pdp()
+                .get_session(pb::GetSessionRequest {
+                    session_id: session_id.clone(),
+                })
+                .await
+                .unwrap_or_else(|status| panic!("{context}: session {session_id}: {status:?}"))
+                .into_inner();
+            assert_eq!(
+                (
+                    info.decisions,
+                    info.tool_attempts,
+                    info.executed_tools,
+                    info.work_units,
+                    info.stopped_reason.as_str(),
+                ),
+                (
+                    record.decisions,
+                    record.tool_attempts,
+                    record.executed_tools,
+                    record.decisions * DECISION_COST + record.executed_cost,
+                    record.stopped_reason.unwrap_or_default(),
+                ),
+                "{context}: session {session_id}"
+            );
+            self.tally("session counts checked".to_string());
+        }
         let mut ids: Vec<String> = self
             .pool
             .iter()
@@ -1581,7 +1763,7 @@ async fn run(seed: u64, steps: usize, small_log: Option<(usize, u64)>) -> BTreeM
 }
 
 /// Every answer of SPEC §6 the run must have met at least once.
-const COVERED: [&str; 15] = [
+const COVERED: [&str; 18] = [
     "dispatch Ok committed",
     "dispatch Ok replayed",
     "dispatch Forbidden forbidden",
@@ -1597,6 +1779,9 @@ const COVERED: [&str; 15] = [
     "dispatch MissingResource missing-resource",
     "dispatch error ResourceExhausted",
     "decide error ResourceExhausted",
+    "dispatch CallIdConflict call-id-conflict in this session",
+    "decide Deny call-id-conflict",
+    "session counts checked",
 ];
 
 async fn run_and_check_coverage(seed: u64, steps: usize, small_log: Option<(usize, u64)>) {

@@ -72,6 +72,7 @@ receipt_retention_seconds = {RECEIPT_RETENTION_SECONDS}
 
 [server]
 max_concurrent_requests = 4096
+open_host_api = true
 
 [profiles.agent]
 roles = ["agent"]
@@ -1244,4 +1245,354 @@ approvers = ["rev"]
             assert_eq!(status.code(), Code::NotFound, "{status:?}");
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Transport floods against a `toolgate serve` process of its own, whose
+// resident set is read from /proc/PID/status (issue 13, items 2–4).
+// ---------------------------------------------------------------------------
+
+mod spawned;
+
+use spawned::{Spawned, decide_policy_text};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+const MIB: u64 = 1024 * 1024;
+
+/// How much the server's resident set may grow while 5,000 connections
+/// that never speak are open against it: at most 256 are held at once
+/// (the per-peer share), each a socket and a few KiB of HTTP/2 state.
+const SILENT_FLOOD_RSS_BUDGET: u64 = 64 * MIB;
+
+/// How much the resident set may grow while 1,000 calls each send half of
+/// a 1,000,000-byte message and stall (~500 MB if each were buffered):
+/// the request buffer is bounded by `max_buffered_request_bytes` (64 MiB),
+/// plus HTTP/2 windows and allocator slack.
+const STALLED_REQUESTS_RSS_BUDGET: u64 = 160 * MIB;
+
+/// How much the resident set may grow while 1,000 GetResource answers of
+/// 800 KB wait for windows that never open (~800 MB if each were held):
+/// the response buffer is bounded by `max_buffered_response_bytes`
+/// (64 MiB), plus answers being encoded and refused, and allocator slack.
+const STALLED_RESPONSES_RSS_BUDGET: u64 = 160 * MIB;
+
+/// How long a wait for a condition may take before the test fails.
+const GUARD: Duration = Duration::from_secs(120);
+
+async fn until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let waited = tokio::time::timeout(GUARD, async {
+        while !condition().await {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "never: {what}");
+}
+
+/// Waits until the peer closes `stream` (EOF or reset).
+async fn closed_by_server(stream: &mut TcpStream) -> bool {
+    let mut buffer = [0u8; 1024];
+    tokio::time::timeout(GUARD, async {
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / MIB as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_connections_that_never_speak_are_capped_and_closed() {
+    let _serial = SERIAL.lock().await;
+    let server = Spawned::start(
+        &decide_policy_text("[server]\nhandshake_timeout_ms = 2000"),
+        &[],
+        false,
+    );
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    let before = server.rss_bytes();
+    let mut silent = Vec::with_capacity(5_000);
+    for _ in 0..5_000 {
+        silent.push(TcpStream::connect(server.addr).await.expect("connect"));
+    }
+    // At the cap, a health probe on a new connection is still answered.
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    let open = server.metric("toolgate_connections_open").await;
+    let during = server.rss_bytes();
+    // Every silent connection is closed: made room for, or timed out.
+    for stream in &mut silent {
+        assert!(closed_by_server(stream).await);
+    }
+    until("every connection closed", || async {
+        server.metric("toolgate_connections_open").await == 0.0
+    })
+    .await;
+    let samples = server.metrics().await;
+    let evicted = samples[r#"toolgate_connections_closed_total{reason="evicted"}"#];
+    let timed_out = samples[r#"toolgate_connections_closed_total{reason="handshake-timeout"}"#];
+    eprintln!(
+        "5,000 silent connections: open at the cap {open}, evicted {evicted}, timed out {timed_out}, RSS {:.1} -> {:.1} MiB",
+        mib(before),
+        mib(during)
+    );
+    assert!(open <= 256.0, "{open} connections open from one peer");
+    assert!(evicted + timed_out >= 5_000.0, "{evicted} + {timed_out}");
+    assert!(
+        during.saturating_sub(before) < SILENT_FLOOD_RSS_BUDGET,
+        "RSS grew {:.1} MiB",
+        mib(during.saturating_sub(before))
+    );
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_descriptor_limit_accept_backs_off_and_health_answers() {
+    let _serial = SERIAL.lock().await;
+    // 128 descriptors: the limit comes long before max_connections.
+    let server = Spawned::start_with(
+        &decide_policy_text("[server]\nhandshake_timeout_ms = 600000"),
+        &[],
+        false,
+        Some(128),
+    );
+    let mut silent = Vec::with_capacity(500);
+    for _ in 0..500 {
+        silent.push(TcpStream::connect(server.addr).await.expect("connect"));
+    }
+    // Silent connections are closed to free descriptors, so the probe (at
+    // the back of the kernel's queue) gets in.
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    // Still at the limit, with connections waiting in the backlog: the
+    // accept loop must not spin.
+    let ticks_before = server.cpu_ticks();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ticks = server.cpu_ticks() - ticks_before;
+    eprintln!("at the descriptor limit: {ticks} CPU ticks in 2 s (100 a second is one core)");
+    assert!(ticks < 60, "{ticks} ticks in 2 s: the accept loop spins");
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    drop(silent);
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// `streams` calls on one connection, each sending the header of a
+/// `declared`-byte message and `sent` bytes of it, then nothing.
+async fn stalled_requests(
+    addr: std::net::SocketAddr,
+    path: &str,
+    streams: usize,
+    declared: u32,
+    sent: usize,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    Vec<(h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>)>,
+) {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let mut body = vec![0u8];
+    body.extend_from_slice(&declared.to_be_bytes());
+    body.resize(5 + sent, b'x');
+    let body = bytes::Bytes::from(body);
+    let mut calls = Vec::new();
+    for _ in 0..streams {
+        let request = http::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {}", spawned::HOST))
+            .body(())
+            .expect("request");
+        client = client.ready().await.expect("ready");
+        let (response, mut stream) = client.send_request(request, false).expect("headers");
+        stream.reserve_capacity(body.len());
+        // Refused streams are reset by the server; that is fine.
+        let _ = stream.send_data(body.clone(), false);
+        calls.push((response, stream));
+    }
+    (client, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_request_bodies_are_bounded_in_memory_and_hold_no_permit() {
+    let _serial = SERIAL.lock().await;
+    let server = Spawned::start(
+        &decide_policy_text("[server]\nread_timeout_ms = 600000"),
+        &[],
+        false,
+    );
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    let before = server.rss_bytes();
+    let mut connections = Vec::new();
+    for _ in 0..10 {
+        connections.push(
+            stalled_requests(
+                server.addr,
+                "/toolgate.v1.PolicyDecisionPoint/Decide",
+                100,
+                1_000_000,
+                500_000,
+            )
+            .await,
+        );
+    }
+    until("the request buffer fills", || async {
+        server
+            .metric(r#"toolgate_transport_refused_total{reason="request-buffer-full"}"#)
+            .await
+            > 0.0
+    })
+    .await;
+    // Others are served: nothing stalled holds a permit.
+    let channel = server.channel().await;
+    let answer = PolicyDecisionPointClient::new(channel)
+        .decide(authed(
+            pb::DecideRequest {
+                session: Some(session("payer", "s1", "acme")),
+                proposal: Some(proposal("c1", "payer", "read_balance", 0, "{}")),
+            },
+            spawned::HOST,
+        ))
+        .await
+        .expect("served while 1,000 requests stall")
+        .into_inner();
+    assert_eq!(answer.reason, "allowed");
+    let during = server.rss_bytes();
+    let refused = server
+        .metric(r#"toolgate_transport_refused_total{reason="request-buffer-full"}"#)
+        .await;
+    let shed = server.metric("toolgate_load_shed_total").await;
+    eprintln!(
+        "1,000 stalled half-messages of 1,000,000 bytes: {refused} refused at the buffer bound, {shed} shed, RSS {:.1} -> {:.1} MiB",
+        mib(before),
+        mib(during)
+    );
+    assert_eq!(shed, 0.0);
+    assert!(
+        during.saturating_sub(before) < STALLED_REQUESTS_RSS_BUDGET,
+        "RSS grew {:.1} MiB",
+        mib(during.saturating_sub(before))
+    );
+    drop(connections);
+    assert_eq!(server.stop(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_nobody_reads_are_bounded_in_memory_and_dropped_after_the_write_timeout() {
+    let _serial = SERIAL.lock().await;
+    let big = "x".repeat(800_000);
+    let server = Spawned::start(
+        &decide_policy_text(&format!(
+            "[server]\nwrite_timeout_ms = 30000\n[state.resources]\nbig = \"{big}\"\n"
+        )),
+        &[],
+        false,
+    );
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    let before = server.rss_bytes();
+    let request = {
+        let message = prost::Message::encode_to_vec(&pb::GetResourceRequest {
+            name: "big".into(),
+            ..Default::default()
+        });
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+        framed.extend_from_slice(&message);
+        bytes::Bytes::from(framed)
+    };
+    let mut connections = Vec::new();
+    let mut responses = Vec::new();
+    for _ in 0..10 {
+        let tcp = TcpStream::connect(server.addr).await.expect("connect");
+        let (client, connection) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake(tcp)
+            .await
+            .expect("handshake");
+        tokio::spawn(connection);
+        let mut client = client.ready().await.expect("ready");
+        for _ in 0..100 {
+            let http_request = http::Request::post(format!(
+                "http://{}/toolgate.v1.Resources/GetResource",
+                server.addr
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("authorization", format!("Bearer {}", spawned::HOST))
+            .body(())
+            .expect("request");
+            client = client.ready().await.expect("ready");
+            let (response, mut stream) = client.send_request(http_request, false).expect("send");
+            stream.send_data(request.clone(), true).expect("body");
+            responses.push(response);
+        }
+        connections.push(client);
+    }
+    // Every call is answered with headers: held (waiting for a window) or
+    // refused at the response buffer bound.
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for response in responses {
+        let response = tokio::time::timeout(GUARD, response)
+            .await
+            .expect("headers in time")
+            .expect("headers");
+        match response.headers().get("grpc-status") {
+            Some(code) => {
+                assert_eq!(code.as_bytes(), b"8");
+                refused += 1;
+            }
+            None => held.push(response),
+        }
+    }
+    let during = server.rss_bytes();
+    until("the answers waiting are dropped", || async {
+        server
+            .metric(r#"toolgate_transport_refused_total{reason="write-timeout"}"#)
+            .await
+            >= held.len() as f64
+    })
+    .await;
+    let after = server.rss_bytes();
+    eprintln!(
+        "1,000 GetResource of 800 KB, windows never opened: {} held, {refused} refused, RSS {:.1} -> {:.1} MiB, {:.1} MiB after the write timeout",
+        held.len(),
+        mib(before),
+        mib(during),
+        mib(after)
+    );
+    assert_eq!(held.len() + refused, 1_000);
+    assert!(held.len() <= 84, "{} answers held", held.len());
+    assert!(
+        during.saturating_sub(before) < STALLED_RESPONSES_RSS_BUDGET,
+        "RSS grew {:.1} MiB",
+        mib(during.saturating_sub(before))
+    );
+    // Others are still served, a big answer included.
+    let resource = pb::resources_client::ResourcesClient::new(server.channel().await)
+        .get_resource(authed(
+            pb::GetResourceRequest {
+                name: "big".into(),
+                ..Default::default()
+            },
+            spawned::HOST,
+        ))
+        .await
+        .expect("served")
+        .into_inner();
+    assert_eq!(resource.value_json.len(), 800_002);
+    drop(connections);
+    assert_eq!(server.stop(), Some(0));
 }

@@ -255,6 +255,7 @@ fn request_seeds() -> Vec<(String, Vec<u8>)> {
             tool: "set_ticket".into(),
             page_size: 20,
             page_token: format!("1795910400000.{id}"),
+            approval_id_prefix: String::new(),
         }
         .encode_to_vec(),
     ));

@@ -214,9 +214,38 @@ struct Case {
     name: String,
     call: Call,
     expect: Expect,
-    /// SPEC §4 step 6: an ALLOWed new call id charges one decision to this
-    /// session — the only change a case may make.
-    charges: Option<&'static str>,
+    /// SPEC §4 "Charging": an answered call id new to its session charges
+    /// it one decision (and a tool attempt for an unknown or `execute`
+    /// tool), whatever the answer — the only change a case may make.
+    charges: Option<Charged>,
+    /// The answer made its session (it exists from its first answer).
+    opens: bool,
+}
+
+/// What a case charges to one of the compared sessions.
+#[derive(Debug, Clone, Copy)]
+struct Charged {
+    session_id: &'static str,
+    tool_attempt: bool,
+}
+
+/// A case whose answer charges a new call id to the base session.
+fn charged(tool_attempt: bool, case: Case) -> Case {
+    Case {
+        charges: Some(Charged {
+            session_id: "s-base",
+            tool_attempt,
+        }),
+        ..case
+    }
+}
+
+/// A case whose answer opens a session that was not there.
+fn opening(case: Case) -> Case {
+    Case {
+        opens: true,
+        ..case
+    }
 }
 
 fn case(name: impl Into<String>, call: Call, expect: Expect) -> Case {
@@ -225,6 +254,7 @@ fn case(name: impl Into<String>, call: Call, expect: Expect) -> Case {
         call,
         expect,
         charges: None,
+        opens: false,
     }
 }
 
@@ -917,10 +947,13 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         ),
         invalid("proposal.name", "must match"),
     ));
-    add(case(
-        "tool name in another case is another (unknown) tool",
-        decide(payer(), proposal("c-new", "payer", "Read_Balance", 0, "{}")),
-        answer(Deny, "unknown-tool"),
+    add(charged(
+        true,
+        case(
+            "tool name in another case is another (unknown) tool",
+            decide(payer(), proposal("c-new", "payer", "Read_Balance", 0, "{}")),
+            answer(Deny, "unknown-tool"),
+        ),
     ));
 
     // --- Sizes -------------------------------------------------------------
@@ -1213,17 +1246,17 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         ),
         answer(Deny, "manifest-unverified"),
     ));
-    add(Case {
-        charges: Some("s-base"),
-        ..case(
+    add(charged(
+        false,
+        case(
             "10,000 arguments against an open schema: ALLOW, one decision charged, nothing stored",
             decide(
                 payer(),
                 proposal("c-wide", "payer", "open_read", 0, &wide(10_000)),
             ),
             answer(Allow, "allowed"),
-        )
-    });
+        ),
+    ));
 
     // --- The model's claims and forged fields in arguments -------------------
     add(case(
@@ -1263,15 +1296,15 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         ),
         answer(Deny, "unknown-tool"),
     ));
-    add(case(
-        "forbidden tool in a new session opens no session",
+    add(opening(case(
+        "forbidden tool in a new session opens the session",
         decide(
             session("payer", "s-fresh", "acme"),
             proposal("c-new", "payer", "change_role", 0, "{}"),
         ),
         answer(Deny, "forbidden-tool"),
-    ));
-    add(case(
+    )));
+    add(opening(case(
         "actor without the tool's role",
         decide(
             session("guest", "s-guest", "acme"),
@@ -1284,7 +1317,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             ),
         ),
         answer(Deny, "not-authorized"),
-    ));
+    )));
     add(case(
         "manifest-gated tool before any assessment",
         decide(
@@ -2007,10 +2040,13 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         dispatch(payer(), proposal("c-t2", "carol", "set_ticket", 1, "{}")),
         dispatched(D::Forbidden, "forbidden"),
     ));
-    add(case(
-        "dispatch an unknown tool",
-        dispatch(payer(), proposal("c-x", "payer", "drop_tables", 1, "{}")),
-        dispatched(D::UnknownTool, "unknown-tool"),
+    add(charged(
+        true,
+        case(
+            "dispatch an unknown tool",
+            dispatch(payer(), proposal("c-x", "payer", "drop_tables", 1, "{}")),
+            dispatched(D::UnknownTool, "unknown-tool"),
+        ),
     ));
     add(case(
         "dispatch a forbidden tool",
@@ -2092,15 +2128,21 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         dispatch(payer(), ticket("c-t1", 1, "lamp", "open")),
         dispatched(D::CallIdConflict, "call-id-conflict"),
     ));
-    add(case(
-        "a stale version",
-        dispatch(payer(), ticket("c-t8", 0, "sensor", "done")),
-        dispatched(D::StaleVersion, "stale-version"),
+    add(charged(
+        true,
+        case(
+            "a stale version",
+            dispatch(payer(), ticket("c-t8", 0, "sensor", "done")),
+            dispatched(D::StaleVersion, "stale-version"),
+        ),
     ));
-    add(case(
-        "a future version",
-        dispatch(payer(), ticket("c-t8", 1 << 53, "sensor", "done")),
-        dispatched(D::StaleVersion, "stale-version"),
+    add(charged(
+        true,
+        case(
+            "a future version",
+            dispatch(payer(), ticket("c-future", 1 << 53, "sensor", "done")),
+            dispatched(D::StaleVersion, "stale-version"),
+        ),
     ));
     add(case(
         "a pending proposal: the same request, nothing committed",
@@ -2123,8 +2165,9 @@ fn cases(fx: &Fixture) -> Vec<Case> {
         },
     ));
     // --- Wrong wire types, invalid UTF-8, truncation, unknown fields ------------
-    // Protobuf that cannot be decoded is INTERNAL (tonic follows
-    // grpc/doc/statuscodes.md: a parse failure of the request is INTERNAL).
+    // Protobuf that cannot be decoded is INVALID_ARGUMENT, as the proto
+    // promises, with the field path where decoding failed (tonic alone
+    // would answer INTERNAL).
     let valid_session = payer().encode_to_vec();
     let decide_path = "/toolgate.v1.PolicyDecisionPoint/Decide";
     let raw_decide = |body: Vec<u8>| Call::Raw {
@@ -2136,7 +2179,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
     add(case(
         "session sent as a varint",
         raw_decide(wire_varint(1, 7)),
-        error(Code::Internal, "invalid wire type"),
+        invalid("session", "invalid wire type"),
     ));
     let mut bad_utf8 = read(r#"{"account":"X"}"#).encode_to_vec();
     let position = bad_utf8
@@ -2147,7 +2190,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
     add(case(
         "arguments text that is not UTF-8",
         raw_decide([wire_bytes(1, &valid_session), wire_bytes(2, &bad_utf8)].concat()),
-        error(Code::Internal, "UTF-8"),
+        invalid("proposal.arguments_json", "not UTF-8"),
     ));
     let mut bad_actor = session("pXyer", "s-base", "acme").encode_to_vec();
     let position = bad_actor
@@ -2164,19 +2207,19 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             ]
             .concat(),
         ),
-        error(Code::Internal, "UTF-8"),
+        invalid("session.actor", "not UTF-8"),
     ));
     let mut truncated = wire_bytes(1, &valid_session);
     truncated.truncate(truncated.len() - 3);
     add(case(
         "a truncated message",
         raw_decide(truncated),
-        error(Code::Internal, "buffer underflow"),
+        invalid("session", "buffer underflow"),
     ));
     add(case(
         "a length prefix larger than the message",
         raw_decide([vec![0x0a], vec![0xff, 0xff, 0xff, 0x7f], b"abc".to_vec()].concat()),
-        error(Code::Internal, "buffer underflow"),
+        invalid("session", "buffer underflow"),
     ));
     add(case(
         "page size sent as a string",
@@ -2186,7 +2229,7 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             body: wire_bytes(4, b"500"),
             answer: RawAnswer::List,
         },
-        error(Code::Internal, "invalid wire type"),
+        invalid("page_size", "invalid wire type"),
     ));
     // Unknown fields are skipped by protobuf and never trusted: a proposal
     // with an extra `approved = true` field and an extra `reviewer` string is
@@ -2206,19 +2249,22 @@ fn cases(fx: &Fixture) -> Vec<Case> {
             approval_id: Some(fx.granted.clone()),
         },
     ));
-    add(case(
-        "unknown fields on an actor mismatch change nothing",
-        raw_decide({
-            let mut other = proposal("c-t7", "carol", "set_ticket", 1, "{}").encode_to_vec();
-            other.extend(wire_bytes(16, b"alice"));
-            [
-                wire_bytes(1, &valid_session),
-                wire_bytes(2, &other),
-                wire_bytes(7, b"granted"),
-            ]
-            .concat()
-        }),
-        answer(Deny, "forbidden"),
+    add(charged(
+        true,
+        case(
+            "unknown fields on an actor mismatch charge the call and change nothing else",
+            raw_decide({
+                let mut other = proposal("c-t7", "carol", "set_ticket", 1, "{}").encode_to_vec();
+                other.extend(wire_bytes(16, b"alice"));
+                [
+                    wire_bytes(1, &valid_session),
+                    wire_bytes(2, &other),
+                    wire_bytes(7, b"granted"),
+                ]
+                .concat()
+            }),
+            answer(Deny, "forbidden"),
+        ),
     ));
     cases
 }
@@ -2248,14 +2294,18 @@ async fn hostile_requests_get_exact_errors_and_change_nothing() {
         }
         let after = snapshot(&server).await;
         let mut expected = before;
-        if let Some(session_id) = case.charges {
+        if let Some(charged) = case.charges {
             let info = expected
                 .sessions
                 .iter_mut()
-                .find(|info| info.session_id == session_id)
+                .find(|info| info.session_id == charged.session_id)
                 .expect("a compared session");
             info.decisions += 1;
             info.work_units += 1; // decision_cost = 1
+            info.tool_attempts += u64::from(charged.tool_attempt);
+        }
+        if case.opens {
+            expected.stats.sessions += 1;
         }
         if after != expected {
             failures.push(format!(

@@ -23,8 +23,15 @@ fn example_fingerprint() -> String {
         .to_hex()
 }
 
-/// Reviewer `alice` with token `alice-secret` (the policy stores its digest).
+/// Reviewer `alice` with token `alice-secret` (the policy stores its digest);
+/// the host API is open.
 const REVIEWER: &str = r#"
+[tools.noop]
+mode = "forbidden"
+
+[server]
+open_host_api = true
+
 [reviewers.alice]
 roles = ["manifest-reviewer"]
 workspaces = ["*"]
@@ -170,7 +177,7 @@ async fn a_hash_inside_the_manifest_is_never_trusted() {
 
 #[tokio::test]
 async fn only_a_malformed_shape_is_an_invalid_argument() {
-    let server = TestServer::start("").await;
+    let server = TestServer::start(common::OPEN_POLICY).await;
     let mut oversize = example_manifest();
     oversize.tools = (0..600)
         .map(|index| pb::ManifestTool {
@@ -692,7 +699,8 @@ async fn api_pins_survive_a_policy_reload() {
         .await
         .expect("pin");
     let reloaded =
-        toolgate::policy::Policy::parse("# reloaded\n", "reloaded.toml", None).expect("policy");
+        toolgate::policy::Policy::parse(&format!("# reloaded\n{REVIEWER}"), "reloaded.toml", None)
+            .expect("policy");
     server.engine.replace_policy(reloaded);
     let answer = assess(&server, manifest).await.expect("assess");
     assert_eq!(answer.reason(), pb::AssessReason::Matched);

@@ -12,7 +12,12 @@
 //!   only before the grant's deadline);
 //! - a Dispatch refusal changes nothing (except the pending request
 //!   APPROVAL_REQUIRED opens), a replay returns the stored result again, and
-//!   versions only grow.
+//!   versions only grow;
+//! - each session is charged as SPEC §4 "Charging" says: every Decide or
+//!   Dispatch of a call id new to the session costs one decision and (both
+//!   tools being `execute`) one tool attempt, whatever its answer; asking
+//!   again costs nothing; work units are decisions × decision cost + Σ cost
+//!   of the committed tools.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -59,18 +64,23 @@ mode = "execute"
 roles = ["agent"]
 approvers = ["lead"]
 approval = "always"
+cost = 3
 effect = { kind = "set", resource_argument = "item", value_argument = "value" }
 input_schema = { type = "object", required = ["item", "value"], additionalProperties = false, properties = { item = { type = "string" }, value = { type = "integer" } } }
 
 [tools.free_set]
 mode = "execute"
 roles = ["agent"]
+cost = 2
 effect = { kind = "set", resource_argument = "item", value_argument = "value" }
 input_schema = { type = "object", required = ["item", "value"], additionalProperties = false, properties = { item = { type = "string" }, value = { type = "integer" } } }
 
 [reviewers.lead]
 roles = ["lead"]
 workspaces = ["*"]
+
+[server]
+open_host_api = true
 
 [state]
 version_scope = "resource"
@@ -118,6 +128,34 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `cost` of set_item and free_set in POLICY.
+const APPROVED_TOOL_COST: u64 = 3;
+const FREE_TOOL_COST: u64 = 2;
+
+/// What one session has been charged (SPEC §4 "Charging").
+#[derive(Debug, Default)]
+struct ModelSession {
+    /// The session exists: something was answered in it.
+    opened: bool,
+    /// Call ids charged (a call id is always the same proposal here).
+    decided: HashSet<usize>,
+    decisions: u64,
+    tool_attempts: u64,
+    executed_tools: u64,
+    executed_cost: u64,
+}
+
+impl ModelSession {
+    /// An answered Decide or Dispatch of proposal `index`.
+    fn charge(&mut self, index: usize) {
+        self.opened = true;
+        if self.decided.insert(index) {
+            self.decisions += 1;
+            self.tool_attempts += 1;
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct ModelApproval {
     key: (usize, usize),
@@ -141,6 +179,8 @@ struct Model {
     versions: [u64; 2],
     denied: HashSet<(usize, usize)>,
     consumed: HashSet<Uuid>,
+    /// The sessions by workspace.
+    sessions: [ModelSession; 2],
 }
 
 enum Standing {
@@ -332,6 +372,7 @@ impl Harness {
             .engine
             .decide(&self.session(workspace), &self.proposal(index))
             .expect("decide answers");
+        self.model.sessions[workspace].charge(index);
         if self.model.denied.contains(&key) {
             prop_assert_ne!(
                 decision.outcome,
@@ -394,6 +435,7 @@ impl Harness {
             .engine
             .dispatch(&self.session(workspace), &self.proposal(index))
             .expect("dispatch answers");
+        self.model.sessions[workspace].charge(index);
         if answer.status == DispatchStatus::Ok && !answer.replayed {
             prop_assert!(
                 !self.model.denied.contains(&key),
@@ -473,6 +515,12 @@ impl Harness {
         }
         self.model.values[resource] = value;
         self.model.versions[resource] += 1;
+        let session = &mut self.model.sessions[workspace];
+        session.executed_tools += 1;
+        session.executed_cost += match needs_approval {
+            true => APPROVED_TOOL_COST,
+            false => FREE_TOOL_COST,
+        };
         let expected = CommitResult {
             version: self.model.versions[resource],
             resource: Some(RESOURCES[resource].to_string()),
@@ -555,6 +603,34 @@ impl Harness {
             self.engine.stats().expect("stats").receipts,
             self.model.receipts.len()
         );
+        for (workspace, expected) in self.model.sessions.iter().enumerate() {
+            let session_id = self.session(workspace).session_id;
+            match self.engine.session("", &session_id) {
+                Ok(summary) => {
+                    prop_assert!(expected.opened, "session {} exists", session_id);
+                    prop_assert_eq!(
+                        (
+                            summary.decisions,
+                            summary.tool_attempts,
+                            summary.executed_tools,
+                            summary.work_units,
+                        ),
+                        (
+                            expected.decisions,
+                            expected.tool_attempts,
+                            expected.executed_tools,
+                            expected.decisions + expected.executed_cost,
+                        ),
+                        "session {}",
+                        session_id
+                    );
+                }
+                Err(Error::NotFound(_)) => {
+                    prop_assert!(!expected.opened, "session {} is missing", session_id)
+                }
+                Err(other) => return Err(TestCaseError::fail(format!("{other:?}"))),
+            }
+        }
         Ok(())
     }
 }

@@ -15,7 +15,7 @@ use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
 #[tokio::test]
 async fn health_answers_serving_for_the_server_and_each_service() {
-    let server = TestServer::start("").await;
+    let server = TestServer::start(common::OPEN_POLICY).await;
     let mut health = HealthClient::new(server.channel.clone());
     for service in [
         "",
@@ -44,7 +44,7 @@ async fn health_answers_serving_for_the_server_and_each_service() {
 
 #[tokio::test]
 async fn reflection_lists_every_service() {
-    let server = TestServer::start("").await;
+    let server = TestServer::start(common::OPEN_POLICY).await;
     let mut reflection = ServerReflectionClient::new(server.channel.clone());
     let request = ServerReflectionRequest {
         host: String::new(),

@@ -71,6 +71,9 @@ kind = "reviewer"
 identity = "lead"
 sha256 = "887c3f966dd49b2b597b6d6c93d3a2790d63a1e21b1af9d648f00cc1a805aeb8"
 
+[server]
+open_host_api = true
+
 [state]
 version_scope = "resource"
 

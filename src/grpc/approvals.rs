@@ -1,23 +1,28 @@
 //! `Approvals` handlers (reviewer-facing). The reviewer is always the
 //! authenticated caller.
 
+use std::future::Future;
 use std::pin::Pin;
 
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use tokio_stream::{Stream, StreamExt};
+use tokio::sync::broadcast::error::RecvError;
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
+use crate::canonical::Fingerprint;
 use crate::engine::Engine;
 use crate::grpc::convert::{approval_id, list_query, page_token};
-use crate::ledger::Verdict;
+use crate::ledger::{ApprovalEvent, Verdict, visible_to};
 use crate::pb;
 use crate::pb::approvals_server::Approvals;
 use crate::policy::CredentialKind;
 
 /// Longest reviewer comment or reason kept with a decision.
 pub const MAX_NOTE_LEN: usize = 2048;
+
+/// About how many bytes of approvals one `ListApprovals` page holds (at
+/// least one approval): well under the 4 MiB a gRPC client accepts by default.
+pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct ApprovalsService {
@@ -54,12 +59,85 @@ impl ApprovalsService {
     }
 }
 
-/// A stream of one final error.
-fn futures_once(status: Status) -> impl Stream<Item = Result<pb::ApprovalEvent, Status>> {
-    tokio_stream::once(Err(status))
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ApprovalEvent, Status>> + Send>>;
+
+/// The SHA-256 digest of the request's bearer token, as the auth layer
+/// read it (`None` for a request without one).
+fn token_digest<T>(request: &Request<T>) -> Option<Fingerprint> {
+    let header = request.metadata().get("authorization")?.to_str().ok()?;
+    let token = header
+        .strip_prefix("Bearer ")
+        .or_else(|| header.strip_prefix("bearer "))?
+        .trim();
+    (!token.is_empty()).then(|| Fingerprint::of_bytes(token.as_bytes()))
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ApprovalEvent, Status>> + Send>>;
+/// One reviewer's watch: the ledger's transitions that it may see, until
+/// shutdown, or until a policy reload takes its credential away.
+struct Watch {
+    engine: Engine,
+    identity: String,
+    /// The watcher's token digest; re-checked at every policy reload.
+    digest: Option<Fingerprint>,
+    events: tokio::sync::broadcast::Receiver<ApprovalEvent>,
+    reloads: tokio::sync::watch::Receiver<u64>,
+    closed: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Set once the final status has been sent.
+    ended: bool,
+}
+
+impl Watch {
+    /// Whether the token this watch was opened with still authenticates
+    /// the same reviewer under the policy in force.
+    fn credential_holds(&self) -> bool {
+        self.digest
+            .and_then(|digest| self.engine.credential(&digest))
+            .is_some_and(|credential| {
+                credential.kind == CredentialKind::Reviewer && credential.identity == self.identity
+            })
+    }
+
+    async fn next(&mut self) -> Option<Result<pb::ApprovalEvent, Status>> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut self.closed => {
+                    self.ended = true;
+                    return Some(Err(Status::unavailable("toolgate is shutting down")));
+                }
+                changed = self.reloads.changed() => {
+                    if changed.is_err() || !self.credential_holds() {
+                        self.ended = true;
+                        return Some(Err(revoked()));
+                    }
+                }
+                received = self.events.recv() => match received {
+                    Ok(event) => {
+                        // Visibility follows the policy in force at each event.
+                        if visible_to(&event.approval, &self.identity, &self.engine.policy()) {
+                            return Some(Ok(pb::ApprovalEvent::from(event)));
+                        }
+                    }
+                    Err(RecvError::Lagged(missed)) => {
+                        return Some(Ok(pb::ApprovalEvent {
+                            kind: pb::ApprovalEventKind::Lagged.into(),
+                            approval: None,
+                            lagged: missed,
+                        }));
+                    }
+                    Err(RecvError::Closed) => return None,
+                },
+            }
+        }
+    }
+}
+
+fn revoked() -> Status {
+    Status::unauthenticated("the credential of this watch was revoked by a policy reload")
+}
 
 #[tonic::async_trait]
 impl Approvals for ApprovalsService {
@@ -70,9 +148,10 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        Caller::require(&request, CredentialKind::Reviewer)?;
+        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
         let id = approval_id(&request.into_inner().approval_id, "approval_id")?;
-        Ok(Response::new(self.engine.get_approval(id)?.into()))
+        let approval = self.engine.get_approval_for(id, &caller.identity)?;
+        Ok(Response::new(approval.into()))
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -80,10 +159,11 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        Caller::require(&request, CredentialKind::Reviewer)?;
-        let page = self
-            .engine
-            .list_approvals(&list_query(request.into_inner())?)?;
+        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let mut query = list_query(request.into_inner())?;
+        query.viewer = Some(caller.identity.clone());
+        query.max_bytes = MAX_PAGE_BYTES;
+        let page = self.engine.list_approvals(&query)?;
         Ok(Response::new(pb::ListApprovalsResponse {
             approvals: page.approvals.into_iter().map(pb::Approval::from).collect(),
             next_page_token: page.next.map(page_token).unwrap_or_default(),
@@ -125,18 +205,26 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
-        Caller::require(&request, CredentialKind::Reviewer)?;
-        let events = BroadcastStream::new(self.engine.subscribe()).map(|item| match item {
-            Ok(event) => Ok(pb::ApprovalEvent::from(event)),
-            Err(BroadcastStreamRecvError::Lagged(missed)) => Ok(pb::ApprovalEvent {
-                kind: pb::ApprovalEventKind::Lagged.into(),
-                approval: None,
-                lagged: missed,
-            }),
+        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        // Subscribed before answering, so nothing after the answer is
+        // missed; the credential is checked once more after subscribing to
+        // reloads, so a reload racing this call cannot be missed either.
+        let watch = Watch {
+            engine: self.engine.clone(),
+            identity: caller.identity.clone(),
+            digest: token_digest(&request),
+            events: self.engine.subscribe(),
+            reloads: self.engine.reloads(),
+            closed: Box::pin(self.engine.closed()),
+            ended: false,
+        };
+        if !watch.credential_holds() {
+            return Err(revoked());
+        }
+        let events = futures_util::stream::unfold(watch, |mut watch| async move {
+            let item = watch.next().await?;
+            Some((item, watch))
         });
-        let shutting_down = futures_once(Status::unavailable("toolgate is shutting down"));
-        let events =
-            futures_util::StreamExt::take_until(events, self.engine.closed()).chain(shutting_down);
         Ok(Response::new(Box::pin(events)))
     }
 }

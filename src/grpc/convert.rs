@@ -232,6 +232,7 @@ pub fn session_and_proposal(
     let session = required(session, "session")?;
     let session = SessionRef::new(session.actor, session.session_id, session.workspace)
         .map_err(|error| error.under("session"))?;
+    crate::grpc::status::note_session(&session);
     let proposal = required(proposal, "proposal")?;
     let proposal = Proposal::new(
         proposal.call_id,
@@ -375,13 +376,26 @@ pub fn list_query(request: pb::ListApprovalsRequest) -> Result<ListQuery> {
     } else {
         Some(parse_page_token(&request.page_token)?)
     };
+    let id_prefix = &request.approval_id_prefix;
+    if id_prefix.len() > 36
+        || !id_prefix
+            .chars()
+            .all(|character| character.is_ascii_hexdigit() || character == '-')
+    {
+        return Err(Error::invalid(
+            "approval_id_prefix",
+            "must be at most 36 hexadecimal digits and `-` (the start of a UUID)",
+        ));
+    }
     let non_empty = |text: String| (!text.is_empty()).then_some(text);
     Ok(ListQuery {
         status,
         actor: non_empty(request.actor),
         tool: non_empty(request.tool),
+        id_prefix: non_empty(request.approval_id_prefix.to_ascii_lowercase()),
         after,
         page_size: page_size as usize,
+        ..ListQuery::default()
     })
 }
 

@@ -13,13 +13,7 @@ use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
 use crate::policy::CredentialKind;
 
 fn may_assert(caller: &Caller, actor: &str) -> Result<(), Status> {
-    if caller.may_assert(actor) {
-        return Ok(());
-    }
-    Err(Status::permission_denied(format!(
-        "host {:?} may not act for actor {actor:?}",
-        caller.identity
-    )))
+    caller.require_actor(actor)
 }
 
 #[derive(Debug, Clone)]
@@ -44,6 +38,7 @@ impl PolicyDecisionPoint for PdpService {
         let message = request.into_inner();
         let (session, proposal) = session_and_proposal(message.session, message.proposal)?;
         may_assert(&caller, &session.actor)?;
+        let session = session.for_host(&caller.identity);
         let (decision, policy_revision) = self.engine.decide(&session, &proposal)?;
         Ok(Response::new(decide_response(decision, policy_revision)))
     }
@@ -57,6 +52,7 @@ impl PolicyDecisionPoint for PdpService {
         let message = request.into_inner();
         let (session, proposal) = session_and_proposal(message.session, message.proposal)?;
         may_assert(&caller, &session.actor)?;
+        let session = session.for_host(&caller.identity);
         let (dispatched, policy_revision) = self.engine.dispatch(&session, &proposal)?;
         Ok(Response::new(dispatch_response(
             dispatched,
@@ -87,7 +83,7 @@ impl PolicyDecisionPoint for PdpService {
         // A session of an actor this host may not assert is reported exactly
         // like a missing one: the answer must not reveal that it exists.
         let not_found = || Status::not_found(format!("no session {session_id:?} for this host"));
-        let session = match self.engine.session(&session_id) {
+        let session = match self.engine.session(&caller.identity, &session_id) {
             Ok(found) => found,
             Err(crate::error::Error::NotFound(_)) => return Err(not_found()),
             Err(other) => return Err(other.into()),

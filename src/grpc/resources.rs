@@ -12,6 +12,12 @@ use crate::pb::resources_server::Resources;
 
 /// Longest resource name (as in the policy).
 pub const MAX_RESOURCE_NAME_LEN: usize = 64;
+/// `ListResources` page size when the request says 0, and the largest.
+pub const DEFAULT_RESOURCE_PAGE: u32 = 100;
+pub const MAX_RESOURCE_PAGE: u32 = 1000;
+/// About how many bytes of values one `ListResources` page holds (at least
+/// one resource).
+pub const MAX_RESOURCE_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 /// Most items in one page of a queue, and the default.
 pub const MAX_RESOURCE_PAGE_SIZE: u32 = 10_000;
@@ -96,6 +102,59 @@ impl Resources for ResourcesService {
             next_page_token: page.next.map(page_token).unwrap_or_default(),
             item_count: page.item_count,
             first_index: page.first_index,
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn list_resources(
+        &self,
+        request: Request<pb::ListResourcesRequest>,
+    ) -> Result<Response<pb::ListResourcesResponse>, Status> {
+        if request.extensions().get::<Caller>().is_none() {
+            return Err(Status::unauthenticated("no authenticated caller"));
+        }
+        let request = request.into_inner();
+        let page_size = match request.page_size {
+            0 => DEFAULT_RESOURCE_PAGE,
+            size if size <= MAX_RESOURCE_PAGE => size,
+            size => {
+                return Err(crate::error::Error::invalid(
+                    "page_size",
+                    format!("must be at most {MAX_RESOURCE_PAGE}, got {size}"),
+                )
+                .into());
+            }
+        };
+        // The token is the last name of the previous page.
+        let after = match request.page_token.as_str() {
+            "" => None,
+            token if token.len() <= MAX_RESOURCE_NAME_LEN => Some(token),
+            _ => {
+                return Err(crate::error::Error::invalid(
+                    "page_token",
+                    "is not a token from a previous ListResources answer",
+                )
+                .into());
+            }
+        };
+        let page =
+            self.engine
+                .list_resources(after, page_size as usize, MAX_RESOURCE_PAGE_BYTES)?;
+        Ok(Response::new(pb::ListResourcesResponse {
+            resources: page
+                .resources
+                .into_iter()
+                .map(|listed| pb::Resource {
+                    name: listed.name,
+                    value_json: listed.value_json,
+                    version: listed.version,
+                    // Listed whole: a queue's first page is all of it.
+                    next_page_token: String::new(),
+                    item_count: listed.item_count,
+                    first_index: 0,
+                })
+                .collect(),
+            next_page_token: page.next.unwrap_or_default(),
         }))
     }
 }

@@ -23,6 +23,11 @@ use toolgate::policy::Policy;
 /// 2026-11-29T00:00:00Z: tests start every clock here.
 pub const EPOCH: Timestamp = Timestamp(1_795_910_400_000);
 
+/// The smallest valid policy: one forbidden tool, and a host API that is
+/// open because it says so (`[server] open_host_api = true`).
+pub const OPEN_POLICY: &str =
+    "[tools.noop]\nmode = \"forbidden\"\n\n[server]\nopen_host_api = true\n";
+
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }

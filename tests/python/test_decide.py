@@ -90,7 +90,8 @@ def test_budgets_and_modes(toolgate):
     assert decide(pb2, pdp, "tight", "t1", "c2", "payment_execute", payment(10)).reason == "tool-budget"
     assert decide(pb2, pdp, "tight", "t1", "c1", "payment_execute", payment(11)).reason == "call-id-conflict"
     info = pdp.GetSession(pb2.GetSessionRequest(session_id="t1"), metadata=HOST)
-    assert (info.decisions, info.tool_attempts, info.work_units, info.stopped_reason) == (1, 1, 1, "tool-budget")
+    # The tool-budget refusal still cost a decision (SPEC §4 "Charging").
+    assert (info.decisions, info.tool_attempts, info.work_units, info.stopped_reason) == (2, 1, 2, "tool-budget")
 
     reasons = {
         ("read_balance", "payer"): "allowed",

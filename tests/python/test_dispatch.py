@@ -126,18 +126,19 @@ def test_the_two_ticket_exercise(tickets):
     assert t.resource("lamp") == ('"done"', 1)
     assert t.snapshot() == before
 
-    # Each refusal changes nothing.
+    # Each refusal changes nothing but its session's charge: a call id new to
+    # session s1 costs it a decision and a tool attempt (SPEC §4 "Charging").
     other = t.session("other", "s2")
     refusals = [
-        ("actor other", other, c1, pb2.DISPATCH_STATUS_FORBIDDEN, "forbidden"),
+        ("actor other", other, c1, pb2.DISPATCH_STATUS_FORBIDDEN, "forbidden", False),
         ("same call id, other arguments", learner, t.set_ticket("c1", 0, "lamp", "open"),
-         pb2.DISPATCH_STATUS_CALL_ID_CONFLICT, "call-id-conflict"),
+         pb2.DISPATCH_STATUS_CALL_ID_CONFLICT, "call-id-conflict", False),
         ("new call id at version 0", learner, t.set_ticket("c2", 0, "sensor", "done"),
-         pb2.DISPATCH_STATUS_STALE_VERSION, "stale-version"),
+         pb2.DISPATCH_STATUS_STALE_VERSION, "stale-version", True),
         ("unknown tool", learner, t.proposal("c3", "delete_ticket", 1, {"ticket": "lamp"}),
-         pb2.DISPATCH_STATUS_UNKNOWN_TOOL, "unknown-tool"),
+         pb2.DISPATCH_STATUS_UNKNOWN_TOOL, "unknown-tool", True),
     ]
-    for label, session, proposal, status, reason in refusals:
+    for label, session, proposal, status, reason, charged in refusals:
         before = t.snapshot()
         answer = t.dispatch(session, proposal)
         assert (answer.status, answer.reason) == (status, reason), label
@@ -148,19 +149,24 @@ def test_the_two_ticket_exercise(tickets):
             assert answer.version == 1, "STALE_VERSION reports the current version"
         else:
             assert answer.version == 0, label
+        if charged:
+            resources, approvals, (decisions, attempts, executed, work) = before
+            before = resources, approvals, (decisions + 1, attempts + 1, executed, work + 1)
         assert t.snapshot() == before, f"{label} changed state"
     assert t.resource("lamp") == ('"done"', 1)
     assert t.resource("sensor") == ('"open"', 1)
     assert t.resource("outbox") == ("[]", 1)
 
-    # Unapproved at the current version: the only thing it may do is open a pending request.
+    # Unapproved at the current version: the only thing it may do is open a
+    # pending request (and, being a new call id, charge its session).
     before = t.snapshot()
     c4 = t.set_ticket("c4", 1, "sensor", "done")
     answer = t.dispatch(learner, c4)
     assert (answer.status, answer.reason) == (pb2.DISPATCH_STATUS_APPROVAL_REQUIRED, "approval-required")
     assert answer.receipt_id == "" and answer.approval_id != ""
     after = t.snapshot()
-    assert after[0] == before[0] and after[2] == before[2]
+    decisions, attempts, executed, work = before[2]
+    assert after[0] == before[0] and after[2] == (decisions + 1, attempts + 1, executed, work + 1)
     assert after[1] == sorted(before[1] + [(answer.approval_id, pb2.APPROVAL_STATUS_PENDING)])
 
     # A ticket that fits the pattern but does not exist: refused, grant kept.
@@ -200,7 +206,13 @@ def test_approval_is_bound_to_what_the_reviewer_saw(tickets):
 
     # (B) Granted for customer-42, sent to customer-99 under the same call id: refused.
     granted = t.approve(learner, t.reply("b1", 0, "customer-42"))
+    # The session decided b1 for the other proposal: a conflict (SPEC §4 step 6).
     swapped = t.dispatch(learner, t.reply("b1", 0, "customer-99"))
+    assert (swapped.status, swapped.reason) == (
+        pb2.DISPATCH_STATUS_CALL_ID_CONFLICT, "call-id-conflict")
+    assert swapped.receipt_id == ""
+    # Under a new call id it needs an approval of its own.
+    swapped = t.dispatch(learner, t.reply("b2", 0, "customer-99"))
     assert (swapped.status, swapped.reason) == (
         pb2.DISPATCH_STATUS_APPROVAL_REQUIRED, "approval-required")
     assert swapped.approval_id not in ("", granted)

@@ -136,7 +136,9 @@ def tickets_server(start_server):
 
 @pytest.fixture
 def tickets_server_with_host_token(start_server):
-    return start_server(TICKETS.read_text() + HOST_CREDENTIAL)
+    # A host credential closes the host API: the open setting goes.
+    return start_server(TICKETS.read_text().replace("open_host_api = true", "open_host_api = false")
+                        + HOST_CREDENTIAL)
 
 
 @pytest.mark.parametrize("script, interpreter", [

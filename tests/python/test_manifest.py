@@ -168,6 +168,7 @@ def has_unsafe_names(manifest: dict) -> bool:
 def policy_with_reviewer(extra: str = "") -> str:
     digest = hashlib.sha256(REVIEWER_TOKEN.encode()).hexdigest()
     return (
+        f'[tools.noop]\nmode = "forbidden"\n[server]\nopen_host_api = true\n'
         f'[reviewers.alice]\nroles = ["manifest-reviewer"]\nworkspaces = ["*"]\n'
         f'[[credentials]]\nkind = "reviewer"\nidentity = "alice"\nsha256 = "{digest}"\n{extra}'
     )

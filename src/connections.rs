@@ -1,0 +1,480 @@
+//! The gRPC listener's accept loop and the bookkeeping of open connections.
+//!
+//! tonic's own accept loop keeps every connection it accepts for as long as
+//! the peer keeps the socket open, and retries a failing `accept` at once
+//! (at the descriptor limit it spins). Here toolgate owns the loop:
+//!
+//! - a connection has [`ConnectionSettings::handshake_timeout`] to send the
+//!   HTTP/2 preface and its first request, else it is closed;
+//! - at most `max_connections` are open, and at most
+//!   `max_connections_per_peer` from one IP address. At a cap, a new
+//!   connection closes the oldest one with no call in flight (one that never
+//!   made a request first); when every open connection is busy, the new one
+//!   is closed at once. So silent connections can never lock out a health
+//!   probe;
+//! - a failing `accept` backs off (5 ms doubling to 1 s), and at the
+//!   descriptor limit (`EMFILE`, `ENFILE`) also closes an idle connection to
+//!   free a descriptor;
+//! - a socket write that cannot make progress for `write_timeout` (a peer
+//!   that stopped reading its TCP stream) closes the connection, which frees
+//!   everything buffered for it.
+//!
+//! Each connection's [`ConnectionInfo`] rides in the request extensions: the
+//! overload layer marks the connection as having made a request and counts
+//! its calls in flight.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures_util::task::AtomicWaker;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::metrics::Metrics;
+
+/// The connection limits (the policy's `[server]` section).
+#[derive(Debug, Clone)]
+pub struct ConnectionSettings {
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    pub handshake_timeout: Duration,
+    pub write_timeout: Duration,
+}
+
+/// The first pause after a failed `accept`; it doubles up to [`MAX_BACKOFF`].
+pub const MIN_BACKOFF: Duration = Duration::from_millis(5);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Why toolgate closed a connection (the `reason` label of
+/// `toolgate_connections_closed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// No preface and first request within the handshake timeout.
+    HandshakeTimeout,
+    /// Closed to make room for a new connection at a cap.
+    Evicted,
+    /// Refused at a cap: every open connection had a call in flight.
+    Refused,
+    /// A socket write made no progress within the write timeout.
+    WriteTimeout,
+}
+
+impl CloseReason {
+    pub const ALL: [CloseReason; 4] = [
+        CloseReason::HandshakeTimeout,
+        CloseReason::Evicted,
+        CloseReason::Refused,
+        CloseReason::WriteTimeout,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::HandshakeTimeout => "handshake-timeout",
+            CloseReason::Evicted => "evicted",
+            CloseReason::Refused => "refused",
+            CloseReason::WriteTimeout => "write-timeout",
+        }
+    }
+}
+
+/// What is known about one open connection.
+#[derive(Debug)]
+struct ConnectionState {
+    id: u64,
+    peer: SocketAddr,
+    local: Option<SocketAddr>,
+    opened: Instant,
+    /// Set by the first request on the connection.
+    spoken: AtomicBool,
+    /// Calls whose response has not finished.
+    in_flight: AtomicUsize,
+    /// Set when toolgate closes the connection; the I/O then fails.
+    closing: AtomicBool,
+    /// The connection task, woken to notice `closing`.
+    waker: AtomicWaker,
+}
+
+impl ConnectionState {
+    fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// The connection a request came on, in its extensions.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    state: Arc<ConnectionState>,
+}
+
+impl ConnectionInfo {
+    /// Marks the connection as having made a request and counts the call as
+    /// in flight until the returned guard is dropped.
+    pub fn call_started(&self) -> CallGuard {
+        self.state.spoken.store(true, Ordering::Release);
+        self.state.in_flight.fetch_add(1, Ordering::AcqRel);
+        CallGuard {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    pub fn tcp_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo {
+            local_addr: self.state.local,
+            remote_addr: Some(self.state.peer),
+        }
+    }
+}
+
+/// A call in flight on a connection (see [`ConnectionInfo::call_started`]).
+#[derive(Debug)]
+pub struct CallGuard {
+    state: Arc<ConnectionState>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    next_id: u64,
+    open: HashMap<u64, Arc<ConnectionState>>,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+impl Registry {
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(state) = self.open.remove(&id) else {
+            return false;
+        };
+        let ip = state.peer.ip();
+        if let Some(count) = self.per_peer.get_mut(&ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.per_peer.remove(&ip);
+            }
+        }
+        true
+    }
+
+    /// Closes the oldest connection without calls in flight, one that never
+    /// made a request first, from `peer` only when given. False when every
+    /// candidate is busy.
+    fn evict(&mut self, peer: Option<IpAddr>) -> bool {
+        let victim = self
+            .open
+            .values()
+            .filter(|state| peer.is_none_or(|ip| state.peer.ip() == ip))
+            .filter(|state| state.in_flight.load(Ordering::Acquire) == 0)
+            .min_by_key(|state| (state.spoken.load(Ordering::Acquire), state.opened))
+            .map(Arc::clone);
+        match victim {
+            Some(victim) => {
+                self.remove(victim.id);
+                victim.close();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    settings: ConnectionSettings,
+    registry: Mutex<Registry>,
+    metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        // The registry is plain counts and handles: a panic elsewhere leaves
+        // it usable.
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The open connections; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Connections {
+    shared: Arc<Shared>,
+}
+
+impl Connections {
+    pub fn new(settings: ConnectionSettings, metrics: Arc<Metrics>) -> Connections {
+        Connections {
+            shared: Arc::new(Shared {
+                settings,
+                registry: Mutex::new(Registry::default()),
+                metrics,
+            }),
+        }
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.shared.lock().open.len()
+    }
+
+    /// The incoming stream for tonic's `serve_with_incoming_shutdown`: it
+    /// never yields an error (failures are retried here, with backoff).
+    pub fn incoming(
+        &self,
+        listener: TcpListener,
+    ) -> impl futures_util::Stream<Item = Result<Connection, io::Error>> + Send + 'static {
+        futures_util::stream::unfold(
+            (listener, self.clone()),
+            |(listener, connections)| async move {
+                let connection = connections.accept(&listener).await;
+                Some((Ok(connection), (listener, connections)))
+            },
+        )
+    }
+
+    async fn accept(&self, listener: &TcpListener) -> Connection {
+        let mut backoff = MIN_BACKOFF;
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    backoff = MIN_BACKOFF;
+                    if let Some(connection) = self.admit(stream, peer) {
+                        return connection;
+                    }
+                }
+                Err(error) => {
+                    let descriptors = matches!(error.raw_os_error(), Some(23 | 24));
+                    if descriptors {
+                        // EMFILE / ENFILE: the pending connection stays in
+                        // the backlog; make room for it.
+                        let evicted = self.shared.lock().evict(None);
+                        if evicted {
+                            self.shared.metrics.connection_closed(CloseReason::Evicted);
+                        }
+                    }
+                    if backoff == MIN_BACKOFF {
+                        tracing::warn!(%error, "accept failed; backing off");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    fn admit(&self, stream: TcpStream, peer: SocketAddr) -> Option<Connection> {
+        let settings = &self.shared.settings;
+        let state = {
+            let mut registry = self.shared.lock();
+            let ip = peer.ip();
+            let from_peer = registry.per_peer.get(&ip).copied().unwrap_or(0);
+            let mut evicted = 0;
+            if from_peer >= settings.max_connections_per_peer {
+                if !registry.evict(Some(ip)) {
+                    drop(registry);
+                    self.shared.metrics.connection_closed(CloseReason::Refused);
+                    return None;
+                }
+                evicted += 1;
+            }
+            if registry.open.len() >= settings.max_connections {
+                if !registry.evict(None) {
+                    drop(registry);
+                    for _ in 0..evicted {
+                        self.shared.metrics.connection_closed(CloseReason::Evicted);
+                    }
+                    self.shared.metrics.connection_closed(CloseReason::Refused);
+                    return None;
+                }
+                evicted += 1;
+            }
+            registry.next_id += 1;
+            let state = Arc::new(ConnectionState {
+                id: registry.next_id,
+                peer,
+                local: stream.local_addr().ok(),
+                opened: Instant::now(),
+                spoken: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
+                closing: AtomicBool::new(false),
+                waker: AtomicWaker::new(),
+            });
+            registry.open.insert(state.id, Arc::clone(&state));
+            *registry.per_peer.entry(ip).or_insert(0) += 1;
+            for _ in 0..evicted {
+                self.shared.metrics.connection_closed(CloseReason::Evicted);
+            }
+            self.shared.metrics.connections_open(registry.open.len());
+            state
+        };
+        // TCP_NODELAY: replies are small; without it Nagle's algorithm and
+        // delayed ACKs hold many of them back for ~40 ms.
+        let _ = stream.set_nodelay(true);
+        Some(Connection {
+            stream,
+            handshake: Some(Box::pin(tokio::time::sleep(settings.handshake_timeout))),
+            write_stall: None,
+            state,
+            shared: Arc::clone(&self.shared),
+        })
+    }
+}
+
+/// An accepted TCP connection, with its deadlines.
+pub struct Connection {
+    stream: TcpStream,
+    state: Arc<ConnectionState>,
+    shared: Arc<Shared>,
+    /// Until the first request: closes the connection when it fires.
+    handshake: Option<Pin<Box<Sleep>>>,
+    /// While a write is blocked: closes the connection when it fires.
+    write_stall: Option<Pin<Box<Sleep>>>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Connection")
+            .field("peer", &self.state.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    fn close(&mut self, reason: CloseReason) -> io::Error {
+        let removed = self.shared.lock().remove(self.state.id);
+        self.state.closing.store(true, Ordering::Release);
+        if removed {
+            self.shared.metrics.connection_closed(reason);
+        }
+        let message = match reason {
+            CloseReason::HandshakeTimeout => "no HTTP/2 preface and first request in time",
+            CloseReason::WriteTimeout => "the peer stopped reading",
+            CloseReason::Evicted | CloseReason::Refused => "closed to make room",
+        };
+        io::Error::new(io::ErrorKind::TimedOut, message)
+    }
+
+    /// Fails once toolgate has closed the connection or its handshake time
+    /// is over.
+    fn check(&mut self, context: &mut Context<'_>) -> io::Result<()> {
+        self.state.waker.register(context.waker());
+        if self.state.closing.load(Ordering::Acquire) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room for another connection",
+            ));
+        }
+        if let Some(handshake) = &mut self.handshake {
+            if self.state.spoken.load(Ordering::Acquire) {
+                self.handshake = None;
+            } else if handshake.as_mut().poll(context).is_ready() {
+                return Err(self.close(CloseReason::HandshakeTimeout));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tracks a write's progress: a write pending for longer than the write
+    /// timeout closes the connection.
+    fn progress<T>(
+        &mut self,
+        context: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Pending => {
+                let timeout = self.shared.settings.write_timeout;
+                let stall = self
+                    .write_stall
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if stall.as_mut().poll(context).is_ready() {
+                    return Poll::Ready(Err(self.close(CloseReason::WriteTimeout)));
+                }
+                Poll::Pending
+            }
+            ready => {
+                self.write_stall = None;
+                ready
+            }
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let mut registry = self.shared.lock();
+        registry.remove(self.state.id);
+        self.shared.metrics.connections_open(registry.open.len());
+    }
+}
+
+impl Connected for Connection {
+    type ConnectInfo = ConnectionInfo;
+
+    fn connect_info(&self) -> ConnectionInfo {
+        ConnectionInfo {
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffer: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.check(context)?;
+        Pin::new(&mut self.stream).poll_read(context, buffer)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        bytes: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.check(context)?;
+        let polled = Pin::new(&mut self.stream).poll_write(context, bytes);
+        self.progress(context, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buffers: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.check(context)?;
+        let polled = Pin::new(&mut self.stream).poll_write_vectored(context, buffers);
+        self.progress(context, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.check(context)?;
+        let polled = Pin::new(&mut self.stream).poll_flush(context);
+        self.progress(context, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(context)
+    }
+}
