@@ -404,18 +404,20 @@ class GetApprovalRequest(_message.Message):
     def __init__(self, approval_id: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsRequest(_message.Message):
-    __slots__ = ("status", "actor", "tool", "page_size", "page_token")
+    __slots__ = ("status", "actor", "tool", "page_size", "page_token", "approval_id_prefix")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_PREFIX_FIELD_NUMBER: _ClassVar[int]
     status: ApprovalStatus
     actor: str
     tool: str
     page_size: int
     page_token: str
-    def __init__(self, status: _Optional[_Union[ApprovalStatus, str]] = ..., actor: _Optional[str] = ..., tool: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    approval_id_prefix: str
+    def __init__(self, status: _Optional[_Union[ApprovalStatus, str]] = ..., actor: _Optional[str] = ..., tool: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., approval_id_prefix: _Optional[str] = ...) -> None: ...
 
 class ListApprovalsResponse(_message.Message):
     __slots__ = ("approvals", "next_page_token")
@@ -478,3 +480,19 @@ class Resource(_message.Message):
     value_json: str
     version: int
     def __init__(self, name: _Optional[str] = ..., value_json: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ListResourcesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListResourcesResponse(_message.Message):
+    __slots__ = ("resources", "next_page_token")
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    resources: _containers.RepeatedCompositeFieldContainer[Resource]
+    next_page_token: str
+    def __init__(self, resources: _Optional[_Iterable[_Union[Resource, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

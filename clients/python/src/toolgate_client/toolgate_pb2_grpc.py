@@ -731,6 +731,11 @@ class ResourcesStub:
                 request_serializer=toolgate_dot_v1_dot_toolgate__pb2.GetResourceRequest.SerializeToString,
                 response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.Resource.FromString,
                 _registered_method=True)
+        self.ListResources = channel.unary_unary(
+                '/toolgate.v1.Resources/ListResources',
+                request_serializer=toolgate_dot_v1_dot_toolgate__pb2.ListResourcesRequest.SerializeToString,
+                response_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ListResourcesResponse.FromString,
+                _registered_method=True)
 
 
 class ResourcesServicer:
@@ -746,6 +751,13 @@ class ResourcesServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListResources(self, request, context):
+        """Every resource in name order, paged (bounded in count and in bytes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResourcesServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -753,6 +765,11 @@ def add_ResourcesServicer_to_server(servicer, server):
                     servicer.GetResource,
                     request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.GetResourceRequest.FromString,
                     response_serializer=toolgate_dot_v1_dot_toolgate__pb2.Resource.SerializeToString,
+            ),
+            'ListResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListResources,
+                    request_deserializer=toolgate_dot_v1_dot_toolgate__pb2.ListResourcesRequest.FromString,
+                    response_serializer=toolgate_dot_v1_dot_toolgate__pb2.ListResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -786,6 +803,33 @@ class Resources:
             '/toolgate.v1.Resources/GetResource',
             toolgate_dot_v1_dot_toolgate__pb2.GetResourceRequest.SerializeToString,
             toolgate_dot_v1_dot_toolgate__pb2.Resource.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/toolgate.v1.Resources/ListResources',
+            toolgate_dot_v1_dot_toolgate__pb2.ListResourcesRequest.SerializeToString,
+            toolgate_dot_v1_dot_toolgate__pb2.ListResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
