@@ -530,7 +530,12 @@ async fn a_see_all_reviewer_sees_every_approval() {
         Some(&common::repo_path("tests/fixtures")),
     )
     .expect_err("see_all must be a boolean");
-    assert!(error.to_string().contains("boolean"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("reviewers.erin.see_all: expected true or false"),
+        "{error}"
+    );
 }
 
 #[tokio::test]

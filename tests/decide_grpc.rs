@@ -869,6 +869,9 @@ fn budget_policy(case: &BudgetCase) -> String {
     let reviewer_digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(BUDGET_REVIEWER));
     format!(
         r#"
+[server]
+open_host_api = true
+
 [limits]
 decision_cost = {decision_cost}
 
@@ -1374,6 +1377,9 @@ fn per_host_shares_are_validated_and_default_to_half_with_two_hosts() {
 }
 
 const POLICY_ONE_HOST: &str = r#"
+[server]
+open_host_api = true
+
 [limits]
 max_sessions = 10
 

@@ -853,7 +853,12 @@ async fn a_flood_of_refused_requests_keeps_memory_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_never_reads_does_not_grow_memory() {
     let _serial = SERIAL.lock().await;
-    let server = TestServer::start(&policy()).await;
+    // This test is about the broadcast buffer's bound, not the write timeout
+    // (which would, rightly, cancel a stream stalled for 10 s on a slow
+    // machine): it gets a write timeout longer than the test.
+    let server =
+        TestServer::start(&policy().replace("[server]\n", "[server]\nwrite_timeout_ms = 600000\n"))
+            .await;
     // A watcher that subscribes and then never reads.
     let mut stalled = server.stalled_watcher(ALICE).await;
     let channels = connections(&server, 4).await;

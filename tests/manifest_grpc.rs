@@ -472,6 +472,9 @@ async fn a_fingerprint_only_pin_of_an_unsafe_manifest_still_gates_decide() {
 
 /// A tool gated on the `docs-search` manifest server, and an actor that may call it.
 const GATED: &str = r#"
+[server]
+open_host_api = true
+
 [profiles.reader]
 roles = ["reader"]
 max_decisions = 100

@@ -4,8 +4,10 @@ line it prints on stdout, so no port is guessed and nothing sleeps)."""
 
 import os
 import pathlib
+import queue
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -49,6 +51,10 @@ def pb():
 
 
 class Server:
+    """A `toolgate serve` child. A thread reads its stderr (logs and audit
+    lines) as it comes, so the pipe never fills: toolgate rightly stops
+    taking calls when its log sink stalls."""
+
     def __init__(self, policy_path: pathlib.Path | None, extra_args=()):
         args = [toolgate_bin(), "serve", "--listen", "127.0.0.1:0", *extra_args]
         if policy_path is not None:
@@ -56,21 +62,40 @@ class Server:
         self.process = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
+        self._lines = queue.Queue()
+        self._seen = []
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
         line = self.process.stdout.readline()
         if not line.startswith("toolgate listening on "):
             self.process.kill()
-            _, stderr = self.process.communicate(timeout=10)
-            raise RuntimeError(f"toolgate did not start: {line!r} {stderr}")
+            self.process.wait(timeout=10)
+            self._drain.join(timeout=10)
+            raise RuntimeError(f"toolgate did not start: {line!r} {''.join(self._seen)}")
         self.address = line.rsplit(" ", 1)[1].strip()
 
+    def _read_stderr(self):
+        for line in self.process.stderr:
+            self._seen.append(line)
+            self._lines.put(line)
+
+    def stderr_line(self, timeout: float = 10) -> str:
+        """The next line the server wrote to stderr ("" if none came in time)."""
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
+            return ""
+
     def stop(self) -> str:
+        """Stops the server; returns everything it wrote to stderr."""
         self.process.terminate()
         try:
-            _, stderr = self.process.communicate(timeout=10)
+            self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            _, stderr = self.process.communicate()
-        return stderr
+            self.process.wait()
+        self._drain.join(timeout=10)
+        return "".join(self._seen)
 
 
 @pytest.fixture

@@ -108,21 +108,19 @@ def test_the_package_installs_into_a_fresh_venv(fresh_python):
 
 class EmbeddedServer:
     """`toolgate serve` on the embedded default, with the reviewer token it
-    prints on stderr; the rest of stderr is drained so the pipe never fills."""
+    prints on stderr (the server's own thread drains the rest)."""
 
     def __init__(self):
         self.server = Server(None, [])
         self.token = None
         for _ in range(50):
-            line = self.server.process.stderr.readline()
+            line = self.server.stderr_line()
             if not line:
                 break
             if "reviewer token" in line:
                 self.token = line.rsplit(" ", 1)[1].strip()
                 break
         assert self.token, "serve on the embedded policy printed no reviewer token"
-        self.drain = threading.Thread(target=self.server.process.stderr.read, daemon=True)
-        self.drain.start()
         self.address = self.server.address
 
     def grant_with_cli(self, approval_id):
@@ -134,12 +132,7 @@ class EmbeddedServer:
         assert done.returncode == 0, f"approvals grant failed: {done.stdout}{done.stderr}"
 
     def stop(self):
-        self.server.process.terminate()
-        try:
-            self.server.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.server.process.kill()
-            self.server.process.wait()
+        self.server.stop()
 
 
 @pytest.fixture
