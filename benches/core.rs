@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use toolgate::canonical;
 use toolgate::clock::{ManualClock, Timestamp};
-use toolgate::dispatch::DispatchStatus;
+use toolgate::domain::decision::DispatchStatus;
+use toolgate::domain::decision::Outcome;
 use toolgate::engine::Engine;
 use toolgate::ledger::Verdict;
 use toolgate::manifest::Manifest;
 use toolgate::policy::Policy;
 use toolgate::proposal::{Proposal, SessionRef};
-use toolgate::state::Outcome;
 
 /// A typical proposal envelope, about 200 bytes.
 const PROPOSAL: &str = r#"{"call_id":"c-20261129-0042","actor":"Finance-Payments","name":"payment_execute","version":17,"arguments":{"amount":15000.5,"currency":"BRL","payee":"ACME Ltda","memo":"invoice 2026/11 \u00e9"}}"#;

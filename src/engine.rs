@@ -15,19 +15,21 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use crate::audit;
-use crate::audit::blank;
-use crate::canonical::Fingerprint;
-use crate::canonical::Value;
-use crate::clock::{Clock, Timestamp};
-use crate::dispatch::{DispatchStatus, Dispatched, PagePosition, ResourcePage};
-use crate::error::{Error, Result};
-use crate::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
-use crate::manifest::{Assessment, Manifest};
-use crate::metrics::Metrics;
-use crate::policy::{Credential, CredentialKind, Policy};
-use crate::proposal::{self, Proposal, SessionRef};
-use crate::session::SessionSummary;
-use crate::state::{Decision, Outcome, PinRecord, State, Stats};
+use crate::domain::canonical::Fingerprint;
+use crate::domain::canonical::Value;
+use crate::domain::clock::{Clock, Timestamp};
+use crate::domain::decision::{Decision, DispatchStatus, Dispatched, Outcome};
+use crate::domain::error::{Error, Result};
+use crate::domain::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
+use crate::domain::manifest::{Assessment, Manifest};
+use crate::domain::pins::PinRecord;
+use crate::domain::policy::{Credential, CredentialKind, Policy};
+use crate::domain::proposal::{self, Proposal, SessionRef};
+use crate::domain::resources::{PagePosition, ResourcePage};
+use crate::domain::session::SessionSummary;
+use crate::domain::state::{State, Stats};
+use crate::ops::audit::blank;
+use crate::ops::metrics::Metrics;
 
 /// Ledger transitions buffered per watcher before it is told it lagged.
 pub const WATCH_BUFFER: usize = 1024;
@@ -321,7 +323,7 @@ impl Engine {
     pub fn get_approval_for(&self, id: Uuid, viewer: &str) -> Result<Approval> {
         let policy = self.policy();
         let approval = self.with_expiry(&policy, |state, _| state.get_approval(id))?;
-        if crate::ledger::visible_to(&approval, viewer, &policy) {
+        if crate::domain::ledger::visible_to(&approval, viewer, &policy) {
             Ok(approval)
         } else {
             Err(Error::NotFound(format!("no approval {id}")))
@@ -340,7 +342,7 @@ impl Engine {
         after: Option<&str>,
         page_size: usize,
         max_bytes: usize,
-    ) -> Result<crate::state::ResourceList> {
+    ) -> Result<crate::domain::state::ResourceList> {
         Ok(self.state()?.list_resources(after, page_size, max_bytes))
     }
 

@@ -10,18 +10,20 @@ use std::sync::OnceLock;
 
 use prost::Message;
 
-use crate::canonical::{self, CanonicalError, ErrorKind, Fingerprint, Number, Object, Value};
-use crate::clock::Timestamp;
-use crate::dispatch::DispatchStatus;
-use crate::error::Error;
-use crate::grpc::convert;
-use crate::ids;
-use crate::ledger::Verdict;
-use crate::manifest::Manifest;
+use crate::domain::canonical::{
+    self, CanonicalError, ErrorKind, Fingerprint, Number, Object, Value,
+};
+use crate::domain::clock::Timestamp;
+use crate::domain::decision::DispatchStatus;
+use crate::domain::error::Error;
+use crate::domain::ids;
+use crate::domain::ledger::Verdict;
+use crate::domain::manifest::Manifest;
+use crate::domain::policy::{Effect, Policy};
+use crate::domain::proposal::{self, Proposal, SessionRef};
+use crate::domain::state::State;
+use crate::edge::convert;
 use crate::pb;
-use crate::policy::{Effect, Policy};
-use crate::proposal::{self, Proposal, SessionRef};
-use crate::state::State;
 
 /// The time every harness runs at (2026-11-29T00:00:00Z, as the tests).
 const FUZZ_NOW: Timestamp = Timestamp(1_795_910_400_000);
@@ -415,7 +417,7 @@ fn example_policies() -> &'static [Policy] {
     static POLICIES: OnceLock<Vec<Policy>> = OnceLock::new();
     POLICIES.get_or_init(|| {
         [
-            (crate::policy::EMBEDDED_DEFAULT, "<embedded>"),
+            (crate::domain::policy::EMBEDDED_DEFAULT, "<embedded>"),
             (
                 include_str!("../examples/tickets.toml"),
                 "examples/tickets.toml",
@@ -477,7 +479,7 @@ fn dispatch_checked(
     policy: &Policy,
     session: &SessionRef,
     proposal: &Proposal,
-) -> Option<crate::dispatch::Dispatched> {
+) -> Option<crate::domain::decision::Dispatched> {
     let screened = proposal::screen(policy, session, proposal);
     let needs_approval = proposal::admit(policy, session, proposal)
         .ok()
@@ -490,7 +492,7 @@ fn dispatch_checked(
             assert_eq!(answer.fingerprint, proposal.fingerprint);
             if answer.status == DispatchStatus::Ok && !answer.replayed && needs_approval {
                 let consumed = events.iter().any(|event| {
-                    event.kind == crate::ledger::EventKind::Consumed
+                    event.kind == crate::domain::ledger::EventKind::Consumed
                         && Some(event.approval.id) == answer.approval_id
                 });
                 assert!(consumed, "committed without consuming a grant: {answer:?}");

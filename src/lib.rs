@@ -3,59 +3,43 @@
 //! "SPEC §N" in comments names section N of the contract, `docs/contract.md`.
 //!
 //! # Layout
-//! - [`canonical`]: canonical JSON (strict parser, Python-identical printer) and fingerprints (SPEC §1).
-//! - [`ids`]: identifier rules shared by proposals, sessions and manifests.
-//! - [`manifest`]: tool-server manifests: fingerprint, diff, assessment (SPEC §7).
-//! - [`policy`]: the TOML policy file parsed into an immutable snapshot (SPEC §3).
-//! - [`proposal`]: the proposal envelope, the trusted session, the policy-only checks.
-//! - [`session`]: agent sessions and their budgets.
-//! - [`ledger`]: the approval ledger and its lifecycle (SPEC §5).
-//! - [`dispatch`]: versioned resources, effects and the receipt log (SPEC §6).
-//! - [`state`]: `State`, everything remembered between calls; one method per operation;
-//!   `state::table`, the hash table its records live in (grows a shard at a time).
-//! - [`engine`]: `Engine`, the clone handle holding policy snapshot, clock and state.
-//! - [`clock`]: injectable time.
-//! - [`audit`](mod@audit): structured audit events (SPEC §8) and the layer that writes them.
-//! - [`logwriter`]: the background writer logs and audit lines go through.
-//! - [`auth`]: the authenticated caller of a request.
-//! - [`error`]: the domain error enum.
-//! - [`grpc`]: the edge: conversions, handlers, the error-to-status map.
-//! - [`metrics`]: Prometheus metrics and the latency layer.
-//! - [`overload`]: load shedding, request timeout and message-size status layer.
-//! - [`connections`]: the accept loop, connection caps and handshake/write deadlines.
-//! - [`server`]: assembles services, health and reflection; `serve`.
-//! - [`cli`]: the command line (`serve`, `canonical`, `fingerprint`, `manifest`).
-//! - [`admin`]: the reviewer/operator clients (`approvals`, `pins`, `resource`) and `check-config`.
-//! - `fuzzing` (hidden): the fuzz harnesses shared by `tests/fuzz/` and `tests/fuzz_regressions.rs`.
+//! Three layers; a module imports only from its own layer or the ones below it.
+//!
+//! - [`domain`]: the core, with no gRPC, protobuf or command-line types:
+//!   canonical JSON, policy, manifests, the proposal envelope and its screening,
+//!   decisions and their reasons, sessions, the approval ledger, resources,
+//!   receipts, pins, and `State`, one method per operation.
+//! - [`ops`]: what an operator runs it with: audit events, the log writer,
+//!   the metrics registry.
+//! - [`engine`]: `Engine`, the handle every RPC goes through: the state behind
+//!   its lock, the policy snapshot, the clock, approval events, reload.
+//! - `edge` (private): the gRPC edge: handlers, conversions, the one
+//!   error-to-status map, authentication, overload, the metrics layer, the
+//!   accept loop and [`serve`](server::serve).
 //! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
+//! - `fuzzing` (feature `fuzzing`): the fuzz harnesses shared by `tests/fuzz/`
+//!   and the regression test.
 #![forbid(unsafe_code)]
 // Server code never unwraps what a client can influence; tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod admin;
-pub mod audit;
-pub mod auth;
-pub mod canonical;
-pub mod cli;
-pub mod clock;
-pub mod connections;
-pub mod dispatch;
-pub mod engine;
-pub mod error;
 #[doc(hidden)]
+pub mod admin;
+#[doc(hidden)]
+pub mod cli;
+pub mod domain;
+mod edge;
+pub mod engine;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod grpc;
-pub mod ids;
-pub mod ledger;
-pub mod logwriter;
-pub mod manifest;
-pub mod metrics;
-pub mod overload;
-pub mod policy;
-pub mod proposal;
-pub mod server;
-pub mod session;
-pub mod state;
+pub mod ops;
+
+pub use domain::{
+    canonical, clock, error, ids, ledger, manifest, policy, proposal, receipts, resources, session,
+    state,
+};
+pub use edge::server;
+pub use ops::{audit, logwriter, metrics};
 
 /// Generated code for package `toolgate.v1`.
 #[allow(

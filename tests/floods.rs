@@ -643,7 +643,7 @@ async fn the_api_pin_cap_holds_under_a_flood() {
     let _serial = SERIAL.lock().await;
     let server = TestServer::start(&policy()).await;
     let channels = connections(&server, 4).await;
-    let max = toolgate::state::MAX_API_PINS;
+    let max = toolgate::domain::pins::MAX_API_PINS;
     let pin = |channel: Channel, server_id: String| async move {
         pb::manifest_pins_client::ManifestPinsClient::new(channel)
             .pin_manifest(authed(

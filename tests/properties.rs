@@ -31,13 +31,14 @@ use uuid::Uuid;
 
 use toolgate::canonical::Value;
 use toolgate::clock::{ManualClock, Timestamp};
-use toolgate::dispatch::{CommitResult, DispatchStatus};
+use toolgate::domain::decision::DispatchStatus;
+use toolgate::domain::decision::Outcome;
 use toolgate::engine::Engine;
 use toolgate::error::Error;
 use toolgate::ledger::{ApprovalEvent, ApprovalStatus, EventKind, Verdict};
 use toolgate::policy::Policy;
 use toolgate::proposal::{Proposal, SessionRef};
-use toolgate::state::Outcome;
+use toolgate::resources::CommitResult;
 
 const EPOCH: u64 = 1_795_910_400_000;
 const PENDING_TTL_MS: u64 = 300_000;

@@ -3,10 +3,11 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::auth::Caller;
-use crate::dispatch::{ANSWER_OVERHEAD_BYTES, PagePosition};
+use crate::domain::decision::ANSWER_OVERHEAD_BYTES;
+use crate::domain::error::Error;
+use crate::domain::resources::PagePosition;
+use crate::edge::auth::Caller;
 use crate::engine::Engine;
-use crate::error::Error;
 use crate::pb;
 use crate::pb::resources_server::Resources;
 
@@ -118,7 +119,7 @@ impl Resources for ResourcesService {
             0 => DEFAULT_RESOURCE_PAGE,
             size if size <= MAX_RESOURCE_PAGE => size,
             size => {
-                return Err(crate::error::Error::invalid(
+                return Err(crate::domain::error::Error::invalid(
                     "page_size",
                     format!("must be at most {MAX_RESOURCE_PAGE}, got {size}"),
                 )
@@ -130,7 +131,7 @@ impl Resources for ResourcesService {
             "" => None,
             token if token.len() <= MAX_RESOURCE_NAME_LEN => Some(token),
             _ => {
-                return Err(crate::error::Error::invalid(
+                return Err(crate::domain::error::Error::invalid(
                     "page_token",
                     "is not a token from a previous ListResources answer",
                 )

@@ -20,9 +20,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
-use crate::connections::CloseReason;
+use crate::edge::connections::CloseReason;
 use crate::engine::Engine;
-use crate::logwriter::SinkStatus;
+use crate::ops::logwriter::SinkStatus;
 
 /// Every RPC toolgate serves, as `service/method` labels.
 pub const METHODS: [&str; 19] = [
@@ -212,7 +212,7 @@ impl Metrics {
             })
             .collect();
         let load_shed = recorder.register_counter(&key("toolgate_load_shed_total", &[]), &metadata);
-        let audit_coalesced = crate::audit::Rejection::ALL
+        let audit_coalesced = crate::ops::audit::Rejection::ALL
             .iter()
             .map(|kind| {
                 let event = kind.event_name();

@@ -2,13 +2,13 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::auth::Caller;
+use crate::domain::manifest::Manifest;
+use crate::domain::policy::CredentialKind;
+use crate::edge::auth::Caller;
+use crate::edge::convert::{optional_fingerprint, required};
 use crate::engine::Engine;
-use crate::grpc::convert::{optional_fingerprint, required};
-use crate::manifest::Manifest;
 use crate::pb;
 use crate::pb::manifest_pins_server::ManifestPins;
-use crate::policy::CredentialKind;
 
 #[derive(Debug, Clone)]
 pub struct PinsService {
@@ -61,7 +61,7 @@ impl ManifestPins for PinsService {
     ) -> Result<Response<pb::Pin>, Status> {
         let caller = Caller::require(&request, CredentialKind::Reviewer)?;
         let server_id = request.into_inner().server_id;
-        crate::ids::check_server_id("server_id", &server_id)?;
+        crate::domain::ids::check_server_id("server_id", &server_id)?;
         let record = self.engine.remove_pin(&caller.identity, &server_id)?;
         Ok(Response::new(record.into()))
     }

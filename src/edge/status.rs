@@ -14,11 +14,11 @@ use tokio::task::futures::TaskLocalFuture;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::audit::{Rejection, blank};
-use crate::auth::Caller;
+use crate::domain::error::Error;
+use crate::domain::proposal::SessionRef;
+use crate::edge::auth::Caller;
 use crate::engine::Engine;
-use crate::error::Error;
-use crate::proposal::SessionRef;
+use crate::ops::audit::{Rejection, blank};
 
 impl From<Error> for Status {
     fn from(error: Error) -> Status {
@@ -56,7 +56,7 @@ pub struct RequestContext {
 impl RequestContext {
     pub fn new(engine: Engine, path: &str, caller: Option<Caller>) -> Self {
         let trimmed = path.trim_start_matches('/');
-        let method = crate::metrics::METHODS
+        let method = crate::ops::metrics::METHODS
             .iter()
             .find(|method| **method == trimmed)
             .copied()

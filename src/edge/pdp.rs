@@ -2,15 +2,15 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::auth::Caller;
-use crate::engine::Engine;
-use crate::grpc::convert::{
+use crate::domain::manifest::Manifest;
+use crate::domain::policy::CredentialKind;
+use crate::edge::auth::Caller;
+use crate::edge::convert::{
     decide_response, dispatch_response, required, session_and_proposal, session_info,
 };
-use crate::manifest::Manifest;
+use crate::engine::Engine;
 use crate::pb;
 use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
-use crate::policy::CredentialKind;
 
 fn may_assert(caller: &Caller, actor: &str) -> Result<(), Status> {
     caller.require_actor(actor)
@@ -79,13 +79,13 @@ impl PolicyDecisionPoint for PdpService {
     ) -> Result<Response<pb::SessionInfo>, Status> {
         let caller = Caller::require(&request, CredentialKind::Host)?;
         let session_id = request.into_inner().session_id;
-        crate::ids::check_identifier("session_id", &session_id)?;
+        crate::domain::ids::check_identifier("session_id", &session_id)?;
         // A session of an actor this host may not assert is reported exactly
         // like a missing one: the answer must not reveal that it exists.
         let not_found = || Status::not_found(format!("no session {session_id:?} for this host"));
         let session = match self.engine.session(&caller.identity, &session_id) {
             Ok(found) => found,
-            Err(crate::error::Error::NotFound(_)) => return Err(not_found()),
+            Err(crate::domain::error::Error::NotFound(_)) => return Err(not_found()),
             Err(other) => return Err(other.into()),
         };
         if !caller.may_assert(&session.actor) {

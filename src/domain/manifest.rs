@@ -19,8 +19,8 @@
 
 use std::collections::BTreeSet;
 
-use crate::canonical::{self, Fingerprint, Object, Value};
-use crate::error::{Error, Result};
+use crate::domain::canonical::{self, Fingerprint, Object, Value};
+use crate::domain::error::{Error, Result};
 
 /// Limits that keep one manifest small enough to hold and diff cheaply.
 /// They bound size only; they never judge content.

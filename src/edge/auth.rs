@@ -30,11 +30,11 @@ use tonic::Status;
 use tower::{Layer, Service};
 
 use crate::audit;
-use crate::audit::Rejection;
-use crate::canonical::Fingerprint;
+use crate::domain::canonical::Fingerprint;
+use crate::domain::policy::{Credential, CredentialKind};
+use crate::edge::status::RequestContext;
 use crate::engine::Engine;
-use crate::grpc::status::RequestContext;
-use crate::policy::{Credential, CredentialKind};
+use crate::ops::audit::Rejection;
 
 /// The authenticated identity behind a request: the credential its token
 /// matched (shared, not copied, per request).

@@ -3,18 +3,22 @@
 
 use uuid::Uuid;
 
-use crate::canonical::{self, Fingerprint, Value};
-use crate::clock::Timestamp;
-use crate::dispatch::{CommitResult, DispatchStatus, Dispatched};
-use crate::error::{Error, Result};
-use crate::ledger::{Approval, ApprovalEvent, ApprovalStatus, EventKind, ListQuery, PageKey};
-use crate::manifest::{
+use crate::domain::canonical::{self, Fingerprint, Value};
+use crate::domain::clock::Timestamp;
+use crate::domain::decision::{Decision, Outcome};
+use crate::domain::decision::{DispatchStatus, Dispatched};
+use crate::domain::error::{Error, Result};
+use crate::domain::ledger::{
+    Approval, ApprovalEvent, ApprovalStatus, EventKind, ListQuery, PageKey,
+};
+use crate::domain::manifest::{
     AssessReason, Assessment, MAX_INPUT_SCHEMA_LEN, Manifest, ManifestTool, ToolChange, ToolDiff,
 };
+use crate::domain::pins::{PinRecord, PinSource};
+use crate::domain::proposal::{Proposal, SessionRef};
+use crate::domain::resources::CommitResult;
+use crate::domain::session::SessionSummary;
 use crate::pb;
-use crate::proposal::{Proposal, SessionRef};
-use crate::session::SessionSummary;
-use crate::state::{Decision, Outcome, PinRecord, PinSource};
 
 pub fn timestamp(time: Timestamp) -> prost_types::Timestamp {
     let millis = i64::try_from(time.0).unwrap_or(i64::MAX);
@@ -232,7 +236,7 @@ pub fn session_and_proposal(
     let session = required(session, "session")?;
     let session = SessionRef::new(session.actor, session.session_id, session.workspace)
         .map_err(|error| error.under("session"))?;
-    crate::grpc::status::note_session(&session);
+    crate::edge::status::note_session(&session);
     let proposal = required(proposal, "proposal")?;
     let proposal = Proposal::new(
         proposal.call_id,

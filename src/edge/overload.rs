@@ -44,9 +44,9 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tower::{Layer, Service};
 
-use crate::connections::{CallGuard, ConnectionInfo};
-use crate::logwriter::SinkStatus;
-use crate::metrics::Metrics;
+use crate::edge::connections::{CallGuard, ConnectionInfo};
+use crate::ops::logwriter::SinkStatus;
+use crate::ops::metrics::Metrics;
 
 /// Largest piece of a response handed to HTTP/2 at once.
 pub const CHUNK: usize = 16 * 1024;
@@ -66,8 +66,8 @@ pub struct OverloadSettings {
     pub max_buffered_response_bytes: usize,
 }
 
-impl From<&crate::policy::ServerSettings> for OverloadSettings {
-    fn from(settings: &crate::policy::ServerSettings) -> Self {
+impl From<&crate::domain::policy::ServerSettings> for OverloadSettings {
+    fn from(settings: &crate::domain::policy::ServerSettings) -> Self {
         OverloadSettings {
             max_concurrent_requests: settings.max_concurrent_requests,
             request_timeout: settings.request_timeout,

@@ -8,14 +8,14 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::auth::Caller;
-use crate::canonical::Fingerprint;
+use crate::domain::canonical::Fingerprint;
+use crate::domain::ledger::{ApprovalEvent, Verdict, visible_to};
+use crate::domain::policy::CredentialKind;
+use crate::edge::auth::Caller;
+use crate::edge::convert::{approval_id, list_query, page_token};
 use crate::engine::Engine;
-use crate::grpc::convert::{approval_id, list_query, page_token};
-use crate::ledger::{ApprovalEvent, Verdict, visible_to};
 use crate::pb;
 use crate::pb::approvals_server::Approvals;
-use crate::policy::CredentialKind;
 
 /// Longest reviewer comment or reason kept with a decision.
 pub const MAX_NOTE_LEN: usize = 2048;
@@ -48,7 +48,7 @@ impl ApprovalsService {
         let (id, note) = fields(request.into_inner());
         let id = approval_id(&id, "approval_id")?;
         if note.chars().count() > MAX_NOTE_LEN {
-            return Err(crate::error::Error::invalid(
+            return Err(crate::domain::error::Error::invalid(
                 note_field,
                 format!("must be at most {MAX_NOTE_LEN} characters"),
             )

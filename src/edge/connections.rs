@@ -39,7 +39,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// The connection limits (the policy's `[server]` section).
 #[derive(Debug, Clone)]
@@ -223,11 +223,6 @@ impl Connections {
                 metrics,
             }),
         }
-    }
-
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.shared.lock().open.len()
     }
 
     /// The incoming stream for tonic's `serve_with_incoming_shutdown`: it

@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use uuid::Uuid;
 
-use crate::state::table::Table;
+use crate::domain::table::Table;
 
-use crate::canonical::Fingerprint;
-use crate::clock::Timestamp;
-use crate::error::{Error, Result};
-use crate::policy::{Limits, Policy};
+use crate::domain::canonical::Fingerprint;
+use crate::domain::clock::Timestamp;
+use crate::domain::error::{Error, Result};
+use crate::domain::policy::{Limits, Policy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ApprovalStatus {

@@ -1,6 +1,6 @@
 //! Identifier rules shared by proposals, sessions, manifests and the policy.
 
-use crate::error::{Error, Result};
+use crate::domain::error::{Error, Result};
 
 /// Longest identifier allowed by `[A-Za-z][A-Za-z0-9_-]{0,39}`.
 pub const MAX_IDENTIFIER_LEN: usize = 40;

@@ -16,12 +16,12 @@
 
 use std::collections::HashMap;
 
-use crate::canonical::Fingerprint;
-use crate::clock::Timestamp;
-use crate::error::{Error, Result};
-use crate::policy::{ActorProfile, Limits};
-use crate::proposal::SessionRef;
-use crate::state::table::Table;
+use crate::domain::canonical::Fingerprint;
+use crate::domain::clock::Timestamp;
+use crate::domain::error::{Error, Result};
+use crate::domain::policy::{ActorProfile, Limits};
+use crate::domain::proposal::SessionRef;
+use crate::domain::table::Table;
 
 /// Call ids remembered per session when the profile sets no decision budget.
 pub const MAX_CALLS_PER_SESSION: u64 = 100_000;

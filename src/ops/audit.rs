@@ -104,7 +104,7 @@ pub struct Coalescer {
 struct Bucket {
     /// Thousandths of a line.
     allowance: u64,
-    refilled_at: Option<crate::clock::Timestamp>,
+    refilled_at: Option<crate::domain::clock::Timestamp>,
     /// Lines coalesced since the last line of this kind.
     pending: u64,
 }
@@ -135,7 +135,7 @@ impl Coalescer {
     /// Whether a line of `kind` may be written now: `Some(coalesced)`, the
     /// count of lines of this kind coalesced since the last one (to report
     /// in it), or `None` when this line is coalesced (counted, not written).
-    pub fn admit(&self, kind: Rejection, now: crate::clock::Timestamp) -> Option<u64> {
+    pub fn admit(&self, kind: Rejection, now: crate::domain::clock::Timestamp) -> Option<u64> {
         let mut bucket = self.bucket(kind);
         if let Some(refilled_at) = bucket.refilled_at {
             let earned = now
@@ -453,7 +453,7 @@ mod tests {
     }
 
     fn emit_sample() {
-        let fingerprint = crate::canonical::Fingerprint([0xab; 32]);
+        let fingerprint = crate::domain::canonical::Fingerprint([0xab; 32]);
         crate::audit!(
             "tool_call_dispatched",
             actor = "mallory\"} \n{\"forged\":1",
@@ -531,7 +531,7 @@ mod tests {
 
     #[test]
     fn the_coalescer_writes_a_burst_then_counts_and_reports_the_rest() {
-        use crate::clock::Timestamp;
+        use crate::domain::clock::Timestamp;
         let coalescer = Coalescer::default();
         let start = Timestamp(1_000_000);
         let kind = Rejection::RequestRejected;

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::canonical::{self, Fingerprint, Value};
-use crate::ids::{check_identifier, check_server_id};
-use crate::manifest::{Manifest, PinReference};
+use crate::domain::canonical::{self, Fingerprint, Value};
+use crate::domain::ids::{check_identifier, check_server_id};
+use crate::domain::manifest::{Manifest, PinReference};
 
 /// The policy `toolgate serve` uses when no `--config` is given.
-pub const EMBEDDED_DEFAULT: &str = include_str!("../examples/policy.toml");
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../examples/policy.toml");
 
 /// A policy file that could not be loaded: which key, what is wrong.
 ///
@@ -558,14 +558,14 @@ impl Loader<'_> {
 
     fn server_id(&self, key: &str, value: &str) -> Result<(), PolicyError> {
         check_server_id(key, value).map_err(|error| match error {
-            crate::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
+            crate::domain::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
             other => self.error(key, other.to_string()),
         })
     }
 
     fn identifier(&self, key: &str, value: &str) -> Result<(), PolicyError> {
         check_identifier(key, value).map_err(|error| match error {
-            crate::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
+            crate::domain::error::Error::InvalidArgument { rule, .. } => self.error(key, rule),
             other => self.error(key, other.to_string()),
         })
     }

@@ -1,0 +1,139 @@
+//! Fingerprints (SPEC §1): SHA-256 of the canonical text, computed while printing.
+
+use super::print::{HashSink, Sink, write_number, write_object, write_string, write_value};
+use super::*;
+
+// ---------------------------------------------------------------------------
+// Fingerprints
+// ---------------------------------------------------------------------------
+
+/// SHA-256 of the canonical form, streamed into the hasher (no intermediate String).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// Lowercase hex (64 chars).
+    pub fn to_hex(&self) -> String {
+        self.hex_buf().as_str().to_owned()
+    }
+
+    /// Lowercase hex in a stack buffer: no allocation, one `write_str`.
+    fn hex_buf(&self) -> HexBuf {
+        let mut digits = [0u8; 64];
+        for (pair, byte) in digits.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
+            pair[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
+        }
+        HexBuf(digits)
+    }
+
+    /// SHA-256 of arbitrary bytes (e.g. an already canonical text).
+    pub fn of_bytes(bytes: &[u8]) -> Self {
+        Fingerprint(Sha256::digest(bytes).into())
+    }
+
+    /// Parses exactly 64 hex digits (either case).
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(Fingerprint(out))
+    }
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+struct HexBuf([u8; 64]);
+
+impl HexBuf {
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.hex_buf().as_str())
+    }
+}
+
+/// Fingerprints an object whose members the caller supplies one by one, in
+/// sorted key order, without building it: the canonical text goes straight
+/// into the hasher. Used for the proposal envelope on every call.
+pub struct ObjectHasher {
+    sink: HashSink,
+    members: usize,
+    #[cfg(debug_assertions)]
+    last_key: String,
+}
+
+impl Default for ObjectHasher {
+    fn default() -> Self {
+        ObjectHasher::new()
+    }
+}
+
+impl ObjectHasher {
+    pub fn new() -> Self {
+        let mut sink = HashSink::new();
+        sink.put_ascii(b'{');
+        ObjectHasher {
+            sink,
+            members: 0,
+            #[cfg(debug_assertions)]
+            last_key: String::new(),
+        }
+    }
+
+    fn key(&mut self, key: &str) {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(
+                self.members == 0 || self.last_key.as_str() < key,
+                "members must come in sorted key order"
+            );
+            self.last_key = key.to_string();
+        }
+        if self.members > 0 {
+            self.sink.put_ascii(b',');
+        }
+        self.members += 1;
+        write_string(key, &mut self.sink);
+        self.sink.put_ascii(b':');
+    }
+
+    pub fn member(&mut self, key: &str, value: &Value) {
+        self.key(key);
+        write_value(value, &mut self.sink);
+    }
+
+    pub fn member_object(&mut self, key: &str, object: &Object) {
+        self.key(key);
+        write_object(object, &mut self.sink);
+    }
+
+    pub fn member_str(&mut self, key: &str, text: &str) {
+        self.key(key);
+        write_string(text, &mut self.sink);
+    }
+
+    pub fn member_u64(&mut self, key: &str, number: u64) {
+        self.key(key);
+        write_number(&Number::Int(i128::from(number)), &mut self.sink);
+    }
+
+    pub fn finish(mut self) -> Fingerprint {
+        self.sink.put_ascii(b'}');
+        self.sink.finish()
+    }
+}
+
+/// SHA-256 of the canonical form of `value`.
+pub fn fingerprint(value: &Value) -> Fingerprint {
+    let mut sink = HashSink::new();
+    write_value(value, &mut sink);
+    sink.finish()
+}

@@ -1,0 +1,34 @@
+//! The domain core: every rule of the contract, with no gRPC, protobuf or
+//! command-line types. Each operation is a method on [`state::State`],
+//! called with the policy snapshot and the time.
+//!
+//! - [`canonical`]: canonical JSON: parse, print, fingerprint (SPEC §1).
+//! - [`ids`]: identifier rules shared by proposals, sessions and manifests.
+//! - [`clock`]: injectable time. [`error`]: the domain error enum.
+//! - [`policy`]: the TOML policy file as an immutable snapshot (SPEC §3).
+//! - [`manifest`]: tool-server manifests: fingerprint, diff, assessment (SPEC §7).
+//! - [`proposal`]: the proposal envelope and the policy-only screening.
+//! - [`decision`]: what Decide and Dispatch answer.
+//! - [`session`]: agent sessions and their budgets.
+//! - [`ledger`]: the approval ledger and its lifecycle (SPEC §5).
+//! - [`resources`]: versioned resources and effects (SPEC §6).
+//! - [`receipts`]: the receipt log (SPEC §6).
+//! - [`pins`]: manifest pins made through the API.
+//! - [`state`]: `State`, everything remembered between calls, split by operation.
+//! - `table`: the hash table records live in (grows a shard at a time); a leaf.
+
+pub mod canonical;
+pub mod clock;
+pub mod decision;
+pub mod error;
+pub mod ids;
+pub mod ledger;
+pub mod manifest;
+pub mod pins;
+pub mod policy;
+pub mod proposal;
+pub mod receipts;
+pub mod resources;
+pub mod session;
+pub mod state;
+pub(crate) mod table;

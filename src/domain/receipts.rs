@@ -1,0 +1,248 @@
+//! The receipt log (SPEC §6): one stored answer per (host, actor, call id), kept for the retention window and within the byte budget.
+
+use crate::domain::canonical::{Fingerprint, Value};
+use crate::domain::clock::Timestamp;
+use crate::domain::policy::Limits;
+use crate::domain::resources::{CommitResult, value_bytes};
+use crate::domain::table::Table;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// A stored receipt: the fingerprint it was made for and a copy of the result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Receipt {
+    pub id: Uuid,
+    pub fingerprint: Fingerprint,
+    pub result: CommitResult,
+    pub created_at: Timestamp,
+}
+
+/// What one receipt costs besides its value and key text: the boxed
+/// record, its table slot and its entry in the age index.
+const RECEIPT_OVERHEAD_BYTES: usize = 256;
+
+/// The bytes a receipt holds under the byte budget.
+pub fn receipt_bytes(
+    host: &str,
+    actor: &str,
+    call_id: &str,
+    resource: Option<&str>,
+    value: Option<&Value>,
+) -> usize {
+    RECEIPT_OVERHEAD_BYTES
+        + host.len()
+        + actor.len()
+        + call_id.len()
+        + resource.map_or(0, str::len)
+        + value.map_or(0, value_bytes)
+}
+
+/// A host identity, an actor's name and a call id in one shared allocation
+/// (the log's table and its age index hold the same one), ordered as the
+/// triple.
+#[derive(Debug, Clone)]
+struct CallKey {
+    text: Arc<str>,
+    host_len: usize,
+    actor_len: usize,
+}
+
+impl CallKey {
+    fn new(host: &str, actor: &str, call_id: &str) -> Self {
+        let mut text = String::with_capacity(host.len() + actor.len() + call_id.len());
+        text.push_str(host);
+        text.push_str(actor);
+        text.push_str(call_id);
+        CallKey {
+            text: Arc::from(text),
+            host_len: host.len(),
+            actor_len: actor.len(),
+        }
+    }
+
+    fn host(&self) -> &str {
+        self.text.get(..self.host_len).unwrap_or_default()
+    }
+
+    fn actor(&self) -> &str {
+        self.text
+            .get(self.host_len..self.host_len + self.actor_len)
+            .unwrap_or_default()
+    }
+
+    fn call_id(&self) -> &str {
+        self.text
+            .get(self.host_len + self.actor_len..)
+            .unwrap_or_default()
+    }
+
+    fn parts(&self) -> (&str, &str, &str) {
+        (self.host(), self.actor(), self.call_id())
+    }
+
+    fn is(&self, host: &str, actor: &str, call_id: &str) -> bool {
+        self.parts() == (host, actor, call_id)
+    }
+}
+
+impl PartialEq for CallKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for CallKey {}
+
+impl Ord for CallKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.parts().cmp(&other.parts())
+    }
+}
+
+impl PartialOrd for CallKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A receipt under its key, boxed in the log so that growing the table
+/// moves pointers only.
+#[derive(Debug)]
+struct StoredReceipt {
+    key: CallKey,
+    receipt: Receipt,
+    /// What it counts under the byte budget ([`receipt_bytes`]).
+    bytes: usize,
+}
+
+/// Receipts by (host identity, actor, call id): each host and each actor has
+/// its own call-id space, so one cannot replay or occupy another's call ids
+/// (SPEC §6 step 4). Capped in count and counted in bytes; receipts older
+/// than the retention window may be evicted to make room, younger ones never
+/// are (exactly-once needs them).
+#[derive(Debug, Default)]
+pub struct ReceiptLog {
+    receipts: Table<Box<StoredReceipt>>,
+    /// Oldest first; among receipts of the same millisecond, by key.
+    by_age: BTreeSet<(Timestamp, CallKey)>,
+    /// Σ bytes of the stored receipts.
+    bytes: usize,
+}
+
+fn retention_millis(limits: &Limits) -> u64 {
+    u64::try_from(limits.receipt_retention.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl ReceiptLog {
+    pub fn len(&self) -> usize {
+        self.receipts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.receipts.is_empty()
+    }
+
+    /// What the stored receipts count under the byte budget.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The hash a key is found under, from borrowed parts (no allocation).
+    fn hash(&self, host: &str, actor: &str, call_id: &str) -> u64 {
+        self.receipts.hash(&(host, actor, call_id))
+    }
+
+    pub fn get(&self, host: &str, actor: &str, call_id: &str) -> Option<&Receipt> {
+        self.receipts
+            .find(self.hash(host, actor, call_id), |stored| {
+                stored.key.is(host, actor, call_id)
+            })
+            .map(|stored| &stored.receipt)
+    }
+
+    /// Evicts the oldest receipt if it is past retention; the bytes freed.
+    fn evict_oldest_past_retention(&mut self, now: Timestamp, limits: &Limits) -> Option<usize> {
+        let (created_at, _) = self.by_age.first()?;
+        if now.millis_since(*created_at) < retention_millis(limits) {
+            return None;
+        }
+        let (_, key) = self.by_age.pop_first()?;
+        let (host, actor, call_id) = key.parts();
+        let hash = self.hash(host, actor, call_id);
+        let stored = self
+            .receipts
+            .remove(hash, |stored| stored.key.is(host, actor, call_id))?;
+        self.bytes = self.bytes.saturating_sub(stored.bytes);
+        Some(stored.bytes)
+    }
+
+    /// Makes room for one more receipt if the log is full, evicting only
+    /// receipts past retention. False when the log is full within the window.
+    pub fn make_room(&mut self, now: Timestamp, limits: &Limits) -> bool {
+        while self.receipts.len() >= limits.receipt_capacity {
+            if self.evict_oldest_past_retention(now, limits).is_none() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Bytes that evicting receipts past retention would free, counted
+    /// oldest first and only until `enough` is reached (changes nothing).
+    pub fn evictable_bytes(&self, now: Timestamp, limits: &Limits, enough: usize) -> usize {
+        let retention = retention_millis(limits);
+        let mut total = 0usize;
+        for (created_at, key) in &self.by_age {
+            if total >= enough || now.millis_since(*created_at) < retention {
+                break;
+            }
+            let (host, actor, call_id) = key.parts();
+            let hash = self.hash(host, actor, call_id);
+            if let Some(stored) = self
+                .receipts
+                .find(hash, |stored| stored.key.is(host, actor, call_id))
+            {
+                total = total.saturating_add(stored.bytes);
+            }
+        }
+        total
+    }
+
+    /// Evicts receipts past retention, oldest first, until `needed` bytes
+    /// are freed or none is left; the bytes freed.
+    pub fn evict_bytes(&mut self, now: Timestamp, limits: &Limits, needed: usize) -> usize {
+        let mut freed = 0usize;
+        while freed < needed {
+            match self.evict_oldest_past_retention(now, limits) {
+                Some(bytes) => freed = freed.saturating_add(bytes),
+                None => break,
+            }
+        }
+        freed
+    }
+
+    /// Stores the receipt of a call id; the caller has checked that it has
+    /// none yet (Dispatch step 4, under the same lock) and made room.
+    pub fn insert(&mut self, host: &str, actor: &str, call_id: &str, receipt: Receipt) {
+        let hash = self.hash(host, actor, call_id);
+        let key = CallKey::new(host, actor, call_id);
+        let bytes = receipt_bytes(
+            host,
+            actor,
+            call_id,
+            receipt.result.resource.as_deref(),
+            receipt.result.value.as_ref(),
+        );
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.by_age.insert((receipt.created_at, key.clone()));
+        self.receipts.insert_unique(
+            hash,
+            Box::new(StoredReceipt {
+                key,
+                receipt,
+                bytes,
+            }),
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! AssessManifest and the pins (SPEC §7).
+
+use std::sync::Arc;
+
+use crate::domain::canonical::Fingerprint;
+use crate::domain::clock::Timestamp;
+use crate::domain::error::{Error, Result};
+use crate::domain::manifest::{
+    self, Assessment, LastAssessment, Manifest, ManifestStatus, PinReference,
+};
+use crate::domain::pins::{ApiPin, MAX_API_PINS, PinRecord, PinSource};
+use crate::domain::policy::Policy;
+
+use super::*;
+use crate::domain::pins::api_pin_record;
+
+impl State {
+    /// The pin in force: an API pin overrides the policy file's.
+    pub(super) fn pin<'a>(
+        &'a self,
+        policy: &'a Policy,
+        server_id: &str,
+    ) -> Option<&'a dyn PinReference> {
+        match self.api_pins.get(server_id) {
+            Some(api_pin) => Some(api_pin),
+            None => policy
+                .pins
+                .get(server_id)
+                .map(|pin| pin as &dyn PinReference),
+        }
+    }
+
+    /// AssessManifest: compares with the pin in force and remembers the
+    /// result for pinned servers (unpinned ones are not remembered, so a
+    /// flood of made-up server ids cannot grow the state).
+    pub fn assess_manifest(&mut self, policy: &Policy, manifest: &Manifest) -> Assessment {
+        let pin = self.pin(policy, &manifest.server_id);
+        let assessment = manifest::assess(manifest, pin);
+        if pin.is_some() {
+            self.last_assessed.insert(
+                manifest.server_id.clone(),
+                LastAssessment::from(&assessment),
+            );
+        }
+        assessment
+    }
+
+    /// True when the server has a pin and its latest assessment matched the
+    /// pin in force now (a later re-pin needs a new assessment).
+    pub fn manifest_verified(&self, policy: &Policy, server_id: &str) -> bool {
+        self.manifest_status(policy, server_id) == ManifestStatus::Verified
+    }
+
+    /// Why a manifest server's tools may or may not be decided on.
+    pub fn manifest_status(&self, policy: &Policy, server_id: &str) -> ManifestStatus {
+        ManifestStatus::of(
+            self.pin(policy, server_id),
+            self.last_assessed.get(server_id),
+        )
+    }
+
+    pub fn pin_manifest(
+        &mut self,
+        now: Timestamp,
+        reviewer: &str,
+        manifest: Manifest,
+        expected: Option<Fingerprint>,
+    ) -> Result<PinRecord> {
+        if let Err(error) = crate::domain::ids::check_server_id("server", &manifest.server_id) {
+            return Err(Error::FailedPrecondition(format!(
+                "server id {:?} cannot be pinned ({error}); nothing was pinned",
+                manifest.server_id
+            )));
+        }
+        if let Some(problem) = manifest.problems().first() {
+            return Err(Error::FailedPrecondition(format!(
+                "an unsafe manifest cannot be pinned: {problem}; nothing was pinned"
+            )));
+        }
+        let fingerprint = manifest.fingerprint();
+        if let Some(expected) = expected
+            && expected != fingerprint
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "manifest fingerprint is {fingerprint}, not the expected {expected}; nothing was pinned"
+            )));
+        }
+        if !self.api_pins.contains_key(&manifest.server_id) && self.api_pins.len() >= MAX_API_PINS {
+            return Err(Error::ResourceExhausted(format!(
+                "at most {MAX_API_PINS} pins may be made through the API"
+            )));
+        }
+        let api_pin = ApiPin {
+            manifest: Arc::new(manifest),
+            fingerprint,
+            pinned_by: reviewer.to_string(),
+            pinned_at: now,
+        };
+        let record = api_pin_record(&api_pin);
+        self.api_pins.insert(record.server_id.clone(), api_pin);
+        Ok(record)
+    }
+
+    /// Pins in force, sorted by server id.
+    pub fn list_pins(&self, policy: &Policy) -> Vec<PinRecord> {
+        let mut records: Vec<PinRecord> = self.api_pins.values().map(api_pin_record).collect();
+        records.extend(
+            policy
+                .pins
+                .values()
+                .filter(|pin| !self.api_pins.contains_key(&pin.server_id))
+                .map(|pin| PinRecord {
+                    server_id: pin.server_id.clone(),
+                    fingerprint: pin.fingerprint,
+                    revision: pin
+                        .manifest
+                        .as_ref()
+                        .map(|manifest| manifest.revision.clone()),
+                    source: PinSource::Policy,
+                    pinned_by: None,
+                    pinned_at: None,
+                    tool_count: pin
+                        .manifest
+                        .as_ref()
+                        .map_or(0, |manifest| manifest.tools.len()),
+                }),
+        );
+        records.sort_by(|left, right| left.server_id.cmp(&right.server_id));
+        records
+    }
+
+    /// Removes an API pin. A policy pin is changed by editing the policy.
+    pub fn remove_pin(&mut self, policy: &Policy, server_id: &str) -> Result<PinRecord> {
+        if let Some(api_pin) = self.api_pins.remove(server_id) {
+            if !policy.pins.contains_key(server_id) {
+                self.last_assessed.remove(server_id);
+            }
+            return Ok(api_pin_record(&api_pin));
+        }
+        if policy.pins.contains_key(server_id) {
+            return Err(Error::FailedPrecondition(format!(
+                "the pin for {server_id:?} is declared in the policy file; edit the policy to change it"
+            )));
+        }
+        Err(Error::NotFound(format!("no pin for server {server_id:?}")))
+    }
+}

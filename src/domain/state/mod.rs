@@ -1,0 +1,135 @@
+//! `State`: everything toolgate remembers between calls. Every RPC is one
+//! method on this one type, called with the policy snapshot and the time, so
+//! that a durable or replicated backend can implement the same operations.
+
+mod approvals;
+mod decide;
+mod dispatch;
+mod gates;
+mod manifests;
+mod queries;
+
+use std::collections::HashMap;
+
+use crate::domain::clock::Timestamp;
+use crate::domain::error::{Error, Result};
+use crate::domain::ledger::Ledger;
+use crate::domain::manifest::LastAssessment;
+use crate::domain::pins::ApiPin;
+use crate::domain::policy::{Limits, Policy};
+use crate::domain::receipts::ReceiptLog;
+use crate::domain::resources::Resources;
+use crate::domain::session::Sessions;
+
+#[derive(Debug)]
+pub struct State {
+    api_pins: HashMap<String, ApiPin>,
+    /// The latest assessment per pinned server.
+    last_assessed: HashMap<String, LastAssessment>,
+    ledger: Ledger,
+    sessions: Sessions,
+    resources: Resources,
+    receipts: ReceiptLog,
+    /// Bytes the call being answered will add when it is charged (its call
+    /// id, remembered by `Sessions::settle`): counted by [`State::state_bytes`]
+    /// from the moment [`State::charged`] made room for them until the
+    /// charge is settled, so that every room made on the way (an approval
+    /// request, a receipt) leaves room for them too. Zero between calls.
+    charging_bytes: usize,
+}
+
+/// One page of resources (ListResources). (A page of one queue is a
+/// [`resources::ResourcePage`].)
+#[derive(Debug, Clone, Default)]
+pub struct ResourceList {
+    /// In name order.
+    pub resources: Vec<ListedResource>,
+    /// The name to continue after, when more follow.
+    pub next: Option<String>,
+}
+
+/// One resource of a [`ResourceList`], listed whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedResource {
+    pub name: String,
+    /// The value as canonical JSON.
+    pub value_json: String,
+    pub version: u64,
+    /// For a queue: how many items it holds (as GetResource says).
+    pub item_count: Option<u64>,
+}
+
+/// Sizes of the state, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub sessions: usize,
+    pub approvals: usize,
+    pub pending_approvals: usize,
+    pub receipts: usize,
+    pub api_pins: usize,
+}
+
+impl State {
+    pub fn new(policy: &Policy) -> Self {
+        State {
+            api_pins: HashMap::new(),
+            last_assessed: HashMap::new(),
+            ledger: Ledger::default(),
+            sessions: Sessions::default(),
+            resources: Resources::new(&policy.state),
+            receipts: ReceiptLog::default(),
+            charging_bytes: 0,
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            sessions: self.sessions.len(),
+            approvals: self.ledger.len(),
+            pending_approvals: self.ledger.pending_total(),
+            receipts: self.receipts.len(),
+            api_pins: self.api_pins.len(),
+        }
+    }
+
+    /// After a policy reload: keeps everything made at run time and adds
+    /// the resources the new policy declares.
+    pub fn adopt_policy(&mut self, policy: &Policy) {
+        self.resources.adopt(&policy.state);
+    }
+
+    /// What the ledger, the receipt log and the sessions' remembered call
+    /// ids count together under `limits.max_state_bytes`.
+    pub fn state_bytes(&self) -> usize {
+        self.ledger
+            .bytes()
+            .saturating_add(self.receipts.bytes())
+            .saturating_add(self.sessions.decided_bytes())
+            .saturating_add(self.charging_bytes)
+    }
+
+    /// Room for `needed` more bytes under `limits.max_state_bytes`. Only
+    /// what exactly-once does not need is evicted to make it: receipts past
+    /// retention first, then finished approval records, oldest first — and
+    /// only when that makes enough room. Otherwise RESOURCE_EXHAUSTED, and
+    /// nothing changes.
+    fn make_byte_room(&mut self, needed: usize, now: Timestamp, limits: &Limits) -> Result<()> {
+        let used = self.state_bytes();
+        let budget = limits.max_state_bytes;
+        let excess = used.saturating_add(needed).saturating_sub(budget);
+        if excess == 0 {
+            return Ok(());
+        }
+        let from_receipts = self.receipts.evictable_bytes(now, limits, excess);
+        if from_receipts.saturating_add(self.ledger.evictable_bytes()) < excess {
+            return Err(Error::ResourceExhausted(format!(
+                "the state holds {used} of its {budget} bytes (limits.max_state_bytes) in \
+                 live approvals, receipts within retention and remembered call ids; \
+                 {needed} more do not fit"
+            )));
+        }
+        let freed = self.receipts.evict_bytes(now, limits, excess);
+        self.ledger.evict_bytes(excess.saturating_sub(freed));
+        Ok(())
+    }
+}
