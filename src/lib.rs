@@ -20,6 +20,8 @@
 //! - `fuzzing` (feature `fuzzing`): the fuzz harnesses shared by `tests/fuzz/`
 //!   and the regression test.
 #![forbid(unsafe_code)]
+// Every `pub` item is part of the library API; the rest say `pub(crate)`.
+#![warn(unreachable_pub)]
 // Server code never unwraps what a client can influence; tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 

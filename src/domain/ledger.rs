@@ -514,7 +514,7 @@ impl Ledger {
     /// Grant, deny or revoke by `reviewer`, whose authority is checked
     /// against the policy in force: an approver role of the tool, the
     /// request's workspace, and never its own actor's request.
-    pub fn decide(
+    pub fn review(
         &mut self,
         id: Uuid,
         verdict: Verdict,

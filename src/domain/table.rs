@@ -21,9 +21,9 @@ use std::hash::{BuildHasher, Hash, RandomState};
 use hashbrown::HashTable;
 
 /// Shards of a table that has split.
-pub const SHARDS: usize = 256;
+pub(crate) const SHARDS: usize = 256;
 /// Entries a single-shard table holds before it splits into [`SHARDS`].
-pub const SPLIT_AT: usize = 1024;
+pub(crate) const SPLIT_AT: usize = 1024;
 /// Which bits of the hash choose the shard: clear of the low bits that
 /// hashbrown uses for the bucket and of the top seven it keeps as a tag.
 const SHARD_SHIFT: u32 = 40;
@@ -42,7 +42,7 @@ enum Shards<T> {
 
 /// A hash table that grows a shard at a time; see the module docs.
 #[derive(Clone)]
-pub struct Table<T> {
+pub(crate) struct Table<T> {
     hasher: RandomState,
     shards: Shards<T>,
     len: usize,
@@ -69,16 +69,16 @@ fn slot_hash<T>(slot: &Slot<T>) -> u64 {
 }
 
 impl<T> Table<T> {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The hash a key is found under in this table.
-    pub fn hash<K: Hash + ?Sized>(&self, key: &K) -> u64 {
+    pub(crate) fn hash<K: Hash + ?Sized>(&self, key: &K) -> u64 {
         self.hasher.hash_one(key)
     }
 
@@ -96,20 +96,20 @@ impl<T> Table<T> {
         }
     }
 
-    pub fn find(&self, hash: u64, mut eq: impl FnMut(&T) -> bool) -> Option<&T> {
+    pub(crate) fn find(&self, hash: u64, mut eq: impl FnMut(&T) -> bool) -> Option<&T> {
         self.shard(hash)
             .find(hash, |slot| slot.hash == hash && eq(&slot.value))
             .map(|slot| &slot.value)
     }
 
-    pub fn find_mut(&mut self, hash: u64, mut eq: impl FnMut(&T) -> bool) -> Option<&mut T> {
+    pub(crate) fn find_mut(&mut self, hash: u64, mut eq: impl FnMut(&T) -> bool) -> Option<&mut T> {
         self.shard_mut(hash)
             .find_mut(hash, |slot| slot.hash == hash && eq(&slot.value))
             .map(|slot| &mut slot.value)
     }
 
     /// Inserts an entry the caller knows is not in the table yet.
-    pub fn insert_unique(&mut self, hash: u64, value: T) -> &mut T {
+    pub(crate) fn insert_unique(&mut self, hash: u64, value: T) -> &mut T {
         if self.len >= SPLIT_AT
             && let Shards::One(table) = &mut self.shards
         {
@@ -129,7 +129,7 @@ impl<T> Table<T> {
             .value
     }
 
-    pub fn remove(&mut self, hash: u64, mut eq: impl FnMut(&T) -> bool) -> Option<T> {
+    pub(crate) fn remove(&mut self, hash: u64, mut eq: impl FnMut(&T) -> bool) -> Option<T> {
         let entry = self
             .shard_mut(hash)
             .find_entry(hash, |slot| slot.hash == hash && eq(&slot.value))
@@ -140,7 +140,7 @@ impl<T> Table<T> {
     }
 
     /// Keeps the entries for which `keep` is true.
-    pub fn retain(&mut self, mut keep: impl FnMut(&mut T) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut T) -> bool) {
         let tables = match &mut self.shards {
             Shards::One(table) => std::slice::from_mut(table),
             Shards::Many(tables) => &mut tables[..],
@@ -153,7 +153,7 @@ impl<T> Table<T> {
         self.len = len;
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
         let tables = match &self.shards {
             Shards::One(table) => std::slice::from_ref(table),
             Shards::Many(tables) => &tables[..],

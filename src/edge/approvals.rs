@@ -18,19 +18,19 @@ use crate::pb;
 use crate::pb::approvals_server::Approvals;
 
 /// Longest reviewer comment or reason kept with a decision.
-pub const MAX_NOTE_LEN: usize = 2048;
+pub(crate) const MAX_NOTE_LEN: usize = 2048;
 
 /// About how many bytes of approvals one `ListApprovals` page holds (at
 /// least one approval): well under the 4 MiB a gRPC client accepts by default.
-pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
+pub(crate) const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
-pub struct ApprovalsService {
+pub(crate) struct ApprovalsService {
     engine: Engine,
 }
 
 impl ApprovalsService {
-    pub fn new(engine: Engine) -> Self {
+    pub(crate) fn new(engine: Engine) -> Self {
         ApprovalsService { engine }
     }
 

@@ -39,7 +39,7 @@ use crate::ops::audit::Rejection;
 /// The authenticated identity behind a request: the credential its token
 /// matched (shared, not copied, per request).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller(Arc<Credential>);
+pub(crate) struct Caller(Arc<Credential>);
 
 impl std::ops::Deref for Caller {
     type Target = Credential;
@@ -53,7 +53,10 @@ impl Caller {
     /// The caller the layer attached, required to be of `kind`. A missing
     /// caller means the layer is not in front of this service: refuse.
     #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
-    pub fn require<T>(request: &tonic::Request<T>, kind: CredentialKind) -> Result<Caller, Status> {
+    pub(crate) fn require<T>(
+        request: &tonic::Request<T>,
+        kind: CredentialKind,
+    ) -> Result<Caller, Status> {
         match request.extensions().get::<Caller>() {
             Some(caller) if caller.kind == kind => Ok(caller.clone()),
             Some(caller) => Err(Status::permission_denied(format!(
@@ -65,14 +68,14 @@ impl Caller {
     }
 
     /// Whether a host caller may speak for `actor`.
-    pub fn may_assert(&self, actor: &str) -> bool {
+    pub(crate) fn may_assert(&self, actor: &str) -> bool {
         self.kind == CredentialKind::Host && self.0.may_assert(actor)
     }
 
     /// Refuses a host that may not speak for `actor`, with an `auth_failed`
     /// line (reason `actor-not-permitted`) for the call being served.
     #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
-    pub fn require_actor(&self, actor: &str) -> Result<(), Status> {
+    pub(crate) fn require_actor(&self, actor: &str) -> Result<(), Status> {
         if self.may_assert(actor) {
             return Ok(());
         }
@@ -239,12 +242,12 @@ fn audit_refused(engine: &Engine, context: &RequestContext, refused: &Refused) {
 
 /// The tower layer that authenticates every request.
 #[derive(Debug, Clone)]
-pub struct AuthLayer {
+pub(crate) struct AuthLayer {
     engine: Engine,
 }
 
 impl AuthLayer {
-    pub fn new(engine: Engine) -> Self {
+    pub(crate) fn new(engine: Engine) -> Self {
         AuthLayer { engine }
     }
 }
@@ -261,7 +264,7 @@ impl<S> Layer<S> for AuthLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct AuthService<S> {
+pub(crate) struct AuthService<S> {
     inner: S,
     engine: Engine,
 }

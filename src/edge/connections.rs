@@ -39,11 +39,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::ops::metrics::CloseReason;
 use crate::ops::metrics::Metrics;
 
 /// The connection limits (the policy's `[server]` section).
 #[derive(Debug, Clone)]
-pub struct ConnectionSettings {
+pub(crate) struct ConnectionSettings {
     pub max_connections: usize,
     pub max_connections_per_peer: usize,
     pub handshake_timeout: Duration,
@@ -51,40 +52,8 @@ pub struct ConnectionSettings {
 }
 
 /// The first pause after a failed `accept`; it doubles up to [`MAX_BACKOFF`].
-pub const MIN_BACKOFF: Duration = Duration::from_millis(5);
-pub const MAX_BACKOFF: Duration = Duration::from_secs(1);
-
-/// Why toolgate closed a connection (the `reason` label of
-/// `toolgate_connections_closed_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseReason {
-    /// No preface and first request within the handshake timeout.
-    HandshakeTimeout,
-    /// Closed to make room for a new connection at a cap.
-    Evicted,
-    /// Refused at a cap: every open connection had a call in flight.
-    Refused,
-    /// A socket write made no progress within the write timeout.
-    WriteTimeout,
-}
-
-impl CloseReason {
-    pub const ALL: [CloseReason; 4] = [
-        CloseReason::HandshakeTimeout,
-        CloseReason::Evicted,
-        CloseReason::Refused,
-        CloseReason::WriteTimeout,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CloseReason::HandshakeTimeout => "handshake-timeout",
-            CloseReason::Evicted => "evicted",
-            CloseReason::Refused => "refused",
-            CloseReason::WriteTimeout => "write-timeout",
-        }
-    }
-}
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What is known about one open connection.
 #[derive(Debug)]
@@ -112,14 +81,14 @@ impl ConnectionState {
 
 /// The connection a request came on, in its extensions.
 #[derive(Debug, Clone)]
-pub struct ConnectionInfo {
+pub(crate) struct ConnectionInfo {
     state: Arc<ConnectionState>,
 }
 
 impl ConnectionInfo {
     /// Marks the connection as having made a request and counts the call as
     /// in flight until the returned guard is dropped.
-    pub fn call_started(&self) -> CallGuard {
+    pub(crate) fn call_started(&self) -> CallGuard {
         self.state.spoken.store(true, Ordering::Release);
         self.state.in_flight.fetch_add(1, Ordering::AcqRel);
         CallGuard {
@@ -127,7 +96,7 @@ impl ConnectionInfo {
         }
     }
 
-    pub fn tcp_info(&self) -> TcpConnectInfo {
+    pub(crate) fn tcp_info(&self) -> TcpConnectInfo {
         TcpConnectInfo {
             local_addr: self.state.local,
             remote_addr: Some(self.state.peer),
@@ -137,7 +106,7 @@ impl ConnectionInfo {
 
 /// A call in flight on a connection (see [`ConnectionInfo::call_started`]).
 #[derive(Debug)]
-pub struct CallGuard {
+pub(crate) struct CallGuard {
     state: Arc<ConnectionState>,
 }
 
@@ -210,12 +179,12 @@ impl Shared {
 
 /// The open connections; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Connections {
+pub(crate) struct Connections {
     shared: Arc<Shared>,
 }
 
 impl Connections {
-    pub fn new(settings: ConnectionSettings, metrics: Arc<Metrics>) -> Connections {
+    pub(crate) fn new(settings: ConnectionSettings, metrics: Arc<Metrics>) -> Connections {
         Connections {
             shared: Arc::new(Shared {
                 settings,
@@ -227,7 +196,7 @@ impl Connections {
 
     /// The incoming stream for tonic's `serve_with_incoming_shutdown`: it
     /// never yields an error (failures are retried here, with backoff).
-    pub fn incoming(
+    pub(crate) fn incoming(
         &self,
         listener: TcpListener,
     ) -> impl futures_util::Stream<Item = Result<Connection, io::Error>> + Send + 'static {
@@ -329,7 +298,7 @@ impl Connections {
 }
 
 /// An accepted TCP connection, with its deadlines.
-pub struct Connection {
+pub(crate) struct Connection {
     stream: TcpStream,
     state: Arc<ConnectionState>,
     shared: Arc<Shared>,

@@ -20,7 +20,7 @@ use crate::domain::resources::CommitResult;
 use crate::domain::session::SessionSummary;
 use crate::pb;
 
-pub fn timestamp(time: Timestamp) -> prost_types::Timestamp {
+pub(crate) fn timestamp(time: Timestamp) -> prost_types::Timestamp {
     let millis = i64::try_from(time.0).unwrap_or(i64::MAX);
     prost_types::Timestamp {
         seconds: millis.div_euclid(1000),
@@ -29,12 +29,12 @@ pub fn timestamp(time: Timestamp) -> prost_types::Timestamp {
 }
 
 /// A required message field: `None` is an invalid argument naming it.
-pub fn required<T>(value: Option<T>, field: &str) -> Result<T> {
+pub(crate) fn required<T>(value: Option<T>, field: &str) -> Result<T> {
     value.ok_or_else(|| Error::invalid(field, "is required"))
 }
 
 /// An optional fingerprint in hex; empty means absent.
-pub fn optional_fingerprint(hex: &str, field: &str) -> Result<Option<Fingerprint>> {
+pub(crate) fn optional_fingerprint(hex: &str, field: &str) -> Result<Option<Fingerprint>> {
     if hex.is_empty() {
         return Ok(None);
     }
@@ -229,7 +229,7 @@ fn json_text(value: Option<&Value>) -> String {
 
 /// The trusted session and the proposal of a Decide or Dispatch request,
 /// validated in the order of the message (session first).
-pub fn session_and_proposal(
+pub(crate) fn session_and_proposal(
     session: Option<pb::Session>,
     proposal: Option<pb::Proposal>,
 ) -> Result<(SessionRef, Proposal)> {
@@ -249,14 +249,14 @@ pub fn session_and_proposal(
     Ok((session, proposal))
 }
 
-pub fn approval_id(text: &str, field: &str) -> Result<Uuid> {
+pub(crate) fn approval_id(text: &str, field: &str) -> Result<Uuid> {
     if text.is_empty() {
         return Err(Error::invalid(field, "is required"));
     }
     Uuid::parse_str(text).map_err(|_| Error::invalid(field, "must be a UUID"))
 }
 
-pub fn decide_response(decision: Decision, policy_revision: String) -> pb::DecideResponse {
+pub(crate) fn decide_response(decision: Decision, policy_revision: String) -> pb::DecideResponse {
     let outcome = match decision.outcome {
         Outcome::Allow => pb::Outcome::Allow,
         Outcome::Deny => pb::Outcome::Deny,
@@ -278,7 +278,7 @@ pub fn decide_response(decision: Decision, policy_revision: String) -> pb::Decid
     }
 }
 
-pub fn session_info(session: SessionSummary) -> pb::SessionInfo {
+pub(crate) fn session_info(session: SessionSummary) -> pb::SessionInfo {
     pb::SessionInfo {
         work_units: session.work_units,
         session_id: session.session_id,
@@ -345,11 +345,11 @@ impl From<ApprovalEvent> for pb::ApprovalEvent {
 }
 
 /// Most approvals in one `ListApprovals` page, and the default.
-pub const MAX_PAGE_SIZE: u32 = 500;
-pub const DEFAULT_PAGE_SIZE: u32 = 50;
+pub(crate) const MAX_PAGE_SIZE: u32 = 500;
+pub(crate) const DEFAULT_PAGE_SIZE: u32 = 50;
 
 /// Filters and paging of a `ListApprovals` request.
-pub fn list_query(request: pb::ListApprovalsRequest) -> Result<ListQuery> {
+pub(crate) fn list_query(request: pb::ListApprovalsRequest) -> Result<ListQuery> {
     let status = match pb::ApprovalStatus::try_from(request.status) {
         Ok(pb::ApprovalStatus::Unspecified) => None,
         Ok(pb::ApprovalStatus::Pending) => Some(ApprovalStatus::Pending),
@@ -405,7 +405,7 @@ pub fn list_query(request: pb::ListApprovalsRequest) -> Result<ListQuery> {
 
 /// Page tokens are `<requested_at millis>.<approval id>`: opaque to clients,
 /// stable across inserts.
-pub fn page_token(key: PageKey) -> String {
+pub(crate) fn page_token(key: PageKey) -> String {
     format!("{}.{}", key.0.0, key.1)
 }
 
@@ -422,7 +422,10 @@ fn parse_page_token(token: &str) -> Result<PageKey> {
     Ok((Timestamp(millis), id))
 }
 
-pub fn dispatch_response(dispatched: Dispatched, policy_revision: String) -> pb::DispatchResponse {
+pub(crate) fn dispatch_response(
+    dispatched: Dispatched,
+    policy_revision: String,
+) -> pb::DispatchResponse {
     let status = match dispatched.status {
         DispatchStatus::Ok => pb::DispatchStatus::Ok,
         DispatchStatus::Forbidden => pb::DispatchStatus::Forbidden,

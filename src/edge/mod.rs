@@ -2,13 +2,14 @@
 //! engine, maps the answer back (handlers do nothing else); authenticates
 //! callers, sheds load, counts RPCs, accepts connections and serves.
 
-pub mod approvals;
-pub mod auth;
-pub mod connections;
-pub mod convert;
-pub mod overload;
-pub mod pdp;
-pub mod pins;
-pub mod resources;
+pub(crate) mod approvals;
+pub(crate) mod auth;
+pub(crate) mod connections;
+pub(crate) mod convert;
+pub(crate) mod metrics_layer;
+pub(crate) mod overload;
+pub(crate) mod pdp;
+pub(crate) mod pins;
+pub(crate) mod resources;
 pub mod server;
-pub mod status;
+pub(crate) mod status;

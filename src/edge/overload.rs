@@ -49,14 +49,14 @@ use crate::ops::logwriter::SinkStatus;
 use crate::ops::metrics::Metrics;
 
 /// Largest piece of a response handed to HTTP/2 at once.
-pub const CHUNK: usize = 16 * 1024;
+pub(crate) const CHUNK: usize = 16 * 1024;
 
 /// The gRPC message header: compressed flag and big-endian length.
 const HEADER: usize = 5;
 
 /// Overload settings (the policy's `[server]` section).
 #[derive(Debug, Clone)]
-pub struct OverloadSettings {
+pub(crate) struct OverloadSettings {
     pub max_concurrent_requests: usize,
     pub request_timeout: Duration,
     pub read_timeout: Duration,
@@ -149,12 +149,12 @@ struct Limits {
 }
 
 #[derive(Debug, Clone)]
-pub struct OverloadLayer {
+pub(crate) struct OverloadLayer {
     limits: Arc<Limits>,
 }
 
 impl OverloadLayer {
-    pub fn new(
+    pub(crate) fn new(
         settings: OverloadSettings,
         metrics: Arc<Metrics>,
         log_sink: Option<SinkStatus>,
@@ -184,7 +184,7 @@ impl<S> Layer<S> for OverloadLayer {
 }
 
 #[derive(Debug, Clone)]
-pub struct OverloadService<S> {
+pub(crate) struct OverloadService<S> {
     inner: S,
     limits: Arc<Limits>,
 }

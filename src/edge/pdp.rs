@@ -17,12 +17,12 @@ fn may_assert(caller: &Caller, actor: &str) -> Result<(), Status> {
 }
 
 #[derive(Debug, Clone)]
-pub struct PdpService {
+pub(crate) struct PdpService {
     engine: Engine,
 }
 
 impl PdpService {
-    pub fn new(engine: Engine) -> Self {
+    pub(crate) fn new(engine: Engine) -> Self {
         PdpService { engine }
     }
 }

@@ -11,12 +11,12 @@ use crate::pb;
 use crate::pb::manifest_pins_server::ManifestPins;
 
 #[derive(Debug, Clone)]
-pub struct PinsService {
+pub(crate) struct PinsService {
     engine: Engine,
 }
 
 impl PinsService {
-    pub fn new(engine: Engine) -> Self {
+    pub(crate) fn new(engine: Engine) -> Self {
         PinsService { engine }
     }
 }

@@ -12,25 +12,25 @@ use crate::pb;
 use crate::pb::resources_server::Resources;
 
 /// Longest resource name (as in the policy).
-pub const MAX_RESOURCE_NAME_LEN: usize = 64;
+pub(crate) const MAX_RESOURCE_NAME_LEN: usize = 64;
 /// `ListResources` page size when the request says 0, and the largest.
-pub const DEFAULT_RESOURCE_PAGE: u32 = 100;
-pub const MAX_RESOURCE_PAGE: u32 = 1000;
+pub(crate) const DEFAULT_RESOURCE_PAGE: u32 = 100;
+pub(crate) const MAX_RESOURCE_PAGE: u32 = 1000;
 /// About how many bytes of values one `ListResources` page holds (at least
 /// one resource).
-pub const MAX_RESOURCE_PAGE_BYTES: usize = 2 * 1024 * 1024;
+pub(crate) const MAX_RESOURCE_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 /// Most items in one page of a queue, and the default.
-pub const MAX_RESOURCE_PAGE_SIZE: u32 = 10_000;
-pub const DEFAULT_RESOURCE_PAGE_SIZE: u32 = 1000;
+pub(crate) const MAX_RESOURCE_PAGE_SIZE: u32 = 10_000;
+pub(crate) const DEFAULT_RESOURCE_PAGE_SIZE: u32 = 1000;
 
 #[derive(Debug, Clone)]
-pub struct ResourcesService {
+pub(crate) struct ResourcesService {
     engine: Engine,
 }
 
 impl ResourcesService {
-    pub fn new(engine: Engine) -> Self {
+    pub(crate) fn new(engine: Engine) -> Self {
         ResourcesService { engine }
     }
 }

@@ -45,7 +45,7 @@ tokio::task_local! {
 
 /// What the edge knows of the call being served, for its audit lines.
 #[derive(Debug)]
-pub struct RequestContext {
+pub(crate) struct RequestContext {
     engine: Engine,
     method: &'static str,
     caller: Option<Caller>,
@@ -54,7 +54,7 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    pub fn new(engine: Engine, path: &str, caller: Option<Caller>) -> Self {
+    pub(crate) fn new(engine: Engine, path: &str, caller: Option<Caller>) -> Self {
         let trimmed = path.trim_start_matches('/');
         let method = crate::ops::metrics::METHODS
             .iter()
@@ -70,28 +70,28 @@ impl RequestContext {
     }
 
     /// The called method, `service/method` (`other` for unknown ones).
-    pub fn method(&self) -> &'static str {
+    pub(crate) fn method(&self) -> &'static str {
         self.method
     }
 
-    pub fn engine(&self) -> &Engine {
+    pub(crate) fn engine(&self) -> &Engine {
         &self.engine
     }
 
     /// Runs `with` on the context of the call being served, if any.
-    pub fn with_current(with: impl FnOnce(&RequestContext)) {
+    pub(crate) fn with_current(with: impl FnOnce(&RequestContext)) {
         let _ = REQUEST.try_with(with);
     }
 
     /// Runs `call` (a call's whole future) with this context.
-    pub fn scope<F: Future>(self, call: F) -> TaskLocalFuture<RequestContext, F> {
+    pub(crate) fn scope<F: Future>(self, call: F) -> TaskLocalFuture<RequestContext, F> {
         REQUEST.scope(self, call)
     }
 }
 
 /// Notes the session of the call being served, so that a later rejection
 /// of the same call names its actor and session.
-pub fn note_session(session: &SessionRef) {
+pub(crate) fn note_session(session: &SessionRef) {
     let _ = REQUEST.try_with(|context| {
         *context.session.borrow_mut() = Some((session.actor.clone(), session.session_id.clone()));
     });

@@ -9,19 +9,12 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Instant;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
-use tokio::net::TcpListener;
-use tower::{Layer, Service};
 
-use crate::edge::connections::CloseReason;
-use crate::engine::Engine;
+use crate::domain::state::Stats;
 use crate::ops::logwriter::SinkStatus;
 
 /// Every RPC toolgate serves, as `service/method` labels.
@@ -326,7 +319,7 @@ impl Metrics {
         }
     }
 
-    fn rpc(&self, method: &'static str, code: i32, seconds: f64) {
+    pub fn rpc(&self, method: &'static str, code: i32, seconds: f64) {
         let histogram = self
             .rpc_latency
             .get(&(method, code))
@@ -342,10 +335,11 @@ impl Metrics {
         self.handle.run_upkeep();
     }
 
-    /// The exposition text: recorded metrics plus gauges read from the engine now.
-    pub fn render(&self, engine: &Engine) -> String {
+    /// The exposition text: recorded metrics plus the gauges of the state's
+    /// `stats` (when they could be read) and the policy `revision` now.
+    pub fn render(&self, stats: Option<Stats>, revision: &str) -> String {
         let mut text = self.handle.render();
-        if let Ok(stats) = engine.stats() {
+        if let Some(stats) = stats {
             let gauges = [
                 (
                     "toolgate_approvals_pending",
@@ -385,7 +379,6 @@ impl Metrics {
                 sink.buffered(),
             );
         }
-        let revision = engine.policy().revision.clone();
         let _ = writeln!(
             text,
             "# HELP toolgate_policy_info The policy in force.\n# TYPE toolgate_policy_info gauge\ntoolgate_policy_info{{revision=\"{revision}\"}} 1"
@@ -394,111 +387,34 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on its own listener until `shutdown` resolves.
-pub async fn serve_metrics(
-    listener: TcpListener,
-    engine: Engine,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let router = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let text = metrics.render(&engine);
-            async move {
-                (
-                    [(
-                        http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    text,
-                )
-            }
-        }),
-    );
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+/// Why toolgate closed a connection (the `reason` label of
+/// `toolgate_connections_closed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// No preface and first request within the handshake timeout.
+    HandshakeTimeout,
+    /// Closed to make room for a new connection at a cap.
+    Evicted,
+    /// Refused at a cap: every open connection had a call in flight.
+    Refused,
+    /// A socket write made no progress within the write timeout.
+    WriteTimeout,
 }
 
-fn method_label(path: &str) -> &'static str {
-    let trimmed = path.trim_start_matches('/');
-    METHODS
-        .iter()
-        .find(|method| **method == trimmed)
-        .copied()
-        .unwrap_or("other")
-}
+impl CloseReason {
+    pub const ALL: [CloseReason; 4] = [
+        CloseReason::HandshakeTimeout,
+        CloseReason::Evicted,
+        CloseReason::Refused,
+        CloseReason::WriteTimeout,
+    ];
 
-/// The status code of a response: `grpc-status` in the headers (errors are
-/// trailers-only responses), OK otherwise (it then comes in the trailers).
-pub fn response_code<B>(response: &http::Response<B>) -> i32 {
-    response
-        .headers()
-        .get("grpc-status")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Records every call's latency (to its response headers) by method and code.
-#[derive(Debug, Clone)]
-pub struct MetricsLayer {
-    metrics: Arc<Metrics>,
-}
-
-impl MetricsLayer {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
-        MetricsLayer { metrics }
-    }
-}
-
-impl<S> Layer<S> for MetricsLayer {
-    type Service = MetricsService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        MetricsService {
-            inner,
-            metrics: Arc::clone(&self.metrics),
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::HandshakeTimeout => "handshake-timeout",
+            CloseReason::Evicted => "evicted",
+            CloseReason::Refused => "refused",
+            CloseReason::WriteTimeout => "write-timeout",
         }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct MetricsService<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-}
-
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
-impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for MetricsService<S>
-where
-    S: Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
-    S::Future: Send + 'static,
-    ResponseBody: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(context)
-    }
-
-    fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
-        let method = method_label(request.uri().path());
-        let metrics = Arc::clone(&self.metrics);
-        let started = Instant::now();
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let result = future.await;
-            let code = match &result {
-                Ok(response) => response_code(response),
-                Err(_) => 2,
-            };
-            metrics.rpc(method, code, started.elapsed().as_secs_f64());
-            result
-        })
     }
 }

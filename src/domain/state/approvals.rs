@@ -40,6 +40,6 @@ impl State {
         reviewer: &str,
         note: String,
     ) -> Result<ApprovalEvent> {
-        self.ledger.decide(id, verdict, reviewer, note, policy, now)
+        self.ledger.review(id, verdict, reviewer, note, policy, now)
     }
 }
