@@ -24,19 +24,15 @@
 //! - [`overload`]: load shedding, request timeout and message-size status layer.
 //! - [`connections`]: the accept loop, connection caps and handshake/write deadlines.
 //! - [`server`]: assembles services, health and reflection; `serve`.
-//! - [`cli`]: the command line (`serve`, `canonical`, `fingerprint`, `manifest`).
-//! - [`admin`]: the reviewer/operator clients (`approvals`, `pins`, `resource`) and `check-config`.
 //! - `fuzzing` (hidden): the fuzz harnesses shared by `tests/fuzz/` and `tests/fuzz_regressions.rs`.
 //! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
 #![forbid(unsafe_code)]
 // Server code never unwraps what a client can influence; tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod admin;
 pub mod audit;
 pub mod auth;
 pub mod canonical;
-pub mod cli;
 pub mod clock;
 pub mod connections;
 pub mod dispatch;

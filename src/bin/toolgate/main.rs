@@ -15,26 +15,40 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
+use crate::args::{Cli, Command, LogFormat, ManifestCommand, ServeArgs};
+
 use toolgate::audit;
 use toolgate::audit::{AuditFormat, AuditLayer};
 use toolgate::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
 
-use toolgate::cli::{Cli, Command, LogFormat, ServeArgs};
 use toolgate::clock::SystemClock;
 use toolgate::engine::Engine;
 use toolgate::policy::{CredentialKind, Policy};
+
+mod approvals;
+mod args;
+mod assess;
+mod check_config;
+mod client;
+mod offline;
+mod output;
+mod pins;
+mod resource;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Canonical(input) => toolgate::cli::run_json_tool(&input, false),
-        Command::Fingerprint(input) => toolgate::cli::run_json_tool(&input, true),
-        Command::Manifest(command) => toolgate::cli::run_manifest(&command),
-        Command::Approvals(args) => toolgate::admin::run_approvals(args),
-        Command::Pins(args) => toolgate::admin::run_pins(args),
-        Command::Resource(args) => toolgate::admin::run_resource(args),
-        Command::CheckConfig(args) => toolgate::admin::run_check_config(&args),
+        Command::Canonical(input) => offline::run_json_tool(&input, false),
+        Command::Fingerprint(input) => offline::run_json_tool(&input, true),
+        Command::Manifest(ManifestCommand::Fingerprint(args)) => {
+            offline::run_manifest_fingerprint(&args)
+        }
+        Command::Manifest(ManifestCommand::Assess(args)) => assess::run_manifest_assess(&args),
+        Command::Approvals(args) => approvals::run_approvals(args),
+        Command::Pins(args) => pins::run_pins(args),
+        Command::Resource(args) => resource::run_resource(args),
+        Command::CheckConfig(args) => check_config::run_check_config(&args),
     }
 }
 
