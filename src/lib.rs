@@ -24,6 +24,8 @@
 //! - [`overload`]: load shedding, request timeout and message-size status layer.
 //! - [`connections`]: the accept loop, connection caps and handshake/write deadlines.
 //! - [`server`]: assembles services, health and reflection; `serve`.
+//! - [`reload`]: reloading the policy file on SIGHUP.
+//! - [`bootstrap`]: the embedded default policy's one-time reviewer token.
 //! - `fuzzing` (hidden): the fuzz harnesses shared by `tests/fuzz/` and `tests/fuzz_regressions.rs`.
 //! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
 #![forbid(unsafe_code)]
@@ -32,6 +34,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod bootstrap;
 pub mod canonical;
 pub mod clock;
 pub mod connections;
@@ -49,6 +52,7 @@ pub mod metrics;
 pub mod overload;
 pub mod policy;
 pub mod proposal;
+pub mod reload;
 pub mod server;
 pub mod session;
 pub mod state;

@@ -1,0 +1,196 @@
+//! `toolgate serve`: logging set up from the command line, the policy
+//! loaded and checked against the listen address ([`Policy::check_listen`],
+//! the non-loopback guard), the listeners bound, SIGHUP reload
+//! ([`reload`]) and, on the embedded policy, the reviewer token
+//! ([`bootstrap`]); then the library's server until SIGTERM or Ctrl-C.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::prelude::*;
+
+use toolgate::audit::{self, AuditFormat, AuditLayer};
+use toolgate::clock::SystemClock;
+use toolgate::engine::Engine;
+use toolgate::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
+use toolgate::policy::Policy;
+use toolgate::{bootstrap, reload};
+
+use crate::args::{LogFormat, ServeArgs};
+
+/// Logs go to stderr through a background writer ([`logwriter`]), so a
+/// Decide never waits for a `write` system call. It is not lossy: when its
+/// buffer is full, callers wait rather than drop audit events. The guard
+/// writes what is left at exit. Audit events have their own formatter
+/// ([`AuditLayer`]); `RUST_LOG` filters both. `--log-file` writes to a file
+/// rotated by size instead.
+fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
+    let format = args.log_format;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let stall_after = std::time::Duration::from_secs(args.log_stall_seconds);
+    let (writer, guard) = match &args.log_file {
+        Some(path) => logwriter::spawn_with(
+            RotatingFile::open(
+                path,
+                args.log_max_bytes,
+                usize::try_from(args.log_max_files).unwrap_or(usize::MAX),
+            )?,
+            logwriter::CAPACITY,
+            logwriter::HARD_CAPACITY,
+            stall_after,
+        )?,
+        None => logwriter::spawn_with(
+            std::io::stderr(),
+            logwriter::CAPACITY,
+            logwriter::HARD_CAPACITY,
+            stall_after,
+        )?,
+    };
+    let sink = writer.status();
+    let ansi = args.log_file.is_none() && std::io::stderr().is_terminal();
+    // Both layers are filtered by target, so that a callsite neither wants
+    // (h2's trace events, say) stays disabled once and for all instead of
+    // being asked about on every event.
+    let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET);
+    let only_audit = filter_fn(|metadata| metadata.target() == audit::TARGET);
+    let logs = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
+        .with_writer(writer.clone());
+    let registry = tracing_subscriber::registry().with(filter);
+    match format {
+        LogFormat::Text => registry
+            .with(logs.with_filter(not_audit))
+            .with(AuditLayer::new(writer, AuditFormat::Text).with_filter(only_audit))
+            .init(),
+        LogFormat::Json => registry
+            .with(logs.json().flatten_event(true).with_filter(not_audit))
+            .with(AuditLayer::new(writer, AuditFormat::Json).with_filter(only_audit))
+            .init(),
+    }
+    Ok((guard, sink))
+}
+
+/// `toolgate serve`.
+pub fn serve(args: ServeArgs) -> ExitCode {
+    let (_flush_logs_at_exit, log_sink) = match init_tracing(&args) {
+        Ok(started) => started,
+        Err(error) => {
+            eprintln!("toolgate: cannot start the log writer: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let policy = match &args.config {
+        Some(path) => Policy::load(path),
+        None => Policy::embedded_default(),
+    };
+    let policy = match policy {
+        Ok(policy) => policy,
+        Err(error) => {
+            tracing::error!(%error, "cannot load policy");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(refusal) = policy.check_listen(args.listen) {
+        tracing::error!(listen = %args.listen, "{refusal}");
+        return ExitCode::FAILURE;
+    }
+    let engine = Engine::new(policy, Arc::new(SystemClock));
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        // Everything that can fail is done before anything is announced, so
+        // that a busy port prints `cannot bind` and nothing else: no token,
+        // no `listening on` for a server that is about to exit.
+        let listener = match TcpListener::bind(args.listen).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                tracing::error!(%error, listen = %args.listen, "cannot bind");
+                return ExitCode::FAILURE;
+            }
+        };
+        let metrics = match args.metrics_listen {
+            None => None,
+            Some(address) => match TcpListener::bind(address).await {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        // SIGHUP is caught from before the address is announced: a reload
+        // sent right after `listening on` must not kill the process.
+        if let Some(path) = &args.config
+            && let Err(error) = reload::reload_on_sighup(engine.clone(), path.clone(), args.listen)
+        {
+            tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
+        }
+        if args.config.is_none()
+            && let Some(token) = bootstrap::reviewer_token(&engine)
+        {
+            // Once, to stderr, never through tracing: tokens stay out of logs.
+            eprintln!(
+                "toolgate: reviewer token for {:?} (embedded policy, valid until exit): {token}",
+                bootstrap::REVIEWER
+            );
+        }
+        let local = listener
+            .local_addr()
+            .map(|addr| addr.to_string())
+            .unwrap_or_default();
+        tracing::info!(listen = %local, policy_revision = %engine.policy().revision, "toolgate serving");
+        // One machine-readable line for scripts that start toolgate on port 0.
+        println!("toolgate listening on {local}");
+        if let Some(metrics) = &metrics {
+            let local = metrics.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
+            tracing::info!(metrics_listen = %local, "serving /metrics");
+            println!("toolgate metrics on {local}");
+        }
+        let listeners = toolgate::server::Listeners {
+            grpc: listener,
+            metrics,
+        };
+        let options = toolgate::server::ServeOptions {
+            log_sink: Some(log_sink),
+        };
+        match toolgate::server::serve_with_options(listeners, engine, options, shutdown_signal())
+            .await
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!(%error, "server failed");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let terminate = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+}
