@@ -12,7 +12,9 @@
 //! - [`ops`]: what an operator runs it with: audit events, the log writer,
 //!   the metrics registry.
 //! - [`engine`]: `Engine`, the handle every RPC goes through: the state behind
-//!   its lock, the policy snapshot, the clock, approval events, reload.
+//!   its lock, the policy snapshot, the clock, approval events; policy reload
+//!   on SIGHUP ([`reload`]) and the default policy's bootstrap token
+//!   ([`bootstrap`]).
 //! - `edge` (private): the gRPC edge: handlers, conversions, the one
 //!   error-to-status map, authentication, overload, the metrics layer, the
 //!   accept loop and [`serve`](server::serve).
@@ -25,10 +27,6 @@
 // Server code never unwraps what a client can influence; tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
-#[doc(hidden)]
-pub mod admin;
-#[doc(hidden)]
-pub mod cli;
 pub mod domain;
 mod edge;
 pub mod engine;
@@ -41,6 +39,7 @@ pub use domain::{
     state,
 };
 pub use edge::server;
+pub use engine::{bootstrap, reload};
 pub use ops::{audit, logwriter, metrics};
 
 /// Generated code for package `toolgate.v1`.

@@ -8,6 +8,9 @@
 //! readers clone the `Arc` (a snapshot) and release the lock at once; a
 //! reload swaps the whole `Arc`.
 
+pub mod bootstrap;
+pub mod reload;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 

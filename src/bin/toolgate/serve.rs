@@ -1,42 +1,27 @@
-//! The `toolgate` binary: parse the command line, set up tracing, load the
-//! policy, bind, serve. Everything else lives in the library.
-
-#![warn(clippy::unwrap_used, clippy::expect_used)]
+//! `toolgate serve`: logging set up from the command line, the policy
+//! loaded and checked against the listen address ([`Policy::check_listen`],
+//! the non-loopback guard), the listeners bound, SIGHUP reload
+//! ([`reload`]) and, on the embedded policy, the reviewer token
+//! ([`bootstrap`]); then the library's server until SIGTERM or Ctrl-C.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use tokio::net::TcpListener;
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
-use toolgate::audit;
-use toolgate::audit::{AuditFormat, AuditLayer};
-use toolgate::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
-
-use toolgate::cli::{Cli, Command, LogFormat, ServeArgs};
+use toolgate::audit::{self, AuditFormat, AuditLayer};
 use toolgate::clock::SystemClock;
 use toolgate::engine::Engine;
-use toolgate::policy::{CredentialKind, Policy};
+use toolgate::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
+use toolgate::policy::Policy;
+use toolgate::{bootstrap, reload};
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Serve(args) => serve(args),
-        Command::Canonical(input) => toolgate::cli::run_json_tool(&input, false),
-        Command::Fingerprint(input) => toolgate::cli::run_json_tool(&input, true),
-        Command::Manifest(command) => toolgate::cli::run_manifest(&command),
-        Command::Approvals(args) => toolgate::admin::run_approvals(args),
-        Command::Pins(args) => toolgate::admin::run_pins(args),
-        Command::Resource(args) => toolgate::admin::run_resource(args),
-        Command::CheckConfig(args) => toolgate::admin::run_check_config(&args),
-    }
-}
+use crate::args::{LogFormat, ServeArgs};
 
 /// Logs go to stderr through a background writer ([`logwriter`]), so a
 /// Decide never waits for a `write` system call. It is not lossy: when its
@@ -90,7 +75,8 @@ fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
     Ok((guard, sink))
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
+/// `toolgate serve`.
+pub fn serve(args: ServeArgs) -> ExitCode {
     let (_flush_logs_at_exit, log_sink) = match init_tracing(&args) {
         Ok(started) => started,
         Err(error) => {
@@ -144,18 +130,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         // SIGHUP is caught from before the address is announced: a reload
         // sent right after `listening on` must not kill the process.
-        let hangups = match &args.config {
-            Some(path) => match signal(SignalKind::hangup()) {
-                Ok(hangups) => Some((hangups, path.clone())),
-                Err(error) => {
-                    tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
-                    None
-                }
-            },
-            None => None,
-        };
-        if args.config.is_none() && !engine.has_credentials(CredentialKind::Reviewer) {
-            let token = bootstrap::reviewer_token(&engine);
+        if let Some(path) = &args.config
+            && let Err(error) = reload::reload_on_sighup(engine.clone(), path.clone(), args.listen)
+        {
+            tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
+        }
+        if args.config.is_none()
+            && let Some(token) = bootstrap::reviewer_token(&engine)
+        {
             // Once, to stderr, never through tracing: tokens stay out of logs.
             eprintln!(
                 "toolgate: reviewer token for {:?} (embedded policy, valid until exit): {token}",
@@ -173,9 +155,6 @@ fn serve(args: ServeArgs) -> ExitCode {
             let local = metrics.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
             tracing::info!(metrics_listen = %local, "serving /metrics");
             println!("toolgate metrics on {local}");
-        }
-        if let Some((hangups, path)) = hangups {
-            tokio::spawn(reload_on_hangup(engine.clone(), path, args.listen, hangups));
         }
         let listeners = toolgate::server::Listeners {
             grpc: listener,
@@ -214,66 +193,4 @@ async fn shutdown_signal() {
         () = terminate => {}
     }
     tracing::info!("shutting down");
-}
-
-/// Reloads the policy file on SIGHUP. A file that does not load, or one the
-/// reload decision ([`Engine::reload`]) refuses, keeps the old policy and is
-/// reported at WARN.
-async fn reload_on_hangup(
-    engine: Engine,
-    path: PathBuf,
-    listen: std::net::SocketAddr,
-    mut hangups: Signal,
-) {
-    while hangups.recv().await.is_some() {
-        let load_path = path.to_path_buf();
-        match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
-            Ok(Ok(policy)) => {
-                if let Err(refusal) = engine.reload(policy, listen) {
-                    toolgate::audit_warn!(
-                        "policy_reload_failed",
-                        error = %refusal,
-                        kept_revision = %engine.policy().revision,
-                    );
-                }
-            }
-            Ok(Err(error)) => toolgate::audit_warn!(
-                "policy_reload_failed",
-                %error,
-                kept_revision = %engine.policy().revision,
-            ),
-            Err(error) => toolgate::audit_warn!(
-                "policy_reload_failed",
-                %error,
-                kept_revision = %engine.policy().revision,
-            ),
-        }
-    }
-}
-
-mod bootstrap {
-    use rand::RngCore;
-    use toolgate::canonical::Fingerprint;
-    use toolgate::engine::Engine;
-    use toolgate::policy::{Credential, CredentialKind};
-
-    /// The embedded default policy's reviewer.
-    pub const REVIEWER: &str = "admin";
-
-    /// Makes a random reviewer token for the embedded policy's reviewer and
-    /// registers its digest; returns the token.
-    pub fn reviewer_token(engine: &Engine) -> String {
-        let mut bytes = [0u8; 32];
-        rand::rng().fill_bytes(&mut bytes);
-        let token = format!("tgr_{}", hex::encode(bytes));
-        engine.add_runtime_credential(
-            Fingerprint::of_bytes(token.as_bytes()),
-            Credential {
-                kind: CredentialKind::Reviewer,
-                identity: REVIEWER.to_string(),
-                actors: Vec::new(),
-            },
-        );
-        token
-    }
 }
