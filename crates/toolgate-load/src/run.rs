@@ -97,7 +97,7 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
         .unwrap_or_else(|| load_bin.with_file_name("toolgate"));
     if !toolgate_bin.exists() {
         return Err(format!(
-            "no toolgate binary at {} (cargo build --release --bin toolgate --bin toolgate-load, or --toolgate-bin)",
+            "no toolgate binary at {} (cargo build --release -p toolgate --bin toolgate, or --toolgate-bin)",
             toolgate_bin.display()
         )
         .into());

@@ -28,22 +28,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-// A binary's root looks for modules beside it, not in a folder of its name.
-#[path = "toolgate-load/baseline.rs"]
 mod baseline;
-#[path = "toolgate-load/load.rs"]
 mod load;
-#[path = "toolgate-load/policies.rs"]
 mod policies;
-#[path = "toolgate-load/report.rs"]
 mod report;
-#[path = "toolgate-load/run.rs"]
 mod run;
-#[path = "toolgate-load/scaling.rs"]
 mod scaling;
-#[path = "toolgate-load/scenarios.rs"]
 mod scenarios;
-#[path = "toolgate-load/servers.rs"]
 mod servers;
 
 pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -123,7 +114,8 @@ pub struct RunArgs {
     /// Worker-thread counts compared in the workers figures, comma-separated.
     #[arg(long, default_value = "1,2")]
     pub worker_counts: String,
-    /// The toolgate binary (default: `toolgate` next to this one).
+    /// The toolgate binary (default: `toolgate` next to this one, so
+    /// target/release/toolgate for target/release/toolgate-load).
     #[arg(long)]
     pub toolgate_bin: Option<PathBuf>,
     /// Append the servers' stderr (logs, audit events) to this file
