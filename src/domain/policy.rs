@@ -590,6 +590,10 @@ impl Policy {
 
     /// Parses and validates policy text. `base_dir` resolves relative paths
     /// (manifest files); without one they are refused.
+    ///
+    /// Sections are checked in this order, and the first error wins:
+    /// limits, actors, profiles, state, tools, reviewers, credentials, pins,
+    /// server; then how hosts authenticate.
     pub fn parse(
         text: &str,
         source_name: &str,
@@ -600,109 +604,13 @@ impl Policy {
             base_dir,
         };
         let raw: RawPolicy = decode(&loader, text)?;
-        let host_credentials = raw
-            .credentials
-            .iter()
-            .filter(|credential| credential.kind == CredentialKind::Host)
-            .count();
-        let limits = limits(&loader, raw.limits, host_credentials)?;
-        let profiles = raw.profiles;
-        let mut actors = HashMap::new();
-        for (name, actor) in raw.actors {
-            let key = format!("actors.{name}");
-            loader.identifier(&key, &name)?;
-            let Some(profile) = profiles.get(&actor.profile) else {
-                return Err(loader.error(
-                    format!("{key}.profile"),
-                    format!("no profile {:?} in [profiles]", actor.profile),
-                ));
-            };
-            actors.insert(
-                name.clone(),
-                ActorProfile {
-                    actor: name,
-                    profile: actor.profile.clone(),
-                    roles: profile.roles.clone(),
-                    approval_threshold: profile.approval_threshold,
-                    max_decisions: profile.max_decisions,
-                    max_tool_calls: profile.max_tool_calls,
-                    max_session_seconds: profile.max_session_seconds,
-                },
-            );
-        }
-        for (name, profile) in &profiles {
-            if let Some(threshold) = profile.approval_threshold
-                && !threshold.is_finite()
-            {
-                return Err(loader.error(
-                    format!("profiles.{name}.approval_threshold"),
-                    "must be a finite number",
-                ));
-            }
-        }
+        let limits = limits(&loader, raw.limits, host_credential_count(&raw.credentials))?;
+        let actors = actors(&loader, raw.actors, &raw.profiles)?;
+        check_profiles(&loader, &raw.profiles)?;
         let state = state_policy(&loader, raw.state)?;
-        let mut tools = HashMap::new();
-        for (name, raw_tool) in raw.tools {
-            let tool = tool(&loader, name.clone(), raw_tool, &state)?;
-            tools.insert(name, tool);
-        }
-        let mut reviewers = HashMap::new();
-        for (identity, raw_reviewer) in raw.reviewers {
-            let key = format!("reviewers.{identity}");
-            loader.identifier(&key, &identity)?;
-            if raw_reviewer.workspaces.is_empty() {
-                return Err(loader.error(
-                    format!("{key}.workspaces"),
-                    "must name at least one workspace (or \"*\")",
-                ));
-            }
-            reviewers.insert(
-                identity.clone(),
-                Reviewer {
-                    identity,
-                    roles: raw_reviewer.roles,
-                    workspaces: raw_reviewer.workspaces,
-                    see_all: raw_reviewer.see_all,
-                },
-            );
-        }
-        let mut credentials = HashMap::new();
-        for (index, raw_credential) in raw.credentials.into_iter().enumerate() {
-            let key = |field: &str| format!("credentials[{index}].{field}");
-            loader.identifier(&key("identity"), &raw_credential.identity)?;
-            let digest = Fingerprint::from_hex(&raw_credential.sha256).ok_or_else(|| {
-                loader.error(
-                    key("sha256"),
-                    "must be the 64-hex-digit SHA-256 digest of the token",
-                )
-            })?;
-            match raw_credential.kind {
-                CredentialKind::Host if raw_credential.actors.is_empty() => {
-                    return Err(loader.error(
-                        key("actors"),
-                        "a host credential must list the actors it may assert (or \"*\")",
-                    ));
-                }
-                CredentialKind::Reviewer if !raw_credential.actors.is_empty() => {
-                    return Err(loader.error(key("actors"), "only host credentials assert actors"));
-                }
-                CredentialKind::Reviewer if !reviewers.contains_key(&raw_credential.identity) => {
-                    return Err(loader.error(
-                        key("identity"),
-                        format!("no reviewer {:?} in [reviewers]", raw_credential.identity),
-                    ));
-                }
-                _ => {}
-            }
-            let credential = Credential {
-                kind: raw_credential.kind,
-                identity: raw_credential.identity,
-                actors: raw_credential.actors,
-            };
-            if credentials.insert(digest, Arc::new(credential)).is_some() {
-                return Err(loader.error(key("sha256"), "the same token digest is listed twice"));
-            }
-        }
+        let tools = tools(&loader, raw.tools, &state)?;
+        let reviewers = reviewers(&loader, raw.reviewers)?;
+        let credentials = credentials(&loader, raw.credentials, &reviewers)?;
         let pins = pins(&loader, raw.pins)?;
         let open_host_api = raw.server.open_host_api;
         let server = server_settings(&loader, raw.server)?;
@@ -723,6 +631,167 @@ impl Policy {
         policy.warnings = policy.dangling_names();
         Ok(policy)
     }
+}
+
+/// Host credentials decide the default per-host shares of the limits.
+fn host_credential_count(credentials: &[RawCredential]) -> usize {
+    credentials
+        .iter()
+        .filter(|credential| credential.kind == CredentialKind::Host)
+        .count()
+}
+
+/// `[actors]`: each actor named by an identifier, with a profile from
+/// `[profiles]` whose settings it takes.
+fn actors(
+    loader: &Loader<'_>,
+    raw_actors: BTreeMap<String, RawActor>,
+    profiles: &BTreeMap<String, RawProfile>,
+) -> Result<HashMap<String, ActorProfile>, PolicyError> {
+    let mut actors = HashMap::new();
+    for (name, actor) in raw_actors {
+        let key = format!("actors.{name}");
+        loader.identifier(&key, &name)?;
+        let Some(profile) = profiles.get(&actor.profile) else {
+            return Err(loader.error(
+                format!("{key}.profile"),
+                format!("no profile {:?} in [profiles]", actor.profile),
+            ));
+        };
+        actors.insert(
+            name.clone(),
+            ActorProfile {
+                actor: name,
+                profile: actor.profile,
+                roles: profile.roles.clone(),
+                approval_threshold: profile.approval_threshold,
+                max_decisions: profile.max_decisions,
+                max_tool_calls: profile.max_tool_calls,
+                max_session_seconds: profile.max_session_seconds,
+            },
+        );
+    }
+    Ok(actors)
+}
+
+/// `[profiles]`: an approval threshold is a finite number (checked for
+/// every profile, used by an actor or not).
+fn check_profiles(
+    loader: &Loader<'_>,
+    profiles: &BTreeMap<String, RawProfile>,
+) -> Result<(), PolicyError> {
+    for (name, profile) in profiles {
+        if let Some(threshold) = profile.approval_threshold
+            && !threshold.is_finite()
+        {
+            return Err(loader.error(
+                format!("profiles.{name}.approval_threshold"),
+                "must be a finite number",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `[tools]`, each checked against the declared state (for its effect).
+fn tools(
+    loader: &Loader<'_>,
+    raw_tools: BTreeMap<String, RawTool>,
+    state: &StatePolicy,
+) -> Result<HashMap<String, Tool>, PolicyError> {
+    let mut tools = HashMap::new();
+    for (name, raw_tool) in raw_tools {
+        let tool = tool(loader, name.clone(), raw_tool, state)?;
+        tools.insert(name, tool);
+    }
+    Ok(tools)
+}
+
+/// `[reviewers]`: each named by an identifier, acting in at least one
+/// workspace.
+fn reviewers(
+    loader: &Loader<'_>,
+    raw_reviewers: BTreeMap<String, RawReviewer>,
+) -> Result<HashMap<String, Reviewer>, PolicyError> {
+    let mut reviewers = HashMap::new();
+    for (identity, raw_reviewer) in raw_reviewers {
+        let key = format!("reviewers.{identity}");
+        loader.identifier(&key, &identity)?;
+        if raw_reviewer.workspaces.is_empty() {
+            return Err(loader.error(
+                format!("{key}.workspaces"),
+                "must name at least one workspace (or \"*\")",
+            ));
+        }
+        reviewers.insert(
+            identity.clone(),
+            Reviewer {
+                identity,
+                roles: raw_reviewer.roles,
+                workspaces: raw_reviewer.workspaces,
+                see_all: raw_reviewer.see_all,
+            },
+        );
+    }
+    Ok(reviewers)
+}
+
+/// `[[credentials]]`, by token digest; a digest is listed once.
+fn credentials(
+    loader: &Loader<'_>,
+    raw_credentials: Vec<RawCredential>,
+    reviewers: &HashMap<String, Reviewer>,
+) -> Result<HashMap<Fingerprint, Arc<Credential>>, PolicyError> {
+    let mut credentials = HashMap::new();
+    for (index, raw_credential) in raw_credentials.into_iter().enumerate() {
+        let key = |field: &str| format!("credentials[{index}].{field}");
+        let (digest, credential) = credential(loader, &key, raw_credential, reviewers)?;
+        if credentials.insert(digest, Arc::new(credential)).is_some() {
+            return Err(loader.error(key("sha256"), "the same token digest is listed twice"));
+        }
+    }
+    Ok(credentials)
+}
+
+/// One credential: an identifier, a SHA-256 digest, and actors for a host
+/// only (at least one); a reviewer credential names a declared reviewer.
+fn credential(
+    loader: &Loader<'_>,
+    key: &impl Fn(&str) -> String,
+    raw: RawCredential,
+    reviewers: &HashMap<String, Reviewer>,
+) -> Result<(Fingerprint, Credential), PolicyError> {
+    loader.identifier(&key("identity"), &raw.identity)?;
+    let digest = Fingerprint::from_hex(&raw.sha256).ok_or_else(|| {
+        loader.error(
+            key("sha256"),
+            "must be the 64-hex-digit SHA-256 digest of the token",
+        )
+    })?;
+    match raw.kind {
+        CredentialKind::Host if raw.actors.is_empty() => {
+            return Err(loader.error(
+                key("actors"),
+                "a host credential must list the actors it may assert (or \"*\")",
+            ));
+        }
+        CredentialKind::Reviewer if !raw.actors.is_empty() => {
+            return Err(loader.error(key("actors"), "only host credentials assert actors"));
+        }
+        CredentialKind::Reviewer if !reviewers.contains_key(&raw.identity) => {
+            return Err(loader.error(
+                key("identity"),
+                format!("no reviewer {:?} in [reviewers]", raw.identity),
+            ));
+        }
+        _ => {}
+    }
+    let credential = Credential {
+        kind: raw.kind,
+        identity: raw.identity,
+        actors: raw.actors,
+    };
+    Ok((digest, credential))
 }
 
 impl Policy {
