@@ -1096,6 +1096,8 @@ fn limits(
     })
 }
 
+/// One tool: who may call it, when it needs approval and by whom, the
+/// schema of its arguments, and its effect.
 fn tool(
     loader: &Loader<'_>,
     name: String,
@@ -1110,80 +1112,12 @@ fn tool(
             "must list the actor roles that may call the tool",
         ));
     }
-    let approval = match (raw.approval.as_str(), raw.threshold_argument) {
-        ("never", None) => ApprovalRule::Never,
-        ("always", None) => ApprovalRule::Always,
-        ("threshold", Some(argument)) => ApprovalRule::Threshold { argument },
-        ("threshold", None) => {
-            return Err(loader.error(
-                format!("{key}.threshold_argument"),
-                "is required with approval = \"threshold\"",
-            ));
-        }
-        ("never" | "always", Some(_)) => {
-            return Err(loader.error(
-                format!("{key}.threshold_argument"),
-                "is only used with approval = \"threshold\"",
-            ));
-        }
-        (other, _) => {
-            return Err(loader.error(
-                format!("{key}.approval"),
-                format!("must be \"never\", \"always\" or \"threshold\", not {other:?}"),
-            ));
-        }
-    };
-    if approval != ApprovalRule::Never {
-        if raw.mode != Mode::Execute {
-            return Err(loader.error(
-                format!("{key}.approval"),
-                "only tools of mode \"execute\" can require approval",
-            ));
-        }
-        if raw.approvers.is_empty() {
-            return Err(loader.error(
-                format!("{key}.approvers"),
-                "must list the reviewer roles that may approve the tool",
-            ));
-        }
-    }
+    let approval = approval_rule(loader, &key, &raw.approval, raw.threshold_argument)?;
+    check_approval_gate(loader, &key, &approval, raw.mode, &raw.approvers)?;
     if let Some(server) = &raw.server {
         loader.server_id(&format!("{key}.server"), server)?;
     }
-    let schema_json = match raw.input_schema {
-        None => serde_json::json!({"type": "object"}),
-        Some(toml::Value::String(text)) => serde_json::from_str(&text).map_err(|error| {
-            loader.error(format!("{key}.input_schema"), format!("not JSON: {error}"))
-        })?,
-        Some(value) => toml_to_json(&value, "")
-            .map_err(|error| loader.error(format!("{key}.input_schema"), error))?,
-    };
-    if !schema_json.is_object() {
-        return Err(loader.error(
-            format!("{key}.input_schema"),
-            "must be a JSON Schema object",
-        ));
-    }
-    let input_schema = jsonschema::validator_for(&schema_json).map_err(|error| {
-        // The schema is the instance its meta-schema checks: the instance
-        // path is the JSON pointer inside the schema.
-        let message = match error.kind() {
-            jsonschema::error::ValidationErrorKind::Referencing(_) => {
-                match outside_reference(&schema_json, "") {
-                    Some((pointer, target)) => format!(
-                        "invalid JSON Schema at {pointer}: cannot resolve {target:?}: \
-                         only references inside the schema (\"#/...\") are followed"
-                    ),
-                    None => format!("invalid JSON Schema: {error}"),
-                }
-            }
-            _ => match error.instance_path().as_str() {
-                "" => format!("invalid JSON Schema: {error}"),
-                pointer => format!("invalid JSON Schema at {pointer}: {error}"),
-            },
-        };
-        loader.error(format!("{key}.input_schema"), message)
-    })?;
+    let input_schema = input_schema(loader, &key, raw.input_schema)?;
     let effect = effect(loader, &key, raw.effect, state)?;
     if effect != Effect::None && raw.mode != Mode::Execute {
         return Err(loader.error(
@@ -1203,6 +1137,113 @@ fn tool(
         cost: raw.cost,
         effect,
     })
+}
+
+/// `approval = "never" | "always" | "threshold"`; a threshold names its
+/// argument, and only a threshold does.
+fn approval_rule(
+    loader: &Loader<'_>,
+    key: &str,
+    approval: &str,
+    threshold_argument: Option<String>,
+) -> Result<ApprovalRule, PolicyError> {
+    match (approval, threshold_argument) {
+        ("never", None) => Ok(ApprovalRule::Never),
+        ("always", None) => Ok(ApprovalRule::Always),
+        ("threshold", Some(argument)) => Ok(ApprovalRule::Threshold { argument }),
+        ("threshold", None) => Err(loader.error(
+            format!("{key}.threshold_argument"),
+            "is required with approval = \"threshold\"",
+        )),
+        ("never" | "always", Some(_)) => Err(loader.error(
+            format!("{key}.threshold_argument"),
+            "is only used with approval = \"threshold\"",
+        )),
+        (other, _) => Err(loader.error(
+            format!("{key}.approval"),
+            format!("must be \"never\", \"always\" or \"threshold\", not {other:?}"),
+        )),
+    }
+}
+
+/// A tool that can require approval executes, and names the reviewer roles
+/// that may give it.
+fn check_approval_gate(
+    loader: &Loader<'_>,
+    key: &str,
+    approval: &ApprovalRule,
+    mode: Mode,
+    approvers: &[String],
+) -> Result<(), PolicyError> {
+    if *approval == ApprovalRule::Never {
+        return Ok(());
+    }
+    if mode != Mode::Execute {
+        return Err(loader.error(
+            format!("{key}.approval"),
+            "only tools of mode \"execute\" can require approval",
+        ));
+    }
+    if approvers.is_empty() {
+        return Err(loader.error(
+            format!("{key}.approvers"),
+            "must list the reviewer roles that may approve the tool",
+        ));
+    }
+    Ok(())
+}
+
+/// `input_schema`: a JSON Schema object (a TOML table, or JSON text in a
+/// string; `{"type": "object"}` when absent), compiled once here.
+fn input_schema(
+    loader: &Loader<'_>,
+    key: &str,
+    raw: Option<toml::Value>,
+) -> Result<jsonschema::Validator, PolicyError> {
+    let schema_json = match raw {
+        None => serde_json::json!({"type": "object"}),
+        Some(toml::Value::String(text)) => serde_json::from_str(&text).map_err(|error| {
+            loader.error(format!("{key}.input_schema"), format!("not JSON: {error}"))
+        })?,
+        Some(value) => toml_to_json(&value, "")
+            .map_err(|error| loader.error(format!("{key}.input_schema"), error))?,
+    };
+    if !schema_json.is_object() {
+        return Err(loader.error(
+            format!("{key}.input_schema"),
+            "must be a JSON Schema object",
+        ));
+    }
+    jsonschema::validator_for(&schema_json).map_err(|error| {
+        loader.error(
+            format!("{key}.input_schema"),
+            schema_error_message(&schema_json, &error),
+        )
+    })
+}
+
+/// Why a schema does not compile, with the JSON pointer inside the schema.
+/// The schema is the instance its meta-schema checks: the instance path is
+/// that pointer.
+fn schema_error_message(
+    schema_json: &serde_json::Value,
+    error: &jsonschema::ValidationError<'_>,
+) -> String {
+    match error.kind() {
+        jsonschema::error::ValidationErrorKind::Referencing(_) => {
+            match outside_reference(schema_json, "") {
+                Some((pointer, target)) => format!(
+                    "invalid JSON Schema at {pointer}: cannot resolve {target:?}: \
+                     only references inside the schema (\"#/...\") are followed"
+                ),
+                None => format!("invalid JSON Schema: {error}"),
+            }
+        }
+        _ => match error.instance_path().as_str() {
+            "" => format!("invalid JSON Schema: {error}"),
+            pointer => format!("invalid JSON Schema at {pointer}: {error}"),
+        },
+    }
 }
 
 fn effect(
