@@ -1369,6 +1369,7 @@ fn state_policy(loader: &Loader<'_>, raw: RawState) -> Result<StatePolicy, Polic
     })
 }
 
+/// `[[pins]]`: one pin per server.
 fn pins(
     loader: &Loader<'_>,
     raw_pins: Vec<RawPin>,
@@ -1376,80 +1377,7 @@ fn pins(
     let mut pins = HashMap::new();
     for (index, raw_pin) in raw_pins.into_iter().enumerate() {
         let key = |field: &str| format!("pins[{index}].{field}");
-        loader.server_id(&key("server"), &raw_pin.server)?;
-        let manifest = match &raw_pin.manifest {
-            None => None,
-            Some(relative) => {
-                let Some(base) = loader.base_dir else {
-                    return Err(loader.error(
-                        key("manifest"),
-                        "a manifest file needs a policy loaded from a file",
-                    ));
-                };
-                let path = base.join(relative);
-                let bytes = std::fs::read(&path).map_err(|io| {
-                    loader.error(
-                        key("manifest"),
-                        format!("cannot read {}: {io}", path.display()),
-                    )
-                })?;
-                let manifest = Manifest::from_json(&bytes).map_err(|invalid| {
-                    loader.error(key("manifest"), format!("{}: {invalid}", path.display()))
-                })?;
-                if let Some(problem) = manifest.problems().first() {
-                    return Err(loader.error(
-                        key("manifest"),
-                        format!(
-                            "{}: an unsafe manifest cannot be pinned: {problem}",
-                            path.display()
-                        ),
-                    ));
-                }
-                if manifest.server_id != raw_pin.server {
-                    return Err(loader.error(
-                        key("manifest"),
-                        format!(
-                            "manifest is for server {:?}, not {:?}",
-                            manifest.server_id, raw_pin.server
-                        ),
-                    ));
-                }
-                Some(Arc::new(manifest))
-            }
-        };
-        let declared = match &raw_pin.fingerprint {
-            None => None,
-            Some(hex) => Some(Fingerprint::from_hex(hex).ok_or_else(|| {
-                loader.error(
-                    key("fingerprint"),
-                    "must be 64 hexadecimal characters (SHA-256)",
-                )
-            })?),
-        };
-        let fingerprint = match (declared, &manifest) {
-            (Some(declared), Some(manifest)) if declared != manifest.fingerprint() => {
-                return Err(loader.error(
-                    key("fingerprint"),
-                    format!(
-                        "does not match the manifest file, whose fingerprint is {}",
-                        manifest.fingerprint()
-                    ),
-                ));
-            }
-            (Some(declared), _) => declared,
-            (None, Some(manifest)) => manifest.fingerprint(),
-            (None, None) => {
-                return Err(loader.error(
-                    key("fingerprint"),
-                    "is required when no manifest file is given",
-                ));
-            }
-        };
-        let pin = PolicyPin {
-            server_id: raw_pin.server.clone(),
-            fingerprint,
-            manifest,
-        };
+        let pin = pin(loader, &key, &raw_pin)?;
         if pins.insert(raw_pin.server.clone(), pin).is_some() {
             return Err(loader.error(
                 key("server"),
@@ -1458,6 +1386,103 @@ fn pins(
         }
     }
     Ok(pins)
+}
+
+/// One pin: a server id, and a fingerprint, a reviewed manifest file, or
+/// both (when they agree).
+fn pin(
+    loader: &Loader<'_>,
+    key: &impl Fn(&str) -> String,
+    raw_pin: &RawPin,
+) -> Result<PolicyPin, PolicyError> {
+    loader.server_id(&key("server"), &raw_pin.server)?;
+    let manifest = match &raw_pin.manifest {
+        None => None,
+        Some(relative) => Some(Arc::new(pinned_manifest(
+            loader,
+            &key("manifest"),
+            relative,
+            &raw_pin.server,
+        )?)),
+    };
+    let fingerprint = pin_fingerprint(
+        loader,
+        &key("fingerprint"),
+        raw_pin.fingerprint.as_deref(),
+        manifest.as_deref(),
+    )?;
+    Ok(PolicyPin {
+        server_id: raw_pin.server.clone(),
+        fingerprint,
+        manifest,
+    })
+}
+
+/// The manifest file of a pin, relative to the policy file: readable, a
+/// valid manifest, safe, and for the pinned server.
+fn pinned_manifest(
+    loader: &Loader<'_>,
+    key: &str,
+    relative: &Path,
+    server: &str,
+) -> Result<Manifest, PolicyError> {
+    let Some(base) = loader.base_dir else {
+        return Err(loader.error(key, "a manifest file needs a policy loaded from a file"));
+    };
+    let path = base.join(relative);
+    let bytes = std::fs::read(&path)
+        .map_err(|io| loader.error(key, format!("cannot read {}: {io}", path.display())))?;
+    let manifest = Manifest::from_json(&bytes)
+        .map_err(|invalid| loader.error(key, format!("{}: {invalid}", path.display())))?;
+    if let Some(problem) = manifest.problems().first() {
+        return Err(loader.error(
+            key,
+            format!(
+                "{}: an unsafe manifest cannot be pinned: {problem}",
+                path.display()
+            ),
+        ));
+    }
+    if manifest.server_id != server {
+        return Err(loader.error(
+            key,
+            format!(
+                "manifest is for server {:?}, not {:?}",
+                manifest.server_id, server
+            ),
+        ));
+    }
+    Ok(manifest)
+}
+
+/// The pinned fingerprint: as declared (64 hex digits), which must match
+/// the manifest file when there is one, or else the manifest file's.
+fn pin_fingerprint(
+    loader: &Loader<'_>,
+    key: &str,
+    declared: Option<&str>,
+    manifest: Option<&Manifest>,
+) -> Result<Fingerprint, PolicyError> {
+    let declared = match declared {
+        None => None,
+        Some(hex) => Some(
+            Fingerprint::from_hex(hex)
+                .ok_or_else(|| loader.error(key, "must be 64 hexadecimal characters (SHA-256)"))?,
+        ),
+    };
+    match (declared, manifest) {
+        (Some(declared), Some(manifest)) if declared != manifest.fingerprint() => Err(loader
+            .error(
+                key,
+                format!(
+                    "does not match the manifest file, whose fingerprint is {}",
+                    manifest.fingerprint()
+                ),
+            )),
+        (Some(declared), _) => Ok(declared),
+        (None, Some(manifest)) => Ok(manifest.fingerprint()),
+        (None, None) => Err(loader.error(key, "is required when no manifest file is given")),
+    }
 }
 
 // ----- decoding errors in plain words ---------------------------------------
