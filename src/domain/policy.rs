@@ -1028,43 +1028,15 @@ fn per_host_share(
     }
 }
 
+/// `[limits]`: every cap and lifetime positive, the caps consistent with
+/// each other, and the per-host shares of the global caps.
 fn limits(
     loader: &Loader<'_>,
     raw: RawLimits,
     host_credentials: usize,
 ) -> Result<Limits, PolicyError> {
-    let positive = [
-        ("pending_ttl_seconds", raw.pending_ttl_seconds as usize),
-        ("grant_ttl_seconds", raw.grant_ttl_seconds as usize),
-        ("max_pending_per_actor", raw.max_pending_per_actor),
-        ("max_pending_total", raw.max_pending_total),
-        ("max_approval_records", raw.max_approval_records),
-        ("max_sessions", raw.max_sessions),
-        ("session_idle_seconds", raw.session_idle_seconds as usize),
-        ("receipt_capacity", raw.receipt_capacity),
-        (
-            "max_approval_argument_bytes",
-            raw.max_approval_argument_bytes,
-        ),
-        ("max_state_bytes", raw.max_state_bytes),
-    ];
-    for (key, value) in positive {
-        if value == 0 {
-            return Err(loader.error(format!("limits.{key}"), "must be greater than 0"));
-        }
-    }
-    if raw.max_approval_records < raw.max_pending_total {
-        return Err(loader.error(
-            "limits.max_approval_records",
-            "must be at least limits.max_pending_total",
-        ));
-    }
-    if raw.max_approval_argument_bytes > raw.max_state_bytes {
-        return Err(loader.error(
-            "limits.max_approval_argument_bytes",
-            "must be at most limits.max_state_bytes",
-        ));
-    }
+    check_positive_limits(loader, &raw)?;
+    check_limit_relations(loader, &raw)?;
     Ok(Limits {
         pending_ttl: Duration::from_secs(raw.pending_ttl_seconds),
         grant_ttl: Duration::from_secs(raw.grant_ttl_seconds),
@@ -1094,6 +1066,50 @@ fn limits(
             host_credentials,
         )?,
     })
+}
+
+/// Caps and lifetimes that cannot be 0 (the first one that is, in this
+/// order, is the error).
+fn check_positive_limits(loader: &Loader<'_>, raw: &RawLimits) -> Result<(), PolicyError> {
+    let positive = [
+        ("pending_ttl_seconds", raw.pending_ttl_seconds as usize),
+        ("grant_ttl_seconds", raw.grant_ttl_seconds as usize),
+        ("max_pending_per_actor", raw.max_pending_per_actor),
+        ("max_pending_total", raw.max_pending_total),
+        ("max_approval_records", raw.max_approval_records),
+        ("max_sessions", raw.max_sessions),
+        ("session_idle_seconds", raw.session_idle_seconds as usize),
+        ("receipt_capacity", raw.receipt_capacity),
+        (
+            "max_approval_argument_bytes",
+            raw.max_approval_argument_bytes,
+        ),
+        ("max_state_bytes", raw.max_state_bytes),
+    ];
+    for (key, value) in positive {
+        if value == 0 {
+            return Err(loader.error(format!("limits.{key}"), "must be greater than 0"));
+        }
+    }
+    Ok(())
+}
+
+/// Records hold at least every pending request; one request's arguments
+/// fit in the state's byte budget.
+fn check_limit_relations(loader: &Loader<'_>, raw: &RawLimits) -> Result<(), PolicyError> {
+    if raw.max_approval_records < raw.max_pending_total {
+        return Err(loader.error(
+            "limits.max_approval_records",
+            "must be at least limits.max_pending_total",
+        ));
+    }
+    if raw.max_approval_argument_bytes > raw.max_state_bytes {
+        return Err(loader.error(
+            "limits.max_approval_argument_bytes",
+            "must be at most limits.max_state_bytes",
+        ));
+    }
+    Ok(())
 }
 
 /// One tool: who may call it, when it needs approval and by whom, the
