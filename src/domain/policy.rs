@@ -3,7 +3,7 @@
 //! one. Every error names the key path and what is wrong; unknown keys are
 //! errors.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -884,47 +884,49 @@ impl Policy {
         None
     }
 
-    /// Names the policy uses that nothing in it supplies.
+    /// Names the policy uses that nothing in it supplies, sorted.
     fn dangling_names(&self) -> Vec<PolicyWarning> {
         let mut warnings = Vec::new();
-        let reviewer_roles: std::collections::HashSet<&str> = self
-            .reviewers
-            .values()
-            .flat_map(|reviewer| reviewer.roles.iter().map(String::as_str))
-            .collect();
-        let actor_roles: std::collections::HashSet<&str> = self
-            .actors
-            .values()
-            .flat_map(|actor| actor.roles.iter().map(String::as_str))
-            .collect();
+        self.unheld_roles(&mut warnings);
+        self.unpinned_servers(&mut warnings);
+        self.effects_without_state(&mut warnings);
+        self.reviewers_without_credentials(&mut warnings);
+        warnings.sort();
+        warnings
+    }
+
+    /// A tool's approver role that no reviewer holds; a role that may call
+    /// a (not forbidden) tool that no actor holds.
+    fn unheld_roles(&self, warnings: &mut Vec<PolicyWarning>) {
+        let reviewer_roles = held_roles(self.reviewers.values().map(|reviewer| &reviewer.roles));
+        let actor_roles = held_roles(self.actors.values().map(|actor| &actor.roles));
         for tool in self.tools.values() {
             let key = format!("tools.{}", tool.name);
-            let missing = |roles: &[String], held: &std::collections::HashSet<&str>| {
-                roles
-                    .iter()
-                    .filter(|role| !held.contains(role.as_str()))
-                    .map(|role| format!("{role:?}"))
-                    .collect::<Vec<_>>()
-            };
-            let unheld = missing(&tool.approvers, &reviewer_roles);
+            let unheld = missing_roles(&tool.approvers, &reviewer_roles);
             if !unheld.is_empty() {
                 warnings.push(PolicyWarning {
                     key: format!("{key}.approvers"),
                     message: format!("no reviewer holds role {}", unheld.join(", ")),
                 });
             }
-            let unheld = missing(&tool.roles, &actor_roles);
+            let unheld = missing_roles(&tool.roles, &actor_roles);
             if tool.mode != Mode::Forbidden && !unheld.is_empty() {
                 warnings.push(PolicyWarning {
                     key: format!("{key}.roles"),
                     message: format!("no actor holds role {}", unheld.join(", ")),
                 });
             }
+        }
+    }
+
+    /// A tool's server that no `[[pins]]` entry pins.
+    fn unpinned_servers(&self, warnings: &mut Vec<PolicyWarning>) {
+        for tool in self.tools.values() {
             if let Some(server) = &tool.server
                 && !self.pins.contains_key(server)
             {
                 warnings.push(PolicyWarning {
-                    key: format!("{key}.server"),
+                    key: format!("tools.{}.server", tool.name),
                     message: format!(
                         "no [[pins]] entry for server {server:?}: the tool is denied \
                          manifest-unverified until a reviewer pins it"
@@ -932,6 +934,10 @@ impl Policy {
                 });
             }
         }
+    }
+
+    /// A tool that sets a resource when the state declares none.
+    fn effects_without_state(&self, warnings: &mut Vec<PolicyWarning>) {
         for tool in self.tools.values() {
             if matches!(tool.effect, Effect::Set { .. }) && self.state.resources.is_empty() {
                 warnings.push(PolicyWarning {
@@ -940,6 +946,10 @@ impl Policy {
                 });
             }
         }
+    }
+
+    /// A reviewer with no reviewer credential to sign in with.
+    fn reviewers_without_credentials(&self, warnings: &mut Vec<PolicyWarning>) {
         for reviewer in self.reviewers.values() {
             let has_credential = self.credentials.values().any(|credential| {
                 credential.kind == CredentialKind::Reviewer
@@ -954,9 +964,21 @@ impl Policy {
                 });
             }
         }
-        warnings.sort();
-        warnings
     }
+}
+
+/// Every role in `lists`.
+fn held_roles<'a>(lists: impl Iterator<Item = &'a Vec<String>>) -> HashSet<&'a str> {
+    lists.flatten().map(String::as_str).collect()
+}
+
+/// The roles of `roles` not in `held`, quoted, in order.
+fn missing_roles(roles: &[String], held: &HashSet<&str>) -> Vec<String> {
+    roles
+        .iter()
+        .filter(|role| !held.contains(role.as_str()))
+        .map(|role| format!("{role:?}"))
+        .collect()
 }
 
 fn server_settings(loader: &Loader<'_>, raw: RawServer) -> Result<ServerSettings, PolicyError> {
