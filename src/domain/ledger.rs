@@ -435,7 +435,26 @@ impl Ledger {
     /// Creates a pending request. The caller has checked the standing
     /// (idempotency) and the capacity.
     pub fn create(&mut self, new: NewApproval, now: Timestamp, limits: &Limits) -> ApprovalEvent {
-        while self.records.len() >= limits.max_approval_records {
+        self.make_room(limits.max_approval_records);
+        let approval = pending_approval(new, now, limits);
+        self.count_pending(&approval);
+        self.deadlines.insert((approval.expires_at, approval.id));
+        self.by_request.insert((approval.requested_at, approval.id));
+        self.make_current(&approval);
+        let record_hash = self.records.hash(&approval.id);
+        self.bytes = self.bytes.saturating_add(record_bytes(&approval));
+        self.records
+            .insert_unique(record_hash, Box::new(approval.clone()));
+        ApprovalEvent {
+            kind: EventKind::Requested,
+            approval,
+        }
+    }
+
+    /// Evicts finished records, oldest first (denied ones last), until one
+    /// more record fits under `max_records` or none is left to evict.
+    fn make_room(&mut self, max_records: usize) {
+        while self.records.len() >= max_records {
             let oldest = self
                 .finished
                 .pop_first()
@@ -445,29 +464,11 @@ impl Ledger {
                 None => break,
             }
         }
-        // The byte budget counts the text's length: hold no more than that.
-        let mut arguments_view = new.arguments_view;
-        arguments_view.shrink_to_fit();
-        let approval = Approval {
-            id: Uuid::new_v4(),
-            fingerprint: new.fingerprint,
-            host: new.host,
-            actor: new.actor,
-            session_id: new.session_id,
-            workspace: new.workspace,
-            tool: new.tool,
-            call_id: new.call_id,
-            version: new.version,
-            arguments_view,
-            reason: new.reason,
-            status: ApprovalStatus::Pending,
-            requested_at: now,
-            expires_at: now.saturating_add(limits.pending_ttl),
-            decided_by: None,
-            decided_at: None,
-            decision_note: String::new(),
-            finished_at: None,
-        };
+    }
+
+    /// One pending request more for the approval's actor and host (undone
+    /// by [`decrement_pending`]).
+    fn count_pending(&mut self, approval: &Approval) {
         match self.pending_by_actor.get_mut(&approval.actor) {
             Some(count) => *count += 1,
             None => {
@@ -479,8 +480,10 @@ impl Ledger {
             .entry(approval.host.clone())
             .or_insert(0) += 1;
         self.pending_total += 1;
-        self.deadlines.insert((approval.expires_at, approval.id));
-        self.by_request.insert((approval.requested_at, approval.id));
+    }
+
+    /// Makes `approval` the latest for its (workspace, fingerprint).
+    fn make_current(&mut self, approval: &Approval) {
         let hash = current_hash(&self.current, &approval.workspace, &approval.fingerprint);
         match self.current.find_mut(hash, |current| {
             current.fingerprint == approval.fingerprint && current.workspace == approval.workspace
@@ -496,14 +499,6 @@ impl Ledger {
                     },
                 );
             }
-        }
-        let record_hash = self.records.hash(&approval.id);
-        self.bytes = self.bytes.saturating_add(record_bytes(&approval));
-        self.records
-            .insert_unique(record_hash, Box::new(approval.clone()));
-        ApprovalEvent {
-            kind: EventKind::Requested,
-            approval,
         }
     }
 
@@ -709,6 +704,34 @@ impl Ledger {
         // Only when it is still the latest for its (workspace, fingerprint).
         let current = current_hash(&self.current, &approval.workspace, &approval.fingerprint);
         self.current.remove(current, |entry| entry.id == id);
+    }
+}
+
+/// A new pending record for `new`, requested `now`, expiring after the
+/// pending TTL.
+fn pending_approval(new: NewApproval, now: Timestamp, limits: &Limits) -> Approval {
+    // The byte budget counts the text's length: hold no more than that.
+    let mut arguments_view = new.arguments_view;
+    arguments_view.shrink_to_fit();
+    Approval {
+        id: Uuid::new_v4(),
+        fingerprint: new.fingerprint,
+        host: new.host,
+        actor: new.actor,
+        session_id: new.session_id,
+        workspace: new.workspace,
+        tool: new.tool,
+        call_id: new.call_id,
+        version: new.version,
+        arguments_view,
+        reason: new.reason,
+        status: ApprovalStatus::Pending,
+        requested_at: now,
+        expires_at: now.saturating_add(limits.pending_ttl),
+        decided_by: None,
+        decided_at: None,
+        decision_note: String::new(),
+        finished_at: None,
     }
 }
 

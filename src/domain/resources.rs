@@ -289,33 +289,8 @@ impl Resources {
                 next: None,
             });
         };
-        let first = match start {
-            None => 0,
-            Some(position) if position.replaced != resource.replaced => {
-                return Err(PageError::Replaced);
-            }
-            Some(position) => usize::try_from(position.index)
-                .ok()
-                .filter(|index| *index <= items.len())
-                .ok_or(PageError::BadIndex)?,
-        };
-        let mut value_json = String::from("[");
-        let mut end = first;
-        let mut item_json = String::new();
-        for item in items.iter().skip(first).take(max_items) {
-            item_json.clear();
-            canonical::write_canonical(item, &mut item_json);
-            // `[`, `]` and a comma per item besides the text.
-            if end > first && value_json.len() + item_json.len() + 2 > max_bytes {
-                break;
-            }
-            if end > first {
-                value_json.push(',');
-            }
-            value_json.push_str(&item_json);
-            end += 1;
-        }
-        value_json.push(']');
+        let first = first_index(start, resource.replaced, items.len())?;
+        let (value_json, end) = page_items(items, first, max_items, max_bytes);
         let next = (end < items.len()).then_some(PagePosition {
             replaced: resource.replaced,
             index: end as u64,
@@ -328,6 +303,49 @@ impl Resources {
             next,
         })
     }
+}
+
+/// Where a page of a queue of `len` items starts: 0 without a position,
+/// else its index, while the queue has not been replaced since (`replaced`
+/// is the queue's count now) and the index is at most `len`.
+fn first_index(start: Option<PagePosition>, replaced: u64, len: usize) -> Result<usize, PageError> {
+    match start {
+        None => Ok(0),
+        Some(position) if position.replaced != replaced => Err(PageError::Replaced),
+        Some(position) => usize::try_from(position.index)
+            .ok()
+            .filter(|index| *index <= len)
+            .ok_or(PageError::BadIndex),
+    }
+}
+
+/// The JSON array of the items from `first` on, at most `max_items` of
+/// them and `max_bytes` bytes, but at least one; with the index after the
+/// last item taken.
+fn page_items(
+    items: &[Value],
+    first: usize,
+    max_items: usize,
+    max_bytes: usize,
+) -> (String, usize) {
+    let mut value_json = String::from("[");
+    let mut end = first;
+    let mut item_json = String::new();
+    for item in items.iter().skip(first).take(max_items) {
+        item_json.clear();
+        canonical::write_canonical(item, &mut item_json);
+        // `[`, `]` and a comma per item besides the text.
+        if end > first && value_json.len() + item_json.len() + 2 > max_bytes {
+            break;
+        }
+        if end > first {
+            value_json.push(',');
+        }
+        value_json.push_str(&item_json);
+        end += 1;
+    }
+    value_json.push(']');
+    (value_json, end)
 }
 
 /// Where the next page of a queue starts: the item index, valid while the

@@ -367,13 +367,38 @@ impl<'a> Parser<'a> {
         self.pos - start
     }
 
+    /// A number: `-`? integer part, fraction?, exponent?. With a fraction
+    /// or an exponent it is a double (finite); otherwise an integer in
+    /// [-2^63, 2^64-1]. The steps are `#[inline]`: numbers are parsed
+    /// inside the container loops.
     fn parse_number(&mut self) -> ParseResult<Number> {
         let start = self.pos;
+        let negative = self.scan_sign();
+        let int_start = self.pos;
+        self.scan_integer_part(start)?;
+        let int_end = self.pos;
+        let has_fraction = self.scan_fraction()?;
+        let has_exponent = self.scan_exponent()?;
+        if has_fraction || has_exponent {
+            return self.float_value(start);
+        }
+        int_value(&self.bytes[int_start..int_end], negative, start)
+    }
+
+    /// An optional `-`; whether there was one.
+    #[inline]
+    fn scan_sign(&mut self) -> bool {
         let negative = self.peek() == Some(b'-');
         if negative {
             self.pos += 1;
         }
-        let int_start = self.pos;
+        negative
+    }
+
+    /// `0`, or a digit 1-9 and more digits: no leading zero. `start` is
+    /// where the number (its sign) starts.
+    #[inline]
+    fn scan_integer_part(&mut self, start: usize) -> ParseResult<()> {
         match self.peek() {
             Some(b'0') => {
                 self.pos += 1;
@@ -386,70 +411,97 @@ impl<'a> Parser<'a> {
             }
             _ => return Err(self.invalid(self.pos, "expected digit")),
         }
-        let int_end = self.pos;
-        let mut is_float = false;
-        if self.peek() == Some(b'.') {
-            self.pos += 1;
-            if self.skip_digits() == 0 {
-                return Err(self.invalid(self.pos, "expected digit after '.'"));
-            }
-            is_float = true;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.pos += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.pos += 1;
-            }
-            if self.skip_digits() == 0 {
-                return Err(self.invalid(self.pos, "expected digit in exponent"));
-            }
-            is_float = true;
-        }
-        let out_of_range = |detail: &'static str| {
-            Box::new(CanonicalError::new(
-                ErrorKind::NumberOutOfRange,
-                start,
-                detail,
-            ))
-        };
-        if is_float {
-            let f: f64 = self.src[start..self.pos]
-                .parse()
-                .map_err(|_| self.invalid(start, "invalid number"))?;
-            if !f.is_finite() {
-                return Err(out_of_range("number overflows a double"));
-            }
-            return Ok(Number::Float(f));
-        }
-        let int_digits = &self.bytes[int_start..int_end];
-        // Up to 18 digits always fits (and stays inside the range): no
-        // overflow checks and no 128-bit multiplies.
-        if int_digits.len() <= 18 {
-            let magnitude = int_digits
-                .iter()
-                .fold(0u64, |acc, &d| acc * 10 + u64::from(d - b'0'));
-            let v = i128::from(magnitude);
-            return Ok(Number::Int(if negative { -v } else { v }));
-        }
-        let mut magnitude: u128 = 0;
-        for &d in int_digits {
-            magnitude = magnitude
-                .checked_mul(10)
-                .and_then(|m| m.checked_add(u128::from(d - b'0')))
-                .ok_or_else(|| out_of_range("integer outside [-2^63, 2^64-1]"))?;
-        }
-        let limit = if negative {
-            1u128 << 63
-        } else {
-            u128::from(u64::MAX)
-        };
-        if magnitude > limit {
-            return Err(out_of_range("integer outside [-2^63, 2^64-1]"));
-        }
-        let v = i128::try_from(magnitude)
-            .map_err(|_| out_of_range("integer outside [-2^63, 2^64-1]"))?;
-        Ok(Number::Int(if negative { -v } else { v }))
+        Ok(())
     }
+
+    /// An optional `.` and at least one digit; whether there was one.
+    #[inline]
+    fn scan_fraction(&mut self) -> ParseResult<bool> {
+        if self.peek() != Some(b'.') {
+            return Ok(false);
+        }
+        self.pos += 1;
+        if self.skip_digits() == 0 {
+            return Err(self.invalid(self.pos, "expected digit after '.'"));
+        }
+        Ok(true)
+    }
+
+    /// An optional `e`/`E`, sign, and at least one digit; whether there was one.
+    #[inline]
+    fn scan_exponent(&mut self) -> ParseResult<bool> {
+        let Some(b'e' | b'E') = self.peek() else {
+            return Ok(false);
+        };
+        self.pos += 1;
+        if let Some(b'+' | b'-') = self.peek() {
+            self.pos += 1;
+        }
+        if self.skip_digits() == 0 {
+            return Err(self.invalid(self.pos, "expected digit in exponent"));
+        }
+        Ok(true)
+    }
+
+    /// The double the text from `start` to here denotes; it must be finite.
+    #[inline]
+    fn float_value(&self, start: usize) -> ParseResult<Number> {
+        let f: f64 = self.src[start..self.pos]
+            .parse()
+            .map_err(|_| self.invalid(start, "invalid number"))?;
+        if !f.is_finite() {
+            return Err(out_of_range(start, "number overflows a double"));
+        }
+        Ok(Number::Float(f))
+    }
+}
+
+/// The integer `digits` (no sign, no leading zero) denote, negated when
+/// `negative`; `start` is where the number starts, for the error.
+#[inline]
+fn int_value(digits: &[u8], negative: bool, start: usize) -> ParseResult<Number> {
+    // Up to 18 digits always fits (and stays inside the range): no
+    // overflow checks and no 128-bit multiplies.
+    if digits.len() <= 18 {
+        let magnitude = digits
+            .iter()
+            .fold(0u64, |acc, &d| acc * 10 + u64::from(d - b'0'));
+        let v = i128::from(magnitude);
+        return Ok(Number::Int(if negative { -v } else { v }));
+    }
+    wide_int_value(digits, negative, start)
+}
+
+/// [`int_value`] for 19 digits or more: checked, in [-2^63, 2^64-1].
+#[inline]
+fn wide_int_value(digits: &[u8], negative: bool, start: usize) -> ParseResult<Number> {
+    let mut magnitude: u128 = 0;
+    for &d in digits {
+        magnitude = magnitude
+            .checked_mul(10)
+            .and_then(|m| m.checked_add(u128::from(d - b'0')))
+            .ok_or_else(|| out_of_range(start, "integer outside [-2^63, 2^64-1]"))?;
+    }
+    let limit = if negative {
+        1u128 << 63
+    } else {
+        u128::from(u64::MAX)
+    };
+    if magnitude > limit {
+        return Err(out_of_range(start, "integer outside [-2^63, 2^64-1]"));
+    }
+    let v = i128::try_from(magnitude)
+        .map_err(|_| out_of_range(start, "integer outside [-2^63, 2^64-1]"))?;
+    Ok(Number::Int(if negative { -v } else { v }))
+}
+
+/// A number at `start` outside what canonical JSON holds.
+fn out_of_range(start: usize, detail: &'static str) -> Box<CanonicalError> {
+    Box::new(CanonicalError::new(
+        ErrorKind::NumberOutOfRange,
+        start,
+        detail,
+    ))
 }
 
 /// Code-point order of two keys (== byte order). Keys mostly differ in

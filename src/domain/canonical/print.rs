@@ -318,23 +318,47 @@ pub(super) fn push_decimal(mut value: u64, out: &mut StackBuf) {
 /// when integral), otherwise `d[.ddd]e±XX`.
 pub(super) fn format_float(f: f64, out: &mut StackBuf) {
     if !f.is_finite() {
-        // Unreachable for parsed values; keep output valid-ish for hand-built ones.
-        out.extend(if f.is_nan() {
-            b"NaN"
-        } else if f > 0.0 {
-            b"Infinity"
-        } else {
-            b"-Infinity"
-        });
+        write_non_finite(f, out);
         return;
     }
+    let mut digits = [0u8; 24];
+    let Some((n, exp)) = shortest_digits(f, &mut digits) else {
+        return;
+    };
+    let digits = &digits[..n];
+    if f.is_sign_negative() {
+        out.push(b'-');
+    }
+    if (-4..16).contains(&exp) {
+        lay_out_fixed(digits, exp, out);
+    } else {
+        lay_out_scientific(digits, exp, out);
+    }
+}
+
+/// Unreachable for parsed values; keeps output valid-ish for hand-built ones.
+#[inline]
+fn write_non_finite(f: f64, out: &mut StackBuf) {
+    out.extend(if f.is_nan() {
+        b"NaN"
+    } else if f > 0.0 {
+        b"Infinity"
+    } else {
+        b"-Infinity"
+    });
+}
+
+/// The shortest round-trip digits of `f` (ties broken to even, as Python
+/// does) into `digits`, with their count and the decimal exponent of the
+/// first: 1.2345e-7 gives `12345`, 5, -7.
+#[inline]
+fn shortest_digits(f: f64, digits: &mut [u8; 24]) -> Option<(usize, i32)> {
     // `{:e}` yields the shortest round-trip digits, e.g. "-1.2345e-7", "0e0".
     let mut sci = StackBuf::new();
     if write!(sci, "{f:e}").is_err() {
-        return;
+        return None;
     }
     let text = &sci.buf[..sci.len];
-    let mut digits = [0u8; 24];
     let mut n = 0;
     let mut exp: i32 = 0;
     let mut exp_negative = false;
@@ -354,46 +378,50 @@ pub(super) fn format_float(f: f64, out: &mut StackBuf) {
     if exp_negative {
         exp = -exp;
     }
-    let n = break_tie_to_even(f, &mut digits, n, exp);
-    let digits = &digits[..n];
-    if f.is_sign_negative() {
-        out.push(b'-');
-    }
-    if (-4..16).contains(&exp) {
-        if exp >= 0 {
-            let int_len = exp as usize + 1;
-            if digits.len() <= int_len {
-                out.extend(digits);
-                for _ in digits.len()..int_len {
-                    out.push(b'0');
-                }
-                out.extend(b".0");
-            } else {
-                out.extend(&digits[..int_len]);
-                out.push(b'.');
-                out.extend(&digits[int_len..]);
-            }
-        } else {
-            out.extend(b"0.");
-            for _ in 0..(-exp - 1) {
+    let n = break_tie_to_even(f, digits, n, exp);
+    Some((n, exp))
+}
+
+/// Fixed notation, for exponents in -4..=15: `123.45`, `1200.0`, `0.00012`.
+#[inline]
+fn lay_out_fixed(digits: &[u8], exp: i32, out: &mut StackBuf) {
+    if exp >= 0 {
+        let int_len = exp as usize + 1;
+        if digits.len() <= int_len {
+            out.extend(digits);
+            for _ in digits.len()..int_len {
                 out.push(b'0');
             }
-            out.extend(digits);
+            out.extend(b".0");
+        } else {
+            out.extend(&digits[..int_len]);
+            out.push(b'.');
+            out.extend(&digits[int_len..]);
         }
     } else {
-        out.extend(&digits[..1]);
-        if digits.len() > 1 {
-            out.push(b'.');
-            out.extend(&digits[1..]);
-        }
-        out.push(b'e');
-        out.push(if exp < 0 { b'-' } else { b'+' });
-        let e = exp.unsigned_abs();
-        if e < 10 {
+        out.extend(b"0.");
+        for _ in 0..(-exp - 1) {
             out.push(b'0');
         }
-        let _ = write!(out, "{e}");
+        out.extend(digits);
     }
+}
+
+/// Scientific notation, with at least two exponent digits: `1.5e+16`, `1e-05`.
+#[inline]
+fn lay_out_scientific(digits: &[u8], exp: i32, out: &mut StackBuf) {
+    out.extend(&digits[..1]);
+    if digits.len() > 1 {
+        out.push(b'.');
+        out.extend(&digits[1..]);
+    }
+    out.push(b'e');
+    out.push(if exp < 0 { b'-' } else { b'+' });
+    let e = exp.unsigned_abs();
+    if e < 10 {
+        out.push(b'0');
+    }
+    let _ = write!(out, "{e}");
 }
 
 /// Python's `repr` (David Gay's dtoa, mode 0) breaks exact ties between two

@@ -1,0 +1,185 @@
+//! `[limits]`: capacities and lifetimes.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::PolicyError;
+use super::parse::Loader;
+
+/// Capacities and lifetimes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub pending_ttl: Duration,
+    pub grant_ttl: Duration,
+    pub max_pending_per_actor: usize,
+    pub max_pending_total: usize,
+    /// Approval records kept in all (terminal ones are evicted oldest first).
+    pub max_approval_records: usize,
+    /// How long a finished (expired, consumed, revoked) approval stays readable.
+    pub approval_retention: Duration,
+    pub max_sessions: usize,
+    pub session_idle_ttl: Duration,
+    pub decision_cost: u64,
+    pub receipt_capacity: usize,
+    pub receipt_retention: Duration,
+    /// Longest (redacted, canonical) arguments of one approval request.
+    pub max_approval_argument_bytes: usize,
+    /// Bytes the approval ledger, the receipt log and the sessions'
+    /// remembered call ids may hold together.
+    pub max_state_bytes: usize,
+    /// Sessions one host credential may hold (sessions are namespaced by
+    /// host identity); by default the whole table when the policy declares
+    /// at most one host credential, half of it otherwise.
+    pub max_sessions_per_host: usize,
+    /// Pending approval requests one host credential may hold; by default
+    /// `max_pending_total` with at most one host credential, half otherwise.
+    pub max_pending_per_host: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawLimits {
+    pending_ttl_seconds: u64,
+    grant_ttl_seconds: u64,
+    max_pending_per_actor: usize,
+    max_pending_total: usize,
+    max_approval_records: usize,
+    approval_retention_seconds: u64,
+    max_sessions: usize,
+    session_idle_seconds: u64,
+    decision_cost: u64,
+    receipt_capacity: usize,
+    receipt_retention_seconds: u64,
+    max_approval_argument_bytes: usize,
+    max_state_bytes: usize,
+    max_sessions_per_host: Option<usize>,
+    max_pending_per_host: Option<usize>,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        RawLimits {
+            pending_ttl_seconds: 300,
+            grant_ttl_seconds: 600,
+            max_pending_per_actor: 64,
+            max_pending_total: 4096,
+            max_approval_records: 100_000,
+            approval_retention_seconds: 3600,
+            max_sessions: 10_000,
+            session_idle_seconds: 3600,
+            decision_cost: 1,
+            receipt_capacity: 100_000,
+            receipt_retention_seconds: 86_400,
+            max_approval_argument_bytes: 64 * 1024,
+            max_state_bytes: 256 * 1024 * 1024,
+            max_sessions_per_host: None,
+            max_pending_per_host: None,
+        }
+    }
+}
+
+/// `[limits]`: every cap and lifetime positive, the caps consistent with
+/// each other, and the per-host shares of the global caps.
+pub(super) fn limits(
+    loader: &Loader<'_>,
+    raw: RawLimits,
+    host_credentials: usize,
+) -> Result<Limits, PolicyError> {
+    check_positive_limits(loader, &raw)?;
+    check_limit_relations(loader, &raw)?;
+    Ok(Limits {
+        pending_ttl: Duration::from_secs(raw.pending_ttl_seconds),
+        grant_ttl: Duration::from_secs(raw.grant_ttl_seconds),
+        max_pending_per_actor: raw.max_pending_per_actor,
+        max_pending_total: raw.max_pending_total,
+        max_approval_records: raw.max_approval_records,
+        approval_retention: Duration::from_secs(raw.approval_retention_seconds),
+        max_sessions: raw.max_sessions,
+        session_idle_ttl: Duration::from_secs(raw.session_idle_seconds),
+        decision_cost: raw.decision_cost,
+        receipt_capacity: raw.receipt_capacity,
+        receipt_retention: Duration::from_secs(raw.receipt_retention_seconds),
+        max_approval_argument_bytes: raw.max_approval_argument_bytes,
+        max_state_bytes: raw.max_state_bytes,
+        max_sessions_per_host: per_host_share(
+            loader,
+            "max_sessions_per_host",
+            raw.max_sessions_per_host,
+            raw.max_sessions,
+            host_credentials,
+        )?,
+        max_pending_per_host: per_host_share(
+            loader,
+            "max_pending_per_host",
+            raw.max_pending_per_host,
+            raw.max_pending_total,
+            host_credentials,
+        )?,
+    })
+}
+
+/// Caps and lifetimes that cannot be 0 (the first one that is, in this
+/// order, is the error).
+fn check_positive_limits(loader: &Loader<'_>, raw: &RawLimits) -> Result<(), PolicyError> {
+    let positive = [
+        ("pending_ttl_seconds", raw.pending_ttl_seconds as usize),
+        ("grant_ttl_seconds", raw.grant_ttl_seconds as usize),
+        ("max_pending_per_actor", raw.max_pending_per_actor),
+        ("max_pending_total", raw.max_pending_total),
+        ("max_approval_records", raw.max_approval_records),
+        ("max_sessions", raw.max_sessions),
+        ("session_idle_seconds", raw.session_idle_seconds as usize),
+        ("receipt_capacity", raw.receipt_capacity),
+        (
+            "max_approval_argument_bytes",
+            raw.max_approval_argument_bytes,
+        ),
+        ("max_state_bytes", raw.max_state_bytes),
+    ];
+    for (key, value) in positive {
+        if value == 0 {
+            return Err(loader.error(format!("limits.{key}"), "must be greater than 0"));
+        }
+    }
+    Ok(())
+}
+
+/// Records hold at least every pending request; one request's arguments
+/// fit in the state's byte budget.
+fn check_limit_relations(loader: &Loader<'_>, raw: &RawLimits) -> Result<(), PolicyError> {
+    if raw.max_approval_records < raw.max_pending_total {
+        return Err(loader.error(
+            "limits.max_approval_records",
+            "must be at least limits.max_pending_total",
+        ));
+    }
+    if raw.max_approval_argument_bytes > raw.max_state_bytes {
+        return Err(loader.error(
+            "limits.max_approval_argument_bytes",
+            "must be at most limits.max_state_bytes",
+        ));
+    }
+    Ok(())
+}
+
+/// A per-host share of a global cap: as set (at most the cap), else the
+/// whole cap for one host and half of it (rounded up) for more.
+fn per_host_share(
+    loader: &Loader<'_>,
+    key: &str,
+    set: Option<usize>,
+    global: usize,
+    host_credentials: usize,
+) -> Result<usize, PolicyError> {
+    match set {
+        Some(0) => Err(loader.error(format!("limits.{key}"), "must be greater than 0")),
+        Some(share) if share > global => Err(loader.error(
+            format!("limits.{key}"),
+            format!("must be at most the global cap ({global})"),
+        )),
+        Some(share) => Ok(share),
+        None if host_credentials > 1 => Ok(global.div_ceil(2)),
+        None => Ok(global),
+    }
+}

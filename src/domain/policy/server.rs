@@ -1,0 +1,155 @@
+//! `[server]`: overload protection and HTTP/2 settings.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::PolicyError;
+use super::parse::Loader;
+
+/// The `[server]` section: overload protection and HTTP/2 settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// Calls served at once; more fail fast with RESOURCE_EXHAUSTED.
+    pub max_concurrent_requests: usize,
+    pub request_timeout: Duration,
+    /// Largest decoded request message.
+    pub max_message_bytes: usize,
+    pub http2_keepalive_interval: Duration,
+    pub http2_keepalive_timeout: Duration,
+    pub max_concurrent_streams: u32,
+    /// How long in-flight calls may take to finish after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Connections open at once, and from one peer address.
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
+    /// Time a new connection has for its HTTP/2 preface and first request.
+    pub handshake_timeout: Duration,
+    /// Time a call has for its whole request message to arrive.
+    pub read_timeout: Duration,
+    /// Time a response (or a blocked socket write) has to make progress.
+    pub write_timeout: Duration,
+    /// Request and response bytes buffered at once, over all calls.
+    pub max_buffered_request_bytes: usize,
+    pub max_buffered_response_bytes: usize,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings::from(RawServer::default())
+    }
+}
+
+impl From<RawServer> for ServerSettings {
+    fn from(raw: RawServer) -> Self {
+        ServerSettings {
+            max_concurrent_requests: raw.max_concurrent_requests,
+            request_timeout: Duration::from_millis(raw.request_timeout_ms),
+            max_message_bytes: raw.max_message_bytes,
+            http2_keepalive_interval: Duration::from_secs(raw.http2_keepalive_interval_seconds),
+            http2_keepalive_timeout: Duration::from_secs(raw.http2_keepalive_timeout_seconds),
+            max_concurrent_streams: raw.max_concurrent_streams,
+            shutdown_grace: Duration::from_secs(raw.shutdown_grace_seconds),
+            max_connections: raw.max_connections,
+            max_connections_per_peer: raw.max_connections_per_peer,
+            handshake_timeout: Duration::from_millis(raw.handshake_timeout_ms),
+            read_timeout: Duration::from_millis(raw.read_timeout_ms),
+            write_timeout: Duration::from_millis(raw.write_timeout_ms),
+            max_buffered_request_bytes: raw.max_buffered_request_bytes,
+            max_buffered_response_bytes: raw.max_buffered_response_bytes,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawServer {
+    max_concurrent_requests: usize,
+    request_timeout_ms: u64,
+    max_message_bytes: usize,
+    http2_keepalive_interval_seconds: u64,
+    http2_keepalive_timeout_seconds: u64,
+    max_concurrent_streams: u32,
+    shutdown_grace_seconds: u64,
+    max_connections: usize,
+    max_connections_per_peer: usize,
+    handshake_timeout_ms: u64,
+    read_timeout_ms: u64,
+    write_timeout_ms: u64,
+    max_buffered_request_bytes: usize,
+    max_buffered_response_bytes: usize,
+    pub(super) open_host_api: bool,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            max_concurrent_requests: 1024,
+            request_timeout_ms: 10_000,
+            max_message_bytes: 1024 * 1024,
+            http2_keepalive_interval_seconds: 30,
+            http2_keepalive_timeout_seconds: 10,
+            max_concurrent_streams: 100,
+            shutdown_grace_seconds: 10,
+            max_connections: 1024,
+            max_connections_per_peer: 256,
+            handshake_timeout_ms: 5_000,
+            read_timeout_ms: 5_000,
+            write_timeout_ms: 10_000,
+            max_buffered_request_bytes: 64 * 1024 * 1024,
+            max_buffered_response_bytes: 64 * 1024 * 1024,
+            open_host_api: false,
+        }
+    }
+}
+
+pub(super) fn server_settings(
+    loader: &Loader<'_>,
+    raw: RawServer,
+) -> Result<ServerSettings, PolicyError> {
+    let positive = [
+        (
+            "max_concurrent_requests",
+            raw.max_concurrent_requests as u64,
+        ),
+        ("request_timeout_ms", raw.request_timeout_ms),
+        ("max_message_bytes", raw.max_message_bytes as u64),
+        (
+            "http2_keepalive_interval_seconds",
+            raw.http2_keepalive_interval_seconds,
+        ),
+        (
+            "http2_keepalive_timeout_seconds",
+            raw.http2_keepalive_timeout_seconds,
+        ),
+        (
+            "max_concurrent_streams",
+            u64::from(raw.max_concurrent_streams),
+        ),
+        ("max_connections", raw.max_connections as u64),
+        (
+            "max_connections_per_peer",
+            raw.max_connections_per_peer as u64,
+        ),
+        ("handshake_timeout_ms", raw.handshake_timeout_ms),
+        ("read_timeout_ms", raw.read_timeout_ms),
+        ("write_timeout_ms", raw.write_timeout_ms),
+        (
+            "max_buffered_request_bytes",
+            raw.max_buffered_request_bytes as u64,
+        ),
+        (
+            "max_buffered_response_bytes",
+            raw.max_buffered_response_bytes as u64,
+        ),
+    ];
+    for (key, value) in positive {
+        if value == 0 {
+            return Err(loader.error(format!("server.{key}"), "must be greater than 0"));
+        }
+    }
+    if raw.max_message_bytes > 64 * 1024 * 1024 {
+        return Err(loader.error("server.max_message_bytes", "must be at most 64 MiB"));
+    }
+    Ok(ServerSettings::from(raw))
+}

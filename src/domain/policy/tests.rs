@@ -1,0 +1,415 @@
+use std::path::Path;
+
+use super::*;
+
+#[test]
+fn embedded_default_loads() {
+    let policy = Policy::embedded_default().unwrap();
+    assert_eq!(policy.revision.len(), 12);
+    assert!(!policy.tools.is_empty());
+}
+
+#[test]
+fn errors_name_the_key() {
+    let cases = [
+        (
+            "[[pins]]\nserver = \"s\"\nfingerprint = \"xyz\"\n",
+            "pins[0].fingerprint",
+        ),
+        ("[[pins]]\nserver = \"s\"\n", "pins[0].fingerprint"),
+        (
+            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"sometimes\"\n",
+            "tools.t.approval",
+        ),
+        (
+            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"threshold\"\napprovers = [\"x\"]\n",
+            "tools.t.threshold_argument",
+        ),
+        (
+            "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = { type = 12 }\n",
+            "tools.t.input_schema",
+        ),
+        (
+            "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = { \"$ref\" = \"https://example.com/s.json\" }\n",
+            "tools.t.input_schema",
+        ),
+        ("[actors.a]\nprofile = \"missing\"\n", "actors.a.profile"),
+        (
+            "[limits]\npending_ttl_seconds = 0\n",
+            "limits.pending_ttl_seconds",
+        ),
+        ("[limits]\nmax_state_bytes = 0\n", "limits.max_state_bytes"),
+        (
+            "[limits]\nmax_approval_argument_bytes = 2048\nmax_state_bytes = 1024\n",
+            "limits.max_approval_argument_bytes",
+        ),
+        (
+            "[[credentials]]\nkind = \"reviewer\"\nidentity = \"bob\"\nsha256 = \"00\"\n",
+            "credentials[0].sha256",
+        ),
+    ];
+    for (text, key) in cases {
+        let error = Policy::parse(text, "p.toml", None).unwrap_err();
+        assert_eq!(error.key, key, "{text}: {error}");
+    }
+    let error = Policy::parse(
+        "[[pins]]\nserver = \"s\"\nfingerprnt = \"xyz\"\n",
+        "p.toml",
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(error.message, "unknown key fingerprnt");
+    assert_eq!(error.key, "pins[0]");
+}
+
+/// A valid base: one tool, an open host API.
+const BASE: &str = "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\n[profiles.p]\nroles = [\"r\"]\n[actors.a]\nprofile = \"p\"\n[server]\nopen_host_api = true\n";
+
+fn error_of(text: &str) -> (String, String) {
+    let error = Policy::parse(text, "p.toml", None).unwrap_err();
+    (error.key, error.message)
+}
+
+fn pair(key: &str, message: &str) -> (String, String) {
+    (key.to_string(), message.to_string())
+}
+
+#[test]
+fn decoding_errors_name_the_key_in_plain_words() {
+    let cases = [
+        (
+            "[limits]\npending_ttl_seconds = \"300\"\n",
+            pair(
+                "limits.pending_ttl_seconds",
+                "expected a non-negative integer, found the string \"300\"",
+            ),
+        ),
+        (
+            "[limits]\npending_ttl_seconds = -1\n",
+            pair(
+                "limits.pending_ttl_seconds",
+                "expected a non-negative integer, found the integer -1",
+            ),
+        ),
+        ("[limits]\nlimit = 3\n", pair("limits", "unknown key limit")),
+        (
+            "[tools.x]\nroles = [\"r\"]\n",
+            pair("tools.x", "missing key mode"),
+        ),
+        (
+            "[tools.x]\nmode = \"writ\"\nroles = [\"r\"]\n",
+            pair(
+                "tools.x.mode",
+                "must be \"read\", \"propose\", \"execute\", \"forbidden\", not \"writ\"",
+            ),
+        ),
+        (
+            "[tools.x]\nmode = \"read\"\nroles = \"r\"\n",
+            pair("tools.x.roles", "expected an array, found the string \"r\""),
+        ),
+        (
+            "[[credentials]]\nkind = \"reviewer\"\nidentity = \"b\"\n",
+            pair("credentials[0]", "missing key sha256"),
+        ),
+        ("bogus = 1\n", pair("", "unknown key bogus")),
+        (
+            "[reviewers.bob]\nroles = [\"x\"]\n",
+            pair("reviewers.bob", "missing key workspaces"),
+        ),
+        (
+            "[tools.x]\nmode = \"read\"\nroles = [\"r\"]\neffect = { kind = \"set\", bogus = 1 }\n",
+            pair("tools.x.effect", "unknown key bogus"),
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(error_of(&format!("{text}{BASE}")), expected, "{text}");
+    }
+    let (key, message) = error_of("[limits\n");
+    assert_eq!(key, "line 1, column 8");
+    assert_eq!(message, "unclosed table, expected `]`");
+    let (key, message) =
+        error_of("[server]\nopen_host_api = \"yes\"\n[tools.t]\nmode = \"read\"\n");
+    assert_eq!(key, "server.open_host_api");
+    assert_eq!(message, "expected true or false, found the string \"yes\"");
+}
+
+#[test]
+fn schema_errors_give_the_pointer_inside_the_schema() {
+    let tool = |schema: &str| {
+        format!("[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = {schema}\n{BASE}")
+    };
+    let cases = [
+        (
+            "{ type = 12 }",
+            "invalid JSON Schema at /type: 12 is not valid under any of the schemas listed in the 'anyOf' keyword",
+        ),
+        (
+            "{ properties = { x = { minimum = \"a\" } } }",
+            "invalid JSON Schema at /properties/x/minimum: \"a\" is not of type \"number\"",
+        ),
+        (
+            "{ properties = { x = { minimum = nan } } }",
+            "at /properties/x/minimum: nan has no JSON form (nan and inf are refused)",
+        ),
+        (
+            "{ allOf = [{ properties = { x = { \"$ref\" = \"https://example.com/s.json\" } } }] }",
+            "invalid JSON Schema at /allOf/0/properties/x/$ref: cannot resolve \"https://example.com/s.json\": only references inside the schema (\"#/...\") are followed",
+        ),
+        (
+            "'{\"type\": \"object\", \"properties\": {\"a/b\": {\"type\": 1}}}'",
+            "invalid JSON Schema at /properties/a~1b/type: 1 is not valid under any of the schemas listed in the 'anyOf' keyword",
+        ),
+    ];
+    for (schema, message) in cases {
+        assert_eq!(
+            error_of(&tool(schema)),
+            pair("tools.x.input_schema", message),
+            "{schema}"
+        );
+    }
+}
+
+#[test]
+fn host_access_is_declared_and_empty_policies_are_errors() {
+    let empty = "the policy is empty: it must declare its tools and how hosts authenticate";
+    assert_eq!(error_of(""), pair("", empty));
+    assert_eq!(error_of("# nothing\n\n"), pair("", empty));
+    assert_eq!(
+        error_of("[server]\nopen_host_api = true\n"),
+        pair(
+            "tools",
+            "the policy defines no tools (is the file complete?)"
+        )
+    );
+    assert_eq!(
+        error_of(&BASE.replace("open_host_api = true", "")),
+        pair(
+            "credentials",
+            "no host credential: declare one ([[credentials]] with kind = \"host\"), \
+             or set [server] open_host_api = true to let any local client call the host API"
+        )
+    );
+    let both = format!(
+        "{BASE}[[credentials]]\nkind = \"host\"\nidentity = \"h\"\nactors = [\"a\"]\nsha256 = \"{}\"\n",
+        "0".repeat(64)
+    );
+    assert_eq!(
+        error_of(&both),
+        pair(
+            "server.open_host_api",
+            "cannot be true while [[credentials]] declares host credentials"
+        )
+    );
+    let open = Policy::parse(BASE, "p.toml", None).unwrap();
+    assert!(open.open_host_api);
+    let loopback: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let anywhere: std::net::SocketAddr = "0.0.0.0:1".parse().unwrap();
+    assert_eq!(open.check_listen(loopback), Ok(()));
+    assert_eq!(
+        open.check_listen(anywhere),
+        Err(
+            "refusing to serve an open host API ([server] open_host_api = true) \
+             on the non-loopback address 0.0.0.0:1"
+                .to_string()
+        )
+    );
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let error = Policy::load(Path::new("/nope.toml")).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "cannot read /nope.toml: No such file or directory (os error 2)"
+    );
+    let error = Policy::parse("[limits]\nlimit = 1\n", "p.toml", None).unwrap_err();
+    assert_eq!(error.to_string(), "p.toml: limits: unknown key limit");
+}
+
+#[test]
+fn dangling_names_are_warnings() {
+    let text = format!(
+        "{BASE}[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\nserver = \"pay-server\"\n\
+         [tools.set]\nmode = \"execute\"\nroles = [\"r\"]\neffect = {{ kind = \"set\", resource_argument = \"a\", value_argument = \"b\" }}\n\
+         [reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n"
+    );
+    let policy = Policy::parse(&text, "p.toml", None).unwrap();
+    let warnings: Vec<String> = policy.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        [
+            "reviewers.bob: no reviewer credential in [[credentials]]: this reviewer cannot sign in",
+            "tools.pay.approvers: no reviewer holds role \"finance\"",
+            "tools.pay.roles: no actor holds role \"payer\"",
+            "tools.pay.server: no [[pins]] entry for server \"pay-server\": the tool is denied manifest-unverified until a reviewer pins it",
+            "tools.set.effect: sets a resource, but [state.resources] declares none",
+        ]
+    );
+    assert!(
+        Policy::parse(BASE, "p.toml", None)
+            .unwrap()
+            .warnings
+            .is_empty()
+    );
+}
+
+fn kinds_of(policy: &Policy) -> Vec<CredentialKind> {
+    [CredentialKind::Host, CredentialKind::Reviewer]
+        .into_iter()
+        .filter(|kind| policy.has_credentials(*kind))
+        .collect()
+}
+
+#[test]
+fn a_reload_never_opens_the_door() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let fixture = std::fs::read_to_string(dir.join("decide.toml")).unwrap();
+    let running = Policy::parse(&fixture, "decide.toml", Some(&dir)).unwrap();
+    let loopback: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let kinds = kinds_of(&running);
+    let refusal = |text: &str, listen| {
+        let new = Policy::parse(text, "new.toml", Some(&dir)).unwrap();
+        running.reload_refusal(&kinds, &new, listen)
+    };
+    // A real change is accepted.
+    assert_eq!(
+        refusal(
+            &fixture.replace("max_decisions = 100\n", "max_decisions = 99\n"),
+            loopback
+        ),
+        None
+    );
+    // Host credentials swapped for an open host API.
+    let hosts_cut = fixture
+        .split("[[credentials]]\nkind = \"host\"")
+        .next()
+        .unwrap();
+    let reviewers = fixture
+        .split("[[credentials]]")
+        .skip(1)
+        .filter(|entry| entry.contains("kind = \"reviewer\""))
+        .map(|entry| format!("[[credentials]]{entry}"))
+        .collect::<String>();
+    let open = format!("{hosts_cut}{reviewers}\n[server]\nopen_host_api = true\n");
+    assert_eq!(
+        refusal(&open, loopback),
+        Some(
+            "the new policy has no host credential and the server has some: \
+             a reload cannot remove every host credential (restart to do that)"
+                .to_string()
+        )
+    );
+    // Every reviewer credential gone (and the reviewers with them).
+    let no_reviewers = fixture
+        .split("[reviewers.alice]")
+        .next()
+        .unwrap()
+        .to_string()
+        + &fixture
+            .split("[[credentials]]")
+            .skip(1)
+            .filter(|entry| entry.contains("kind = \"host\""))
+            .map(|entry| format!("[[credentials]]{entry}"))
+            .collect::<String>()
+        + "[[pins]]\nserver = \"docs-search\"\nmanifest = \"../../examples/manifests/docs-search.json\"\n";
+    assert_eq!(
+        refusal(&no_reviewers, loopback),
+        Some(
+            "the new policy has no reviewer credential and the server has some: \
+             a reload cannot remove every reviewer credential (restart to do that)"
+                .to_string()
+        )
+    );
+    // A reviewer whose credential vanished.
+    let start = fixture
+        .find("[[credentials]]\nkind = \"reviewer\"\nidentity = \"bob\"")
+        .unwrap();
+    let end = start + fixture[start + 1..].find("[[credentials]]").unwrap() + 1;
+    let without_bob = format!("{}{}", &fixture[..start], &fixture[end..]);
+    assert_eq!(
+        refusal(&without_bob, loopback),
+        Some(
+            "the new policy adds a dangling name (a file cut short?): reviewers.bob: \
+             no reviewer credential in [[credentials]]: this reviewer cannot sign in"
+                .to_string()
+        )
+    );
+    // An open host API, on a server without host credentials, off loopback.
+    let tickets_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let tickets = std::fs::read_to_string(tickets_dir.join("tickets.toml")).unwrap();
+    let open_running = Policy::parse(&tickets, "tickets.toml", None).unwrap();
+    let anywhere: std::net::SocketAddr = "0.0.0.0:1".parse().unwrap();
+    assert_eq!(
+        open_running.reload_refusal(&kinds_of(&open_running), &open_running, anywhere),
+        Some(
+            "refusing to serve an open host API ([server] open_host_api = true) \
+             on the non-loopback address 0.0.0.0:1"
+                .to_string()
+        )
+    );
+}
+
+/// Every prefix of `text` that ends before a line starting with `[`.
+pub(crate) fn cuts(text: &str) -> Vec<String> {
+    let mut cuts = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.starts_with('[') {
+            cuts.push(text[..offset].to_string());
+        }
+        offset += line.len();
+    }
+    cuts
+}
+
+#[test]
+fn a_file_cut_at_any_section_is_refused() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let loopback: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    for relative in [
+        "examples/policy.toml",
+        "examples/tickets.toml",
+        "tests/fixtures/decide.toml",
+        "tests/fixtures/hostile.toml",
+    ] {
+        let path = root.join(relative);
+        let dir = path.parent().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let full = Policy::parse(&text, relative, Some(dir)).unwrap();
+        let cuts = cuts(&text);
+        assert!(cuts.len() >= 8, "{relative}");
+        for cut in cuts {
+            let at = cut.lines().count();
+            match Policy::parse(&cut, relative, Some(dir)) {
+                Err(_) => {}
+                Ok(truncated) => {
+                    let added = truncated
+                        .warnings
+                        .iter()
+                        .any(|warning| !full.warnings.contains(warning));
+                    assert!(added, "{relative} cut after line {at}: no new warning");
+                    assert!(
+                        full.reload_refusal(&kinds_of(&full), &truncated, loopback)
+                            .is_some(),
+                        "{relative} cut after line {at}: reload accepted"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_file_cut_anywhere_never_panics_the_loader() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for relative in ["examples/policy.toml", "tests/fixtures/hostile.toml"] {
+        let path = root.join(relative);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for end in (0..text.len()).step_by(17) {
+            if text.is_char_boundary(end) {
+                // Errors or not, the loader answers.
+                let _ = Policy::parse(&text[..end], relative, path.parent());
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! `[tools]`: each tool's mode, callers, approval rule, input schema and
+//! effect.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+
+use super::decode::toml_to_json;
+use super::effects::{Effect, RawEffect, effect};
+use super::parse::Loader;
+use super::{PolicyError, StatePolicy};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Reads only: allowed for authorised actors.
+    Read,
+    /// Drafts a change for a person to act on: allowed for authorised actors.
+    Propose,
+    /// Changes something: allowed, or gated on approval by its rule.
+    Execute,
+    /// Never allowed.
+    Forbidden,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalRule {
+    Never,
+    Always,
+    /// Approval needed when the numeric argument exceeds the caller
+    /// profile's `approval_threshold` (or is missing / not a number).
+    Threshold {
+        argument: String,
+    },
+}
+
+/// A tool as the policy declares it.
+#[derive(Debug)]
+pub struct Tool {
+    pub name: String,
+    pub mode: Mode,
+    /// Compiled once at load; never per request.
+    pub input_schema: jsonschema::Validator,
+    /// Actor roles that may call it.
+    pub roles: Vec<String>,
+    /// Reviewer roles that may approve it.
+    pub approvers: Vec<String>,
+    pub approval: ApprovalRule,
+    /// Manifest server the tool belongs to, if any.
+    pub server: Option<String>,
+    /// Top-level argument names shown redacted to reviewers.
+    pub sensitive: Vec<String>,
+    /// Work units charged when the tool is executed.
+    pub cost: u64,
+    pub effect: Effect,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTool {
+    mode: Mode,
+    input_schema: Option<toml::Value>,
+    #[serde(default)]
+    roles: Vec<String>,
+    #[serde(default)]
+    approvers: Vec<String>,
+    #[serde(default = "default_approval")]
+    approval: String,
+    threshold_argument: Option<String>,
+    server: Option<String>,
+    #[serde(default)]
+    sensitive: Vec<String>,
+    #[serde(default)]
+    cost: u64,
+    #[serde(default)]
+    effect: RawEffect,
+}
+
+fn default_approval() -> String {
+    "never".to_string()
+}
+
+/// `[tools]`, each checked against the declared state (for its effect).
+pub(super) fn tools(
+    loader: &Loader<'_>,
+    raw_tools: BTreeMap<String, RawTool>,
+    state: &StatePolicy,
+) -> Result<HashMap<String, Tool>, PolicyError> {
+    let mut tools = HashMap::new();
+    for (name, raw_tool) in raw_tools {
+        let tool = tool(loader, name.clone(), raw_tool, state)?;
+        tools.insert(name, tool);
+    }
+    Ok(tools)
+}
+
+/// One tool: who may call it, when it needs approval and by whom, the
+/// schema of its arguments, and its effect.
+fn tool(
+    loader: &Loader<'_>,
+    name: String,
+    raw: RawTool,
+    state: &StatePolicy,
+) -> Result<Tool, PolicyError> {
+    let key = format!("tools.{name}");
+    loader.identifier(&key, &name)?;
+    if raw.roles.is_empty() && raw.mode != Mode::Forbidden {
+        return Err(loader.error(
+            format!("{key}.roles"),
+            "must list the actor roles that may call the tool",
+        ));
+    }
+    let approval = approval_rule(loader, &key, &raw.approval, raw.threshold_argument)?;
+    check_approval_gate(loader, &key, &approval, raw.mode, &raw.approvers)?;
+    if let Some(server) = &raw.server {
+        loader.server_id(&format!("{key}.server"), server)?;
+    }
+    let input_schema = input_schema(loader, &key, raw.input_schema)?;
+    let effect = effect(loader, &key, raw.effect, state)?;
+    if effect != Effect::None && raw.mode != Mode::Execute {
+        return Err(loader.error(
+            format!("{key}.effect"),
+            "only tools of mode \"execute\" have an effect",
+        ));
+    }
+    Ok(Tool {
+        name,
+        mode: raw.mode,
+        input_schema,
+        roles: raw.roles,
+        approvers: raw.approvers,
+        approval,
+        server: raw.server,
+        sensitive: raw.sensitive,
+        cost: raw.cost,
+        effect,
+    })
+}
+
+/// `approval = "never" | "always" | "threshold"`; a threshold names its
+/// argument, and only a threshold does.
+fn approval_rule(
+    loader: &Loader<'_>,
+    key: &str,
+    approval: &str,
+    threshold_argument: Option<String>,
+) -> Result<ApprovalRule, PolicyError> {
+    match (approval, threshold_argument) {
+        ("never", None) => Ok(ApprovalRule::Never),
+        ("always", None) => Ok(ApprovalRule::Always),
+        ("threshold", Some(argument)) => Ok(ApprovalRule::Threshold { argument }),
+        ("threshold", None) => Err(loader.error(
+            format!("{key}.threshold_argument"),
+            "is required with approval = \"threshold\"",
+        )),
+        ("never" | "always", Some(_)) => Err(loader.error(
+            format!("{key}.threshold_argument"),
+            "is only used with approval = \"threshold\"",
+        )),
+        (other, _) => Err(loader.error(
+            format!("{key}.approval"),
+            format!("must be \"never\", \"always\" or \"threshold\", not {other:?}"),
+        )),
+    }
+}
+
+/// A tool that can require approval executes, and names the reviewer roles
+/// that may give it.
+fn check_approval_gate(
+    loader: &Loader<'_>,
+    key: &str,
+    approval: &ApprovalRule,
+    mode: Mode,
+    approvers: &[String],
+) -> Result<(), PolicyError> {
+    if *approval == ApprovalRule::Never {
+        return Ok(());
+    }
+    if mode != Mode::Execute {
+        return Err(loader.error(
+            format!("{key}.approval"),
+            "only tools of mode \"execute\" can require approval",
+        ));
+    }
+    if approvers.is_empty() {
+        return Err(loader.error(
+            format!("{key}.approvers"),
+            "must list the reviewer roles that may approve the tool",
+        ));
+    }
+    Ok(())
+}
+
+/// `input_schema`: a JSON Schema object (a TOML table, or JSON text in a
+/// string; `{"type": "object"}` when absent), compiled once here.
+fn input_schema(
+    loader: &Loader<'_>,
+    key: &str,
+    raw: Option<toml::Value>,
+) -> Result<jsonschema::Validator, PolicyError> {
+    let schema_json = match raw {
+        None => serde_json::json!({"type": "object"}),
+        Some(toml::Value::String(text)) => serde_json::from_str(&text).map_err(|error| {
+            loader.error(format!("{key}.input_schema"), format!("not JSON: {error}"))
+        })?,
+        Some(value) => toml_to_json(&value, "")
+            .map_err(|error| loader.error(format!("{key}.input_schema"), error))?,
+    };
+    if !schema_json.is_object() {
+        return Err(loader.error(
+            format!("{key}.input_schema"),
+            "must be a JSON Schema object",
+        ));
+    }
+    jsonschema::validator_for(&schema_json).map_err(|error| {
+        loader.error(
+            format!("{key}.input_schema"),
+            schema_error_message(&schema_json, &error),
+        )
+    })
+}
+
+/// Why a schema does not compile, with the JSON pointer inside the schema.
+/// The schema is the instance its meta-schema checks: the instance path is
+/// that pointer.
+fn schema_error_message(
+    schema_json: &serde_json::Value,
+    error: &jsonschema::ValidationError<'_>,
+) -> String {
+    match error.kind() {
+        jsonschema::error::ValidationErrorKind::Referencing(_) => {
+            match outside_reference(schema_json, "") {
+                Some((pointer, target)) => format!(
+                    "invalid JSON Schema at {pointer}: cannot resolve {target:?}: \
+                     only references inside the schema (\"#/...\") are followed"
+                ),
+                None => format!("invalid JSON Schema: {error}"),
+            }
+        }
+        _ => match error.instance_path().as_str() {
+            "" => format!("invalid JSON Schema: {error}"),
+            pointer => format!("invalid JSON Schema at {pointer}: {error}"),
+        },
+    }
+}
+
+/// The JSON pointer and target of the first `$ref` in a schema that points
+/// outside it.
+fn outside_reference(schema: &serde_json::Value, pointer: &str) -> Option<(String, String)> {
+    match schema {
+        serde_json::Value::Object(members) => members.iter().find_map(|(key, value)| {
+            let here = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
+            match (key.as_str(), value) {
+                ("$ref", serde_json::Value::String(target)) if !target.starts_with('#') => {
+                    Some((here, target.clone()))
+                }
+                _ => outside_reference(value, &here),
+            }
+        }),
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(index, item)| outside_reference(item, &format!("{pointer}/{index}"))),
+        _ => None,
+    }
+}

@@ -1,0 +1,165 @@
+//! Dangling names: what a valid policy names that nothing in it supplies;
+//! and what a reload refuses.
+
+use std::collections::HashSet;
+
+use super::{CredentialKind, Effect, Mode, Policy};
+
+/// Something a valid policy names that nothing else in it supplies (an
+/// approver role that no reviewer holds, say). Not an error: `check-config`
+/// prints it, `check-config --strict` fails on it, and a reload refuses a
+/// policy that adds one (see [`Policy::reload_refusal`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PolicyWarning {
+    /// Key path inside the file.
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for PolicyWarning {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{}: {}", self.key, self.message)
+    }
+}
+
+impl Policy {
+    /// Why the running server must not swap `self` (the running policy)
+    /// for `new`, if it must not. A reload can never open the door nor leave
+    /// the server in a state start would refuse:
+    /// - `new` must be allowed on `listen` ([`Policy::check_listen`]);
+    /// - it must keep at least one credential of each kind the server has
+    ///   now (`running_kinds`: the policy's and those made at start);
+    /// - it must not add a dangling name ([`PolicyWarning`]) that the
+    ///   running policy does not have: that is what a file cut short looks
+    ///   like (a reviewer whose credential is gone, a tool whose pin is gone).
+    pub fn reload_refusal(
+        &self,
+        running_kinds: &[CredentialKind],
+        new: &Policy,
+        listen: std::net::SocketAddr,
+    ) -> Option<String> {
+        if let Err(refusal) = new.check_listen(listen) {
+            return Some(refusal);
+        }
+        for kind in running_kinds {
+            if !new.has_credentials(*kind) {
+                return Some(format!(
+                    "the new policy has no {kind} credential and the server has some: \
+                     a reload cannot remove every {kind} credential (restart to do that)",
+                    kind = kind.as_str()
+                ));
+            }
+        }
+        let added: Vec<&PolicyWarning> = new
+            .warnings
+            .iter()
+            .filter(|warning| !self.warnings.contains(warning))
+            .collect();
+        if let Some(first) = added.first() {
+            let more = match added.len() {
+                1 => String::new(),
+                count => format!(" (and {} more)", count - 1),
+            };
+            return Some(format!(
+                "the new policy adds a dangling name (a file cut short?): {first}{more}"
+            ));
+        }
+        None
+    }
+
+    /// Names the policy uses that nothing in it supplies, sorted.
+    pub(super) fn dangling_names(&self) -> Vec<PolicyWarning> {
+        let mut warnings = Vec::new();
+        self.unheld_roles(&mut warnings);
+        self.unpinned_servers(&mut warnings);
+        self.effects_without_state(&mut warnings);
+        self.reviewers_without_credentials(&mut warnings);
+        warnings.sort();
+        warnings
+    }
+
+    /// A tool's approver role that no reviewer holds; a role that may call
+    /// a (not forbidden) tool that no actor holds.
+    fn unheld_roles(&self, warnings: &mut Vec<PolicyWarning>) {
+        let reviewer_roles = held_roles(self.reviewers.values().map(|reviewer| &reviewer.roles));
+        let actor_roles = held_roles(self.actors.values().map(|actor| &actor.roles));
+        for tool in self.tools.values() {
+            let key = format!("tools.{}", tool.name);
+            let unheld = missing_roles(&tool.approvers, &reviewer_roles);
+            if !unheld.is_empty() {
+                warnings.push(PolicyWarning {
+                    key: format!("{key}.approvers"),
+                    message: format!("no reviewer holds role {}", unheld.join(", ")),
+                });
+            }
+            let unheld = missing_roles(&tool.roles, &actor_roles);
+            if tool.mode != Mode::Forbidden && !unheld.is_empty() {
+                warnings.push(PolicyWarning {
+                    key: format!("{key}.roles"),
+                    message: format!("no actor holds role {}", unheld.join(", ")),
+                });
+            }
+        }
+    }
+
+    /// A tool's server that no `[[pins]]` entry pins.
+    fn unpinned_servers(&self, warnings: &mut Vec<PolicyWarning>) {
+        for tool in self.tools.values() {
+            if let Some(server) = &tool.server
+                && !self.pins.contains_key(server)
+            {
+                warnings.push(PolicyWarning {
+                    key: format!("tools.{}.server", tool.name),
+                    message: format!(
+                        "no [[pins]] entry for server {server:?}: the tool is denied \
+                         manifest-unverified until a reviewer pins it"
+                    ),
+                });
+            }
+        }
+    }
+
+    /// A tool that sets a resource when the state declares none.
+    fn effects_without_state(&self, warnings: &mut Vec<PolicyWarning>) {
+        for tool in self.tools.values() {
+            if matches!(tool.effect, Effect::Set { .. }) && self.state.resources.is_empty() {
+                warnings.push(PolicyWarning {
+                    key: format!("tools.{}.effect", tool.name),
+                    message: "sets a resource, but [state.resources] declares none".to_string(),
+                });
+            }
+        }
+    }
+
+    /// A reviewer with no reviewer credential to sign in with.
+    fn reviewers_without_credentials(&self, warnings: &mut Vec<PolicyWarning>) {
+        for reviewer in self.reviewers.values() {
+            let has_credential = self.credentials.values().any(|credential| {
+                credential.kind == CredentialKind::Reviewer
+                    && credential.identity == reviewer.identity
+            });
+            if !has_credential {
+                warnings.push(PolicyWarning {
+                    key: format!("reviewers.{}", reviewer.identity),
+                    message:
+                        "no reviewer credential in [[credentials]]: this reviewer cannot sign in"
+                            .to_string(),
+                });
+            }
+        }
+    }
+}
+
+/// Every role in `lists`.
+fn held_roles<'a>(lists: impl Iterator<Item = &'a Vec<String>>) -> HashSet<&'a str> {
+    lists.flatten().map(String::as_str).collect()
+}
+
+/// The roles of `roles` not in `held`, quoted, in order.
+fn missing_roles(roles: &[String], held: &HashSet<&str>) -> Vec<String> {
+    roles
+        .iter()
+        .filter(|role| !held.contains(role.as_str()))
+        .map(|role| format!("{role:?}"))
+        .collect()
+}
