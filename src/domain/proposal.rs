@@ -4,6 +4,7 @@
 use jsonschema::error::ValidationErrorKind;
 
 use crate::domain::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
+use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::check_identifier;
 use crate::domain::manifest::ManifestStatus;
@@ -130,13 +131,13 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> Reason {
         match self {
-            Refusal::Forbidden => "forbidden",
-            Refusal::UnknownTool => "unknown-tool",
-            Refusal::ForbiddenTool => "forbidden-tool",
-            Refusal::NotAuthorized | Refusal::UnknownActor => "not-authorized",
-            Refusal::ManifestUnverified(_) => "manifest-unverified",
+            Refusal::Forbidden => Reason::Forbidden,
+            Refusal::UnknownTool => Reason::UnknownTool,
+            Refusal::ForbiddenTool => Reason::ForbiddenTool,
+            Refusal::NotAuthorized | Refusal::UnknownActor => Reason::NotAuthorized,
+            Refusal::ManifestUnverified(_) => Reason::ManifestUnverified,
         }
     }
 
@@ -284,21 +285,17 @@ fn truncated(text: &str, max: usize) -> String {
 }
 
 /// Why a tool call needs approval, if it does (SPEC §3 approval rule).
-pub fn approval_reason(
-    tool: &Tool,
-    profile: &ActorProfile,
-    arguments: &Object,
-) -> Option<&'static str> {
+pub fn approval_reason(tool: &Tool, profile: &ActorProfile, arguments: &Object) -> Option<Reason> {
     match &tool.approval {
         ApprovalRule::Never => None,
-        ApprovalRule::Always => Some("approval-required"),
+        ApprovalRule::Always => Some(Reason::ApprovalRequired),
         ApprovalRule::Threshold { argument } => {
             let amount = arguments.get(argument).and_then(Value::as_f64);
             match (amount, profile.approval_threshold) {
                 (Some(amount), Some(threshold)) if amount <= threshold => None,
                 // Over the threshold, no threshold in the profile, or the
                 // argument missing or not a number: fail closed.
-                _ => Some("approval-threshold-exceeded"),
+                _ => Some(Reason::ApprovalThresholdExceeded),
             }
         }
     }

@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use crate::domain::canonical::{self, Fingerprint, Value};
 use crate::domain::clock::Timestamp;
-use crate::domain::decision::{Decision, Outcome};
+use crate::domain::decision::{Decision, Outcome, Reason};
 use crate::domain::decision::{DispatchStatus, Dispatched};
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::{
@@ -287,7 +287,10 @@ pub(crate) fn session_info(session: SessionSummary) -> pb::SessionInfo {
         decisions: session.decisions,
         tool_attempts: session.tool_attempts,
         executed_tools: session.executed_tools,
-        stopped_reason: session.stopped_reason.unwrap_or_default().to_string(),
+        stopped_reason: session
+            .stopped_reason
+            .map_or("", Reason::as_str)
+            .to_string(),
         started_at: Some(timestamp(session.started_at)),
     }
 }

@@ -1,7 +1,7 @@
 //! Decide (SPEC §4): the check order, in one critical section.
 
 use crate::domain::clock::Timestamp;
-use crate::domain::decision::{Decision, Outcome};
+use crate::domain::decision::{Decision, Reason};
 use crate::domain::error::Result;
 use crate::domain::ledger::ApprovalEvent;
 use crate::domain::policy::{Mode, Policy};
@@ -43,16 +43,16 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
         standing: CallStanding,
-    ) -> Result<(Decision, Option<ApprovalEvent>, Option<&'static str>)> {
+    ) -> Result<(Decision, Option<ApprovalEvent>, Option<Reason>)> {
         // Charging: once the decisions are spent, a new call id is refused
         // before anything else, and costs nothing.
         let budget = Budget::of(policy.actors.get(&session_ref.actor));
         if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
         {
-            let reason = "decision-budget";
+            let reason = Reason::DecisionBudget;
             let message = session::refusal_message(reason, &proposal.call_id);
             return Ok((
-                Decision::deny(proposal, reason, message),
+                Decision::new(reason, message, proposal.fingerprint, None),
                 None,
                 Some(reason),
             ));
@@ -86,7 +86,7 @@ impl State {
         {
             let message = session::refusal_message(reason, &proposal.call_id);
             return Ok((
-                Decision::deny(proposal, reason, message),
+                Decision::new(reason, message, proposal.fingerprint, None),
                 None,
                 Some(reason),
             ));
@@ -98,46 +98,41 @@ impl State {
         };
         let (decision, created) = match approval_reason {
             None => (
-                Decision {
-                    outcome: Outcome::Allow,
-                    reason: "allowed",
-                    message: format!("{:?} may run", proposal.name),
-                    fingerprint: proposal.fingerprint,
-                    approval: None,
-                },
+                Decision::new(
+                    Reason::Allowed,
+                    format!("{:?} may run", proposal.name),
+                    proposal.fingerprint,
+                    None,
+                ),
                 None,
             ),
             Some(reason) => {
                 match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
                     Gate::Granted(approval) => (
-                        Decision {
-                            outcome: Outcome::Allow,
-                            reason: "approved",
-                            message: "approved by a reviewer; Dispatch consumes the grant"
-                                .to_string(),
-                            fingerprint: proposal.fingerprint,
-                            approval: Some((approval.id, approval.expires_at)),
-                        },
+                        Decision::new(
+                            Reason::Approved,
+                            "approved by a reviewer; Dispatch consumes the grant".to_string(),
+                            proposal.fingerprint,
+                            Some((approval.id, approval.expires_at)),
+                        ),
                         None,
                     ),
                     Gate::Denied(approval, message) => (
-                        Decision {
-                            outcome: Outcome::Deny,
-                            reason: "approval-denied",
+                        Decision::new(
+                            Reason::ApprovalDenied,
                             message,
-                            fingerprint: proposal.fingerprint,
-                            approval: Some((approval.id, approval.expires_at)),
-                        },
+                            proposal.fingerprint,
+                            Some((approval.id, approval.expires_at)),
+                        ),
                         None,
                     ),
                     Gate::Pending(approval, created) => (
-                        Decision {
-                            outcome: Outcome::RequireApproval,
-                            reason: approval.reason,
-                            message: "a reviewer must approve this exact proposal".to_string(),
-                            fingerprint: proposal.fingerprint,
-                            approval: Some((approval.id, approval.expires_at)),
-                        },
+                        Decision::new(
+                            approval.reason,
+                            "a reviewer must approve this exact proposal".to_string(),
+                            proposal.fingerprint,
+                            Some((approval.id, approval.expires_at)),
+                        ),
                         created,
                     ),
                 }

@@ -3,11 +3,11 @@
 use uuid::Uuid;
 
 use crate::domain::clock::Timestamp;
-use crate::domain::decision::{self, DispatchStatus, Dispatched};
+use crate::domain::decision::{self, Dispatched, Reason};
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::ApprovalEvent;
 use crate::domain::policy::{Mode, Policy};
-use crate::domain::proposal::{self, Proposal, Refusal, Screened, SessionRef};
+use crate::domain::proposal::{self, Proposal, Screened, SessionRef};
 use crate::domain::receipts::{self, Receipt};
 use crate::domain::resources::{self, CommitResult, Resources, Target};
 use crate::domain::session::{self, Budget, CallStanding};
@@ -51,11 +51,11 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
         standing: CallStanding,
-    ) -> Result<(Dispatched, Vec<ApprovalEvent>, Option<&'static str>)> {
+    ) -> Result<(Dispatched, Vec<ApprovalEvent>, Option<Reason>)> {
         let fingerprint = proposal.fingerprint;
-        let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
+        let refuse = |reason: Reason, message: String| {
             Ok((
-                Dispatched::refused(status, reason, message, fingerprint),
+                Dispatched::new(reason, message, fingerprint),
                 Vec::new(),
                 None,
             ))
@@ -63,39 +63,25 @@ impl State {
         let budget = Budget::of(policy.actors.get(&session_ref.actor));
         if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
         {
-            let reason = "decision-budget";
+            let reason = Reason::DecisionBudget;
             let message = session::refusal_message(reason, &proposal.call_id);
-            let refused = Dispatched::refused(DispatchStatus::Denied, reason, message, fingerprint);
+            let refused = Dispatched::new(reason, message, fingerprint);
             return Ok((refused, Vec::new(), Some(reason)));
         }
         // 2–3. Actor, tool, policy refusals, schema.
         let (admitted, schema) = match screened {
             Ok(screened) => screened,
             Err(refusal) => {
-                let status = match refusal {
-                    Refusal::Forbidden => DispatchStatus::Forbidden,
-                    Refusal::UnknownTool => DispatchStatus::UnknownTool,
-                    _ => DispatchStatus::Denied,
-                };
-                return refuse(
-                    status,
-                    refusal.reason(),
-                    refusal.message(proposal, session_ref),
-                );
+                return refuse(refusal.reason(), refusal.message(proposal, session_ref));
             }
         };
         let tool = admitted.tool;
         if let Err(refusal) = self.manifest_gate(policy, tool) {
-            return refuse(
-                DispatchStatus::Denied,
-                refusal.reason(),
-                refusal.message(proposal, session_ref),
-            );
+            return refuse(refusal.reason(), refusal.message(proposal, session_ref));
         }
         if tool.mode != Mode::Execute {
             return refuse(
-                DispatchStatus::Denied,
-                "not-dispatchable",
+                Reason::NotDispatchable,
                 format!(
                     "{:?} is a {:?} tool; only execute tools are committed through Dispatch",
                     tool.name, tool.mode
@@ -105,12 +91,8 @@ impl State {
         schema?;
         // The session budget, as Decide's step 6 would answer.
         if let Some(reason) = budget.check(standing, self.sessions.find(session_ref), true, now) {
-            let status = match reason {
-                "call-id-conflict" => DispatchStatus::CallIdConflict,
-                _ => DispatchStatus::Denied,
-            };
             let message = session::refusal_message(reason, &proposal.call_id);
-            let refused = Dispatched::refused(status, reason, message, fingerprint);
+            let refused = Dispatched::new(reason, message, fingerprint);
             return Ok((refused, Vec::new(), Some(reason)));
         }
         let (dispatched, events) =
@@ -128,11 +110,8 @@ impl State {
         admitted: proposal::Admitted<'_>,
     ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
         let fingerprint = proposal.fingerprint;
-        let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
-            Ok((
-                Dispatched::refused(status, reason, message, fingerprint),
-                Vec::new(),
-            ))
+        let refuse = |reason: Reason, message: String| {
+            Ok((Dispatched::new(reason, message, fingerprint), Vec::new()))
         };
         let tool = admitted.tool;
         // 4. A receipt for this call id.
@@ -142,27 +121,22 @@ impl State {
         {
             if receipt.fingerprint != fingerprint {
                 return refuse(
-                    DispatchStatus::CallIdConflict,
-                    "call-id-conflict",
+                    Reason::CallIdConflict,
                     format!(
                         "call id {:?} was committed for a different proposal",
                         proposal.call_id
                     ),
                 );
             }
-            return Ok((
-                Dispatched {
-                    status: DispatchStatus::Ok,
-                    reason: "replayed",
-                    message: "the stored receipt of the earlier commit".to_string(),
-                    fingerprint,
-                    result: Some(receipt.result.clone()),
-                    receipt_id: Some(receipt.id),
-                    replayed: true,
-                    approval_id: None,
-                },
-                Vec::new(),
-            ));
+            let mut replayed = Dispatched::new(
+                Reason::Replayed,
+                "the stored receipt of the earlier commit".to_string(),
+                fingerprint,
+            );
+            replayed.result = Some(receipt.result.clone());
+            replayed.receipt_id = Some(receipt.id);
+            replayed.replayed = true;
+            return Ok((replayed, Vec::new()));
         }
         // 5. The version the proposal was made against.
         let target = resources::target(&tool.effect, &proposal.arguments);
@@ -175,9 +149,8 @@ impl State {
             Err(_) => self.resources.version_for(&Target::Nothing),
         };
         if proposal.version != current {
-            let mut stale = Dispatched::refused(
-                DispatchStatus::StaleVersion,
-                "stale-version",
+            let mut stale = Dispatched::new(
+                Reason::StaleVersion,
                 format!(
                     "the proposal was made against version {}, the state is at {current}",
                     proposal.version
@@ -200,18 +173,13 @@ impl State {
                 match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
                     Gate::Granted(approval) => Some(approval.id),
                     Gate::Denied(approval, message) => {
-                        let mut refused = Dispatched::refused(
-                            DispatchStatus::ApprovalRequired,
-                            "approval-denied",
-                            message,
-                            fingerprint,
-                        );
+                        let mut refused =
+                            Dispatched::new(Reason::ApprovalDenied, message, fingerprint);
                         refused.approval_id = Some(approval.id);
                         return Ok((refused, events));
                     }
                     Gate::Pending(approval, created) => {
-                        let mut refused = Dispatched::refused(
-                            DispatchStatus::ApprovalRequired,
+                        let mut refused = Dispatched::new(
                             approval.reason,
                             "a reviewer must grant this exact proposal before it is committed"
                                 .to_string(),
@@ -229,14 +197,13 @@ impl State {
         {
             Ok(target) => target,
             Err(message) => {
-                return refuse(DispatchStatus::MissingResource, "missing-resource", message);
+                return refuse(Reason::MissingResource, message);
             }
         };
         // 8. Room in the receipt log.
         if !self.receipts.make_room(now, &policy.limits) {
             return refuse(
-                DispatchStatus::LogFull,
-                "log-full",
+                Reason::LogFull,
                 format!(
                     "the receipt log holds {} receipts, none past retention",
                     policy.limits.receipt_capacity
@@ -273,19 +240,15 @@ impl State {
             &proposal.call_id,
             receipt,
         );
-        Ok((
-            Dispatched {
-                status: DispatchStatus::Ok,
-                reason: "committed",
-                message: format!("{:?} committed", tool.name),
-                fingerprint,
-                result: Some(result),
-                receipt_id: Some(receipt_id),
-                replayed: false,
-                approval_id: grant,
-            },
-            events,
-        ))
+        let mut committed = Dispatched::new(
+            Reason::Committed,
+            format!("{:?} committed", tool.name),
+            fingerprint,
+        );
+        committed.result = Some(result);
+        committed.receipt_id = Some(receipt_id);
+        committed.approval_id = grant;
+        Ok((committed, events))
     }
 }
 

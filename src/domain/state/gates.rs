@@ -2,6 +2,7 @@
 //! gate against the ledger, and the session charge.
 
 use crate::domain::clock::Timestamp;
+use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::{ApprovalEvent, ApprovalRef, NewApproval, Standing};
 use crate::domain::manifest::ManifestStatus;
@@ -21,7 +22,7 @@ impl State {
         session_ref: &SessionRef,
         proposal: &Proposal,
         tool: &Tool,
-        reason: &'static str,
+        reason: Reason,
     ) -> Result<Gate> {
         let standing = self
             .ledger
@@ -97,7 +98,7 @@ impl State {
         now: Timestamp,
         session_ref: &SessionRef,
         proposal: &Proposal,
-        steps: impl FnOnce(&mut Self, CallStanding) -> Result<(T, Option<&'static str>)>,
+        steps: impl FnOnce(&mut Self, CallStanding) -> Result<(T, Option<Reason>)>,
     ) -> Result<T> {
         self.sessions.check_binding(session_ref)?;
         self.sessions.reserve(session_ref, now, &policy.limits)?;
