@@ -140,44 +140,6 @@ impl Refusal {
             Refusal::ManifestUnverified(_) => Reason::ManifestUnverified,
         }
     }
-
-    pub fn message(self, proposal: &Proposal, session: &SessionRef) -> String {
-        match self {
-            Refusal::Forbidden => format!(
-                "the proposal claims actor {:?} but the session runs as {:?}",
-                proposal.actor, session.actor
-            ),
-            Refusal::UnknownTool => format!("no tool {:?} in the policy", proposal.name),
-            Refusal::ForbiddenTool => format!("tool {:?} is forbidden by policy", proposal.name),
-            Refusal::NotAuthorized => format!(
-                "actor {:?} holds no role that may call {:?}",
-                session.actor, proposal.name
-            ),
-            Refusal::UnknownActor => {
-                format!("actor {:?} is not defined in the policy", session.actor)
-            }
-            Refusal::ManifestUnverified(status) => manifest_unverified_message(status, proposal),
-        }
-    }
-}
-
-fn manifest_unverified_message(status: ManifestStatus, proposal: &Proposal) -> String {
-    let tool = &proposal.name;
-    match status {
-        ManifestStatus::Unpinned => format!(
-            "the manifest server of {tool:?} has no pin: a reviewer pins its reviewed manifest, then the host assesses it"
-        ),
-        ManifestStatus::NeverAssessed => format!(
-            "the manifest server of {tool:?} was never assessed: send its manifest with AssessManifest (`toolgate manifest assess FILE`) first"
-        ),
-        ManifestStatus::Differed => format!(
-            "the last assessment of the manifest server of {tool:?} differed from its pin: its tools changed since review; re-review first"
-        ),
-        ManifestStatus::Unsafe => format!(
-            "the last assessed manifest of the server of {tool:?} was unsafe (duplicate or empty tool names); re-review first"
-        ),
-        ManifestStatus::Verified => format!("the manifest server of {tool:?} is verified"),
-    }
 }
 
 /// A proposal that passed SPEC §4 steps 2–3: the tool and the caller's profile.

@@ -318,17 +318,6 @@ impl Charge {
     }
 }
 
-/// The message of a budget refusal.
-pub fn refusal_message(reason: Reason, call_id: &str) -> String {
-    match reason {
-        Reason::CallIdConflict => format!(
-            "call id {call_id:?} was already decided in this session for a different proposal"
-        ),
-        Reason::SessionExpired => "the session is older than its profile allows".to_string(),
-        _ => format!("the session's {reason} is spent"),
-    }
-}
-
 /// Sessions by (host identity, session id). Boxed, so that growing the
 /// table moves pointers only.
 #[derive(Debug, Default)]
