@@ -112,7 +112,7 @@ impl State {
         replayed.result = Some(receipt.result.clone());
         replayed.receipt_id = Some(receipt.id);
         replayed.replayed = true;
-        Err(Halt::Answer((replayed, Vec::new())))
+        Err(Halt::Answer(Box::new((replayed, Vec::new()))))
     }
 
     /// SPEC §6 step 5: `proposal.version` is not the target's current
@@ -134,7 +134,7 @@ impl State {
             value: None,
             appended_index: None,
         });
-        Err(Halt::Answer((stale, Vec::new())))
+        Err(Halt::Answer(Box::new((stale, Vec::new()))))
     }
 
     /// SPEC §6 step 6: approval needed and no grant → APPROVAL_REQUIRED
@@ -159,7 +159,7 @@ impl State {
         let mut refused = Dispatched::answer(&cause, call.proposal, call.session);
         refused.approval_id = Some(approval.id);
         let events = created.map(|event| *event).into_iter().collect();
-        Err(Halt::Answer((refused, events)))
+        Err(Halt::Answer(Box::new((refused, events))))
     }
 
     /// SPEC §6 step 7: the target resource does not exist (or the effect

@@ -41,8 +41,8 @@ pub(super) enum Halt<A> {
     /// ([`answered`]).
     Cause(Cause),
     /// Answered with more than a cause (a replay, the current version, an
-    /// approval id).
-    Answer(A),
+    /// approval id); boxed, so that a step's result stays small.
+    Answer(Box<A>),
     /// Not an answer: nothing is charged and nothing changes.
     Error(Error),
 }
@@ -69,7 +69,8 @@ pub(super) fn answered<A>(
     word: impl FnOnce(&Cause) -> A,
 ) -> Result<(A, Option<Reason>)> {
     match steps {
-        Ok(answer) | Err(Halt::Answer(answer)) => Ok((answer, None)),
+        Ok(answer) => Ok((answer, None)),
+        Err(Halt::Answer(answer)) => Ok((*answer, None)),
         Err(Halt::Cause(cause)) => Ok((word(&cause), cause.budget_refusal())),
         Err(Halt::Error(error)) => Err(error),
     }
