@@ -4,21 +4,344 @@ use uuid::Uuid;
 
 use crate::domain::canonical::Fingerprint;
 use crate::domain::clock::Timestamp;
+use crate::domain::manifest::ManifestStatus;
+use crate::domain::policy::Mode;
 use crate::domain::proposal::{Proposal, Refusal, SessionRef};
 use crate::domain::resources::CommitResult;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     Allow,
     Deny,
     RequireApproval,
 }
 
+impl Outcome {
+    pub const ALL: [Outcome; 3] = [Outcome::Allow, Outcome::Deny, Outcome::RequireApproval];
+
+    /// The outcome as the audit line and the metrics label name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allow => "allow",
+            Outcome::Deny => "deny",
+            Outcome::RequireApproval => "require_approval",
+        }
+    }
+}
+
+/// Every stable reason Decide (SPEC §4) and Dispatch (SPEC §6) answer with.
+/// The wire strings are part of the contract.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Decide step 7.
+    Allowed,
+    /// Decide step 8: a grant.
+    Approved,
+    /// Step 2: the claimed actor is not the session's.
+    Forbidden,
+    /// Step 3.
+    UnknownTool,
+    ForbiddenTool,
+    NotAuthorized,
+    /// Decide step 4 (Dispatch step 3).
+    ManifestUnverified,
+    /// Decide step 6 (a call id decided for another fingerprint) or Dispatch
+    /// step 4 (committed for another fingerprint).
+    CallIdConflict,
+    /// Charging: the decisions are spent.
+    DecisionBudget,
+    /// Decide step 6.
+    ToolBudget,
+    SessionExpired,
+    /// Decide step 8 / Dispatch step 6: a reviewer denied the proposal.
+    ApprovalDenied,
+    /// Decide step 8 / Dispatch step 6: approval pending (rule `always`).
+    ApprovalRequired,
+    /// Decide step 8 / Dispatch step 6: approval pending (rule `threshold`).
+    ApprovalThresholdExceeded,
+    /// Dispatch step 3: only `execute` tools are committed.
+    NotDispatchable,
+    /// Dispatch step 4: the stored result of an earlier commit.
+    Replayed,
+    /// Dispatch step 9.
+    Committed,
+    /// Dispatch step 5.
+    StaleVersion,
+    /// Dispatch step 7.
+    MissingResource,
+    /// Dispatch step 8.
+    LogFull,
+}
+
+impl Reason {
+    /// Decide's reasons first, in the order of its checks, then Dispatch's own.
+    pub const ALL: [Reason; 20] = [
+        Reason::Allowed,
+        Reason::Approved,
+        Reason::Forbidden,
+        Reason::UnknownTool,
+        Reason::ForbiddenTool,
+        Reason::NotAuthorized,
+        Reason::ManifestUnverified,
+        Reason::CallIdConflict,
+        Reason::DecisionBudget,
+        Reason::ToolBudget,
+        Reason::SessionExpired,
+        Reason::ApprovalDenied,
+        Reason::ApprovalRequired,
+        Reason::ApprovalThresholdExceeded,
+        Reason::NotDispatchable,
+        Reason::Replayed,
+        Reason::Committed,
+        Reason::StaleVersion,
+        Reason::MissingResource,
+        Reason::LogFull,
+    ];
+
+    /// The stable kebab-case wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Allowed => "allowed",
+            Reason::Approved => "approved",
+            Reason::Forbidden => "forbidden",
+            Reason::UnknownTool => "unknown-tool",
+            Reason::ForbiddenTool => "forbidden-tool",
+            Reason::NotAuthorized => "not-authorized",
+            Reason::ManifestUnverified => "manifest-unverified",
+            Reason::CallIdConflict => "call-id-conflict",
+            Reason::DecisionBudget => "decision-budget",
+            Reason::ToolBudget => "tool-budget",
+            Reason::SessionExpired => "session-expired",
+            Reason::ApprovalDenied => "approval-denied",
+            Reason::ApprovalRequired => "approval-required",
+            Reason::ApprovalThresholdExceeded => "approval-threshold-exceeded",
+            Reason::NotDispatchable => "not-dispatchable",
+            Reason::Replayed => "replayed",
+            Reason::Committed => "committed",
+            Reason::StaleVersion => "stale-version",
+            Reason::MissingResource => "missing-resource",
+            Reason::LogFull => "log-full",
+        }
+    }
+
+    /// The Decide outcome this reason always comes with; `None` for the
+    /// reasons only Dispatch answers.
+    pub fn outcome(self) -> Option<Outcome> {
+        match self {
+            Reason::Allowed | Reason::Approved => Some(Outcome::Allow),
+            Reason::Forbidden
+            | Reason::UnknownTool
+            | Reason::ForbiddenTool
+            | Reason::NotAuthorized
+            | Reason::ManifestUnverified
+            | Reason::CallIdConflict
+            | Reason::DecisionBudget
+            | Reason::ToolBudget
+            | Reason::SessionExpired
+            | Reason::ApprovalDenied => Some(Outcome::Deny),
+            Reason::ApprovalRequired | Reason::ApprovalThresholdExceeded => {
+                Some(Outcome::RequireApproval)
+            }
+            Reason::NotDispatchable
+            | Reason::Replayed
+            | Reason::Committed
+            | Reason::StaleVersion
+            | Reason::MissingResource
+            | Reason::LogFull => None,
+        }
+    }
+
+    /// The Dispatch status this reason always comes with; `None` for the
+    /// reasons only Decide answers.
+    pub fn dispatch_status(self) -> Option<DispatchStatus> {
+        match self {
+            Reason::Allowed | Reason::Approved => None,
+            Reason::Replayed | Reason::Committed => Some(DispatchStatus::Ok),
+            Reason::Forbidden => Some(DispatchStatus::Forbidden),
+            Reason::UnknownTool => Some(DispatchStatus::UnknownTool),
+            Reason::ForbiddenTool
+            | Reason::NotAuthorized
+            | Reason::ManifestUnverified
+            | Reason::NotDispatchable
+            | Reason::DecisionBudget
+            | Reason::ToolBudget
+            | Reason::SessionExpired => Some(DispatchStatus::Denied),
+            Reason::CallIdConflict => Some(DispatchStatus::CallIdConflict),
+            Reason::StaleVersion => Some(DispatchStatus::StaleVersion),
+            Reason::ApprovalDenied
+            | Reason::ApprovalRequired
+            | Reason::ApprovalThresholdExceeded => Some(DispatchStatus::ApprovalRequired),
+            Reason::MissingResource => Some(DispatchStatus::MissingResource),
+            Reason::LogFull => Some(DispatchStatus::LogFull),
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// Why Decide or Dispatch answered as it did, with what the answer's message
+/// names: every reason's message is written here, once.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cause {
+    /// `allowed` (Decide step 7).
+    Allowed,
+    /// `approved`: a grant for this fingerprint (Decide step 8).
+    Approved,
+    /// `forbidden`, `unknown-tool`, `forbidden-tool`, `not-authorized`,
+    /// `manifest-unverified`: a policy refusal (Decide steps 2–4, Dispatch
+    /// steps 2–3).
+    Refused(Refusal),
+    /// `call-id-conflict` (a call id decided for another fingerprint),
+    /// `decision-budget`, `tool-budget`, `session-expired`: the session's
+    /// budget refused the call (Decide step 6 and "Charging").
+    Budget(Reason),
+    /// `approval-denied`: a reviewer denied this proposal, with their note
+    /// (empty when they gave none).
+    ApprovalDenied { note: String },
+    /// Decide step 8: a request pending, for the rule's reason
+    /// (`approval-required`, `approval-threshold-exceeded`).
+    AwaitingApproval(Reason),
+    /// Dispatch step 6: the same, asked of a commit.
+    AwaitingGrant(Reason),
+    /// `not-dispatchable`: a tool of this mode (Dispatch step 3).
+    NotDispatchable(Mode),
+    /// `call-id-conflict`: a receipt for another fingerprint (Dispatch step 4).
+    ReceiptConflict,
+    /// `replayed`: the receipt for this fingerprint (Dispatch step 4).
+    Replayed,
+    /// `committed` (Dispatch step 9).
+    Committed,
+    /// `stale-version`: the state is at this version (Dispatch step 5).
+    StaleVersion { current: u64 },
+    /// `missing-resource`, with what the resource check found (Dispatch step 7).
+    MissingResource(String),
+    /// `log-full`: the receipt log holds this many receipts (Dispatch step 8).
+    LogFull { capacity: usize },
+}
+
+impl Cause {
+    pub fn reason(&self) -> Reason {
+        match self {
+            Cause::Allowed => Reason::Allowed,
+            Cause::Approved => Reason::Approved,
+            Cause::Refused(refusal) => refusal.reason(),
+            Cause::Budget(reason)
+            | Cause::AwaitingApproval(reason)
+            | Cause::AwaitingGrant(reason) => *reason,
+            Cause::ApprovalDenied { .. } => Reason::ApprovalDenied,
+            Cause::NotDispatchable(_) => Reason::NotDispatchable,
+            Cause::ReceiptConflict => Reason::CallIdConflict,
+            Cause::Replayed => Reason::Replayed,
+            Cause::Committed => Reason::Committed,
+            Cause::StaleVersion { .. } => Reason::StaleVersion,
+            Cause::MissingResource(_) => Reason::MissingResource,
+            Cause::LogFull { .. } => Reason::LogFull,
+        }
+    }
+
+    /// The budget that refused the call, which the session remembers (SPEC
+    /// §4 "Charging"); `None` for every other cause.
+    pub fn budget_refusal(&self) -> Option<Reason> {
+        match self {
+            Cause::Budget(reason) => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// The answer's message for this proposal in this session.
+    pub fn message(&self, proposal: &Proposal, session: &SessionRef) -> String {
+        let tool = &proposal.name;
+        match self {
+            Cause::Allowed => format!("{tool:?} may run"),
+            Cause::Approved => "approved by a reviewer; Dispatch consumes the grant".to_string(),
+            Cause::Refused(refusal) => refusal_message(*refusal, proposal, session),
+            Cause::Budget(Reason::CallIdConflict) => format!(
+                "call id {:?} was already decided in this session for a different proposal",
+                proposal.call_id
+            ),
+            Cause::Budget(Reason::SessionExpired) => {
+                "the session is older than its profile allows".to_string()
+            }
+            Cause::Budget(reason) => format!("the session's {reason} is spent"),
+            // The reviewer's reason, when they gave one, reaches the host.
+            Cause::ApprovalDenied { note } if note.is_empty() => {
+                "a reviewer denied this exact proposal".to_string()
+            }
+            Cause::ApprovalDenied { note } => {
+                format!("a reviewer denied this exact proposal: {note}")
+            }
+            Cause::AwaitingApproval(_) => "a reviewer must approve this exact proposal".to_string(),
+            Cause::AwaitingGrant(_) => {
+                "a reviewer must grant this exact proposal before it is committed".to_string()
+            }
+            Cause::NotDispatchable(mode) => format!(
+                "{tool:?} is a {mode:?} tool; only execute tools are committed through Dispatch"
+            ),
+            Cause::ReceiptConflict => format!(
+                "call id {:?} was committed for a different proposal",
+                proposal.call_id
+            ),
+            Cause::Replayed => "the stored receipt of the earlier commit".to_string(),
+            Cause::Committed => format!("{tool:?} committed"),
+            Cause::StaleVersion { current } => format!(
+                "the proposal was made against version {}, the state is at {current}",
+                proposal.version
+            ),
+            Cause::MissingResource(found) => found.clone(),
+            Cause::LogFull { capacity } => {
+                format!("the receipt log holds {capacity} receipts, none past retention")
+            }
+        }
+    }
+}
+
+/// The message of a policy refusal.
+fn refusal_message(refusal: Refusal, proposal: &Proposal, session: &SessionRef) -> String {
+    let tool = &proposal.name;
+    match refusal {
+        Refusal::Forbidden => format!(
+            "the proposal claims actor {:?} but the session runs as {:?}",
+            proposal.actor, session.actor
+        ),
+        Refusal::UnknownTool => format!("no tool {tool:?} in the policy"),
+        Refusal::ForbiddenTool => format!("tool {tool:?} is forbidden by policy"),
+        Refusal::NotAuthorized => format!(
+            "actor {:?} holds no role that may call {tool:?}",
+            session.actor
+        ),
+        Refusal::UnknownActor => {
+            format!("actor {:?} is not defined in the policy", session.actor)
+        }
+        Refusal::ManifestUnverified(status) => match status {
+            ManifestStatus::Unpinned => format!(
+                "the manifest server of {tool:?} has no pin: a reviewer pins its reviewed manifest, then the host assesses it"
+            ),
+            ManifestStatus::NeverAssessed => format!(
+                "the manifest server of {tool:?} was never assessed: send its manifest with AssessManifest (`toolgate manifest assess FILE`) first"
+            ),
+            ManifestStatus::Differed => format!(
+                "the last assessment of the manifest server of {tool:?} differed from its pin: its tools changed since review; re-review first"
+            ),
+            ManifestStatus::Unsafe => format!(
+                "the last assessed manifest of the server of {tool:?} was unsafe (duplicate or empty tool names); re-review first"
+            ),
+            ManifestStatus::Verified => format!("the manifest server of {tool:?} is verified"),
+        },
+    }
+}
+
 /// The answer to Decide (SPEC §4).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
+    /// Always `why.outcome()`.
     pub outcome: Outcome,
-    /// Stable kebab-case reason.
+    pub why: Reason,
+    /// Always `why.as_str()`: the stable kebab-case reason as callers of
+    /// the library compare it.
     pub reason: &'static str,
     pub message: String,
     pub fingerprint: Fingerprint,
@@ -27,26 +350,27 @@ pub struct Decision {
 }
 
 impl Decision {
-    pub fn deny(proposal: &Proposal, reason: &'static str, message: String) -> Self {
+    /// The answer for this cause; its outcome is the reason's (DENY,
+    /// failing closed, for a reason Decide never answers).
+    pub fn answer(
+        cause: &Cause,
+        proposal: &Proposal,
+        session: &SessionRef,
+        approval: Option<(Uuid, Timestamp)>,
+    ) -> Self {
+        let why = cause.reason();
         Decision {
-            outcome: Outcome::Deny,
-            reason,
-            message,
+            outcome: why.outcome().unwrap_or(Outcome::Deny),
+            why,
+            reason: why.as_str(),
+            message: cause.message(proposal, session),
             fingerprint: proposal.fingerprint,
-            approval: None,
+            approval,
         }
-    }
-
-    pub(crate) fn refused(refusal: Refusal, proposal: &Proposal, session: &SessionRef) -> Self {
-        Decision::deny(
-            proposal,
-            refusal.reason(),
-            refusal.message(proposal, session),
-        )
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DispatchStatus {
     Ok,
     Forbidden,
@@ -60,6 +384,18 @@ pub enum DispatchStatus {
 }
 
 impl DispatchStatus {
+    pub const ALL: [DispatchStatus; 9] = [
+        DispatchStatus::Ok,
+        DispatchStatus::Forbidden,
+        DispatchStatus::UnknownTool,
+        DispatchStatus::Denied,
+        DispatchStatus::CallIdConflict,
+        DispatchStatus::StaleVersion,
+        DispatchStatus::ApprovalRequired,
+        DispatchStatus::MissingResource,
+        DispatchStatus::LogFull,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DispatchStatus::Ok => "ok",
@@ -86,8 +422,12 @@ pub const ANSWER_OVERHEAD_BYTES: usize = 1024;
 /// The answer to Dispatch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dispatched {
+    /// Always `why.dispatch_status()`.
     pub status: DispatchStatus,
-    /// Stable kebab-case reason (for DENIED: the Decide reason).
+    /// For DENIED: the Decide reason.
+    pub why: Reason,
+    /// Always `why.as_str()`: the stable kebab-case reason as callers of
+    /// the library compare it.
     pub reason: &'static str,
     pub message: String,
     pub fingerprint: Fingerprint,
@@ -100,17 +440,17 @@ pub struct Dispatched {
 }
 
 impl Dispatched {
-    pub fn refused(
-        status: DispatchStatus,
-        reason: &'static str,
-        message: String,
-        fingerprint: Fingerprint,
-    ) -> Self {
+    /// The answer for this cause, with no result, receipt or approval; its
+    /// status is the reason's (DENIED, failing closed, for a reason
+    /// Dispatch never answers).
+    pub fn answer(cause: &Cause, proposal: &Proposal, session: &SessionRef) -> Self {
+        let why = cause.reason();
         Dispatched {
-            status,
-            reason,
-            message,
-            fingerprint,
+            status: why.dispatch_status().unwrap_or(DispatchStatus::Denied),
+            why,
+            reason: why.as_str(),
+            message: cause.message(proposal, session),
+            fingerprint: proposal.fingerprint,
             result: None,
             receipt_id: None,
             replayed: false,

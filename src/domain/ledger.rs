@@ -13,6 +13,7 @@ use crate::domain::table::Table;
 
 use crate::domain::canonical::Fingerprint;
 use crate::domain::clock::Timestamp;
+use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::policy::{Limits, Policy};
 
@@ -59,7 +60,7 @@ pub struct Approval {
     /// Canonical JSON of the arguments with sensitive fields redacted. The
     /// real values are bound by the fingerprint and never stored here.
     pub arguments_view: String,
-    pub reason: &'static str,
+    pub reason: Reason,
     pub status: ApprovalStatus,
     pub requested_at: Timestamp,
     /// Pending: when the request expires; granted: when the grant expires.
@@ -83,7 +84,7 @@ pub struct NewApproval {
     pub call_id: String,
     pub version: u64,
     pub arguments_view: String,
-    pub reason: &'static str,
+    pub reason: Reason,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +124,7 @@ pub struct ApprovalEvent {
 pub struct ApprovalRef {
     pub id: Uuid,
     pub expires_at: Timestamp,
-    pub reason: &'static str,
+    pub reason: Reason,
 }
 
 impl From<&Approval> for ApprovalRef {
@@ -187,7 +188,7 @@ pub fn approx_size(approval: &Approval) -> usize {
         + approval.tool.len()
         + approval.call_id.len()
         + approval.arguments_view.len()
-        + approval.reason.len()
+        + approval.reason.as_str().len()
         + approval.decided_by.as_ref().map_or(0, String::len)
         + approval.decision_note.len()
 }

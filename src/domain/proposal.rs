@@ -4,6 +4,7 @@
 use jsonschema::error::ValidationErrorKind;
 
 use crate::domain::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
+use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::check_identifier;
 use crate::domain::manifest::ManifestStatus;
@@ -130,52 +131,14 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> Reason {
         match self {
-            Refusal::Forbidden => "forbidden",
-            Refusal::UnknownTool => "unknown-tool",
-            Refusal::ForbiddenTool => "forbidden-tool",
-            Refusal::NotAuthorized | Refusal::UnknownActor => "not-authorized",
-            Refusal::ManifestUnverified(_) => "manifest-unverified",
+            Refusal::Forbidden => Reason::Forbidden,
+            Refusal::UnknownTool => Reason::UnknownTool,
+            Refusal::ForbiddenTool => Reason::ForbiddenTool,
+            Refusal::NotAuthorized | Refusal::UnknownActor => Reason::NotAuthorized,
+            Refusal::ManifestUnverified(_) => Reason::ManifestUnverified,
         }
-    }
-
-    pub fn message(self, proposal: &Proposal, session: &SessionRef) -> String {
-        match self {
-            Refusal::Forbidden => format!(
-                "the proposal claims actor {:?} but the session runs as {:?}",
-                proposal.actor, session.actor
-            ),
-            Refusal::UnknownTool => format!("no tool {:?} in the policy", proposal.name),
-            Refusal::ForbiddenTool => format!("tool {:?} is forbidden by policy", proposal.name),
-            Refusal::NotAuthorized => format!(
-                "actor {:?} holds no role that may call {:?}",
-                session.actor, proposal.name
-            ),
-            Refusal::UnknownActor => {
-                format!("actor {:?} is not defined in the policy", session.actor)
-            }
-            Refusal::ManifestUnverified(status) => manifest_unverified_message(status, proposal),
-        }
-    }
-}
-
-fn manifest_unverified_message(status: ManifestStatus, proposal: &Proposal) -> String {
-    let tool = &proposal.name;
-    match status {
-        ManifestStatus::Unpinned => format!(
-            "the manifest server of {tool:?} has no pin: a reviewer pins its reviewed manifest, then the host assesses it"
-        ),
-        ManifestStatus::NeverAssessed => format!(
-            "the manifest server of {tool:?} was never assessed: send its manifest with AssessManifest (`toolgate manifest assess FILE`) first"
-        ),
-        ManifestStatus::Differed => format!(
-            "the last assessment of the manifest server of {tool:?} differed from its pin: its tools changed since review; re-review first"
-        ),
-        ManifestStatus::Unsafe => format!(
-            "the last assessed manifest of the server of {tool:?} was unsafe (duplicate or empty tool names); re-review first"
-        ),
-        ManifestStatus::Verified => format!("the manifest server of {tool:?} is verified"),
     }
 }
 
@@ -284,21 +247,17 @@ fn truncated(text: &str, max: usize) -> String {
 }
 
 /// Why a tool call needs approval, if it does (SPEC §3 approval rule).
-pub fn approval_reason(
-    tool: &Tool,
-    profile: &ActorProfile,
-    arguments: &Object,
-) -> Option<&'static str> {
+pub fn approval_reason(tool: &Tool, profile: &ActorProfile, arguments: &Object) -> Option<Reason> {
     match &tool.approval {
         ApprovalRule::Never => None,
-        ApprovalRule::Always => Some("approval-required"),
+        ApprovalRule::Always => Some(Reason::ApprovalRequired),
         ApprovalRule::Threshold { argument } => {
             let amount = arguments.get(argument).and_then(Value::as_f64);
             match (amount, profile.approval_threshold) {
                 (Some(amount), Some(threshold)) if amount <= threshold => None,
                 // Over the threshold, no threshold in the profile, or the
                 // argument missing or not a number: fail closed.
-                _ => Some("approval-threshold-exceeded"),
+                _ => Some(Reason::ApprovalThresholdExceeded),
             }
         }
     }

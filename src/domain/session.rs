@@ -18,6 +18,7 @@ use std::collections::HashMap;
 
 use crate::domain::canonical::Fingerprint;
 use crate::domain::clock::Timestamp;
+use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::policy::{ActorProfile, Limits};
 use crate::domain::proposal::SessionRef;
@@ -38,7 +39,7 @@ pub fn decided_call_bytes(call_id: &str) -> usize {
 struct DecidedCall {
     call_id: Box<str>,
     fingerprint: Fingerprint,
-    refused: Option<&'static str>,
+    refused: Option<Reason>,
 }
 
 /// The call ids a session has decided.
@@ -79,7 +80,7 @@ impl DecidedCalls {
         &mut self,
         call_id: &str,
         fingerprint: Fingerprint,
-        refused: Option<&'static str>,
+        refused: Option<Reason>,
     ) -> usize {
         let hash = self.calls.hash(call_id);
         let call = DecidedCall {
@@ -121,7 +122,7 @@ pub struct Session {
     /// Σ cost of the tools Dispatch committed.
     pub executed_cost: u64,
     /// The first budget that refused a call of this session.
-    pub stopped_reason: Option<&'static str>,
+    pub stopped_reason: Option<Reason>,
 }
 
 impl Session {
@@ -173,7 +174,7 @@ pub struct SessionSummary {
     pub tool_attempts: u64,
     pub executed_tools: u64,
     pub work_units: u64,
-    pub stopped_reason: Option<&'static str>,
+    pub stopped_reason: Option<Reason>,
 }
 
 impl Session {
@@ -198,7 +199,7 @@ pub enum CallStanding {
     /// Never charged in this session (or no session yet).
     New,
     /// Decided before for this fingerprint, with the budget refusal it got.
-    Decided { refused: Option<&'static str> },
+    Decided { refused: Option<Reason> },
     /// Decided before for another fingerprint.
     Conflict,
 }
@@ -248,9 +249,9 @@ impl Budget {
         session: Option<&Session>,
         is_tool_call: bool,
         now: Timestamp,
-    ) -> Option<&'static str> {
+    ) -> Option<Reason> {
         match standing {
-            CallStanding::Conflict => Some("call-id-conflict"),
+            CallStanding::Conflict => Some(Reason::CallIdConflict),
             CallStanding::Decided { refused } => refused,
             CallStanding::New => self.refusal(session, is_tool_call, now),
         }
@@ -263,10 +264,10 @@ impl Budget {
         session: Option<&Session>,
         is_tool_call: bool,
         now: Timestamp,
-    ) -> Option<&'static str> {
+    ) -> Option<Reason> {
         let Some(session) = session else {
             return match (is_tool_call, self.max_tool_calls) {
-                (true, Some(0)) => Some("tool-budget"),
+                (true, Some(0)) => Some(Reason::ToolBudget),
                 _ => None,
             };
         };
@@ -275,12 +276,12 @@ impl Budget {
                 .max_tool_calls
                 .is_some_and(|max| session.tool_attempts >= max)
         {
-            return Some("tool-budget");
+            return Some(Reason::ToolBudget);
         }
         if let Some(max_seconds) = self.max_session_seconds
             && now.millis_since(session.started_at) >= max_seconds.saturating_mul(1000)
         {
-            return Some("session-expired");
+            return Some(Reason::SessionExpired);
         }
         None
     }
@@ -294,7 +295,7 @@ pub struct Charge {
     /// One tool attempt too (an unknown or `execute` tool).
     pub tool_attempt: bool,
     /// The budget that refused the call, if one did.
-    pub refused: Option<&'static str>,
+    pub refused: Option<Reason>,
 }
 
 impl Charge {
@@ -307,24 +308,13 @@ impl Charge {
 
     /// The charge of an answer: `decision` when the call id is new;
     /// a tool attempt unless the tool budget is what refused it.
-    pub fn of(standing: CallStanding, is_tool_call: bool, refused: Option<&'static str>) -> Self {
-        let decision = standing == CallStanding::New && refused != Some("decision-budget");
+    pub fn of(standing: CallStanding, is_tool_call: bool, refused: Option<Reason>) -> Self {
+        let decision = standing == CallStanding::New && refused != Some(Reason::DecisionBudget);
         Charge {
             decision,
-            tool_attempt: decision && is_tool_call && refused != Some("tool-budget"),
+            tool_attempt: decision && is_tool_call && refused != Some(Reason::ToolBudget),
             refused,
         }
-    }
-}
-
-/// The message of a budget refusal.
-pub fn refusal_message(reason: &'static str, call_id: &str) -> String {
-    match reason {
-        "call-id-conflict" => format!(
-            "call id {call_id:?} was already decided in this session for a different proposal"
-        ),
-        "session-expired" => "the session is older than its profile allows".to_string(),
-        _ => format!("the session's {reason} is spent"),
     }
 }
 
@@ -482,7 +472,7 @@ impl Sessions {
             entry.tool_attempts += 1;
         }
         if let Some(reason) = charge.refused
-            && reason != "call-id-conflict"
+            && reason != Reason::CallIdConflict
         {
             entry.stopped_reason.get_or_insert(reason);
         }

@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use crate::domain::canonical::{self, Fingerprint, Value};
 use crate::domain::clock::Timestamp;
-use crate::domain::decision::{Decision, Outcome};
+use crate::domain::decision::{Decision, Outcome, Reason};
 use crate::domain::decision::{DispatchStatus, Dispatched};
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::{
@@ -264,7 +264,7 @@ pub(crate) fn decide_response(decision: Decision, policy_revision: String) -> pb
     };
     pb::DecideResponse {
         outcome: outcome.into(),
-        reason: decision.reason.to_string(),
+        reason: decision.why.as_str().to_string(),
         message: decision.message,
         fingerprint: decision.fingerprint.to_hex(),
         policy_revision,
@@ -287,7 +287,10 @@ pub(crate) fn session_info(session: SessionSummary) -> pb::SessionInfo {
         decisions: session.decisions,
         tool_attempts: session.tool_attempts,
         executed_tools: session.executed_tools,
-        stopped_reason: session.stopped_reason.unwrap_or_default().to_string(),
+        stopped_reason: session
+            .stopped_reason
+            .map_or("", Reason::as_str)
+            .to_string(),
         started_at: Some(timestamp(session.started_at)),
     }
 }
@@ -445,7 +448,7 @@ pub(crate) fn dispatch_response(
     });
     pb::DispatchResponse {
         status: status.into(),
-        reason: dispatched.reason.to_string(),
+        reason: dispatched.why.as_str().to_string(),
         message: dispatched.message,
         fingerprint: dispatched.fingerprint.to_hex(),
         version: result.version,

@@ -21,7 +21,7 @@ use crate::audit;
 use crate::domain::canonical::Fingerprint;
 use crate::domain::canonical::Value;
 use crate::domain::clock::{Clock, Timestamp};
-use crate::domain::decision::{Decision, DispatchStatus, Dispatched, Outcome};
+use crate::domain::decision::{Decision, DispatchStatus, Dispatched};
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
 use crate::domain::manifest::{Assessment, Manifest};
@@ -225,18 +225,13 @@ impl Engine {
             state.decide(&policy, now, session, proposal, screened)
         })?;
         self.publish(created);
-        let outcome = match decision.outcome {
-            Outcome::Allow => "allow",
-            Outcome::Deny => "deny",
-            Outcome::RequireApproval => "require_approval",
-        };
         if let Some(metrics) = self.metrics() {
-            metrics.decision(outcome, decision.reason);
+            metrics.decision(decision.why);
         }
         audit!(
             "decision",
-            outcome,
-            reason = decision.reason,
+            outcome = decision.outcome.as_str(),
+            reason = decision.why.as_str(),
             fingerprint = %decision.fingerprint,
             actor = session.actor.as_str(),
             session_id = session.session_id.as_str(),
@@ -263,7 +258,7 @@ impl Engine {
         self.publish(events);
         let result = dispatched.result.as_ref();
         if let Some(metrics) = self.metrics() {
-            metrics.dispatch(dispatched.status.as_str());
+            metrics.dispatch(dispatched.status);
         }
         let event = match dispatched.status {
             DispatchStatus::Ok => "tool_call_dispatched",
@@ -272,7 +267,7 @@ impl Engine {
         audit!(
             event,
             status = dispatched.status.as_str(),
-            reason = dispatched.reason,
+            reason = dispatched.why.as_str(),
             replayed = dispatched.replayed,
             fingerprint = %dispatched.fingerprint,
             receipt_id = blank(dispatched.receipt_id),

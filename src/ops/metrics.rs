@@ -14,6 +14,7 @@ use std::sync::Arc;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
+use crate::domain::decision::{DispatchStatus, Reason};
 use crate::domain::state::Stats;
 use crate::ops::logwriter::SinkStatus;
 
@@ -61,38 +62,6 @@ const CODES: [&str; 17] = [
     "UNAUTHENTICATED",
 ];
 
-/// Every (outcome, reason) a decision can have.
-pub const DECISIONS: [(&str, &str); 15] = [
-    ("allow", "allowed"),
-    ("allow", "approved"),
-    ("deny", "forbidden"),
-    ("deny", "unknown-tool"),
-    ("deny", "forbidden-tool"),
-    ("deny", "not-authorized"),
-    ("deny", "manifest-unverified"),
-    ("deny", "call-id-conflict"),
-    ("deny", "decision-budget"),
-    ("deny", "tool-budget"),
-    ("deny", "session-expired"),
-    ("deny", "approval-denied"),
-    ("require_approval", "approval-required"),
-    ("require_approval", "approval-threshold-exceeded"),
-    ("deny", "other"),
-];
-
-/// Every Dispatch status (as `DispatchStatus::as_str`).
-pub const DISPATCH_STATUSES: [&str; 9] = [
-    "ok",
-    "forbidden",
-    "unknown-tool",
-    "denied",
-    "call-id-conflict",
-    "stale-version",
-    "approval-required",
-    "missing-resource",
-    "log-full",
-];
-
 /// Ledger transitions (audit event names).
 pub const TRANSITIONS: [&str; 6] = [
     "tool_call_require_approval",
@@ -112,8 +81,9 @@ const BUCKETS: [f64; 14] = [
 pub struct Metrics {
     handle: PrometheusHandle,
     rpc_latency: HashMap<(&'static str, i32), Histogram>,
-    decisions: HashMap<(&'static str, &'static str), Counter>,
-    dispatches: HashMap<&'static str, Counter>,
+    /// Every reason Decide answers, with the outcome it comes with.
+    decisions: HashMap<Reason, Counter>,
+    dispatches: HashMap<DispatchStatus, Counter>,
     transitions: HashMap<&'static str, Counter>,
     load_shed: Counter,
     audit_coalesced: HashMap<&'static str, Counter>,
@@ -171,24 +141,25 @@ impl Metrics {
                 rpc_latency.insert((method, code as i32), histogram);
             }
         }
-        let decisions = DECISIONS
-            .iter()
-            .map(|&(outcome, reason)| {
+        let decisions = Reason::ALL
+            .into_iter()
+            .filter_map(|reason| Some((reason.outcome()?, reason)))
+            .map(|(outcome, reason)| {
                 let counter = recorder.register_counter(
                     &key(
                         "toolgate_decisions_total",
-                        &[("outcome", outcome), ("reason", reason)],
+                        &[("outcome", outcome.as_str()), ("reason", reason.as_str())],
                     ),
                     &metadata,
                 );
-                ((outcome, reason), counter)
+                (reason, counter)
             })
             .collect();
-        let dispatches = DISPATCH_STATUSES
-            .iter()
-            .map(|&status| {
+        let dispatches = DispatchStatus::ALL
+            .into_iter()
+            .map(|status| {
                 let counter = recorder.register_counter(
-                    &key("toolgate_dispatches_total", &[("status", status)]),
+                    &key("toolgate_dispatches_total", &[("status", status.as_str())]),
                     &metadata,
                 );
                 (status, counter)
@@ -286,18 +257,16 @@ impl Metrics {
         }
     }
 
-    pub fn decision(&self, outcome: &'static str, reason: &'static str) {
-        let counter = self
-            .decisions
-            .get(&(outcome, reason))
-            .or_else(|| self.decisions.get(&("deny", "other")));
-        if let Some(counter) = counter {
+    /// One Decide answered for this reason (counted under the outcome the
+    /// reason comes with; every reason Decide answers has its counter).
+    pub fn decision(&self, reason: Reason) {
+        if let Some(counter) = self.decisions.get(&reason) {
             counter.increment(1);
         }
     }
 
-    pub fn dispatch(&self, status: &'static str) {
-        if let Some(counter) = self.dispatches.get(status) {
+    pub fn dispatch(&self, status: DispatchStatus) {
+        if let Some(counter) = self.dispatches.get(&status) {
             counter.increment(1);
         }
     }

@@ -1,15 +1,18 @@
-//! Decide (SPEC §4): the check order, in one critical section.
+//! Decide (SPEC §4): the check order, in one critical section, one step per
+//! row of the README's Decide table.
 
 use crate::domain::clock::Timestamp;
-use crate::domain::decision::{Decision, Outcome};
+use crate::domain::decision::{Cause, Decision, Reason};
 use crate::domain::error::Result;
 use crate::domain::ledger::ApprovalEvent;
-use crate::domain::policy::{Mode, Policy};
-use crate::domain::proposal::{self, Proposal, Screened, SessionRef};
-use crate::domain::session::{self, Budget, CallStanding};
+use crate::domain::policy::{Mode, Policy, Tool};
+use crate::domain::proposal::{Admitted, Proposal, Screened, SessionRef};
 
-use super::gates::Gate;
+use super::gates::{Call, Gate, Halt, Step, answered, approval_needed};
 use super::*;
+
+/// What Decide answers: the decision and the approval request it made, if any.
+type Decided = (Decision, Option<ApprovalEvent>);
 
 impl State {
     /// Decide (SPEC §4). The policy-only steps (2, 3 and the schema check of
@@ -25,124 +28,66 @@ impl State {
         session_ref: &SessionRef,
         proposal: &Proposal,
         screened: Screened<'_>,
-    ) -> Result<(Decision, Option<ApprovalEvent>)> {
+    ) -> Result<Decided> {
         self.charged(policy, now, session_ref, proposal, |state, standing| {
-            let (decision, created, refused) =
-                state.decide_steps(policy, now, session_ref, proposal, screened, standing)?;
-            Ok(((decision, created), refused))
+            let call = Call {
+                policy,
+                now,
+                session: session_ref,
+                proposal,
+                standing,
+            };
+            answered(state.decide_steps(&call, screened), |cause| {
+                (Decision::answer(cause, proposal, session_ref, None), None)
+            })
         })
     }
 
-    /// SPEC §4 steps 2–8 for a call of this standing; also returns the
-    /// budget that refused it, if one did.
-    pub(super) fn decide_steps(
-        &mut self,
-        policy: &Policy,
-        now: Timestamp,
-        session_ref: &SessionRef,
-        proposal: &Proposal,
-        screened: Screened<'_>,
-        standing: CallStanding,
-    ) -> Result<(Decision, Option<ApprovalEvent>, Option<&'static str>)> {
-        // Charging: once the decisions are spent, a new call id is refused
-        // before anything else, and costs nothing.
-        let budget = Budget::of(policy.actors.get(&session_ref.actor));
-        if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
-        {
-            let reason = "decision-budget";
-            let message = session::refusal_message(reason, &proposal.call_id);
-            return Ok((
-                Decision::deny(proposal, reason, message),
-                None,
-                Some(reason),
-            ));
-        }
-        // Steps 2–3.
-        let (admitted, schema) = match screened {
-            Ok(screened) => screened,
-            Err(refusal) => {
-                return Ok((
-                    Decision::refused(refusal, proposal, session_ref),
-                    None,
-                    None,
-                ));
-            }
-        };
-        let tool = admitted.tool;
-        // Step 4: the manifest gate.
-        if let Err(refusal) = self.manifest_gate(policy, tool) {
-            return Ok((
-                Decision::refused(refusal, proposal, session_ref),
-                None,
-                None,
-            ));
-        }
-        // Step 5: the input schema.
+    /// SPEC §4 steps 2–8 (step 1 was checked at the edge and by
+    /// [`State::charged`]), in the contract's order; a step that answers
+    /// ends the call.
+    fn decide_steps(&mut self, call: &Call<'_>, screened: Screened<'_>) -> Step<Decided, Decided> {
+        // Charging: a new call id once the decisions are spent.
+        self.check_decisions_left(call)?;
+        // 2–3. Actor, tool, mode, roles (screened before the lock).
+        let (admitted, schema) = screened?;
+        // 4. The manifest gate.
+        self.manifest_gate(call.policy, admitted.tool)?;
+        // 5. The input schema (checked when screening, reported here).
         schema?;
-        // Step 6: the session budget.
-        let is_tool_call = tool.mode == Mode::Execute;
-        if let Some(reason) =
-            budget.check(standing, self.sessions.find(session_ref), is_tool_call, now)
-        {
-            let message = session::refusal_message(reason, &proposal.call_id);
-            return Ok((
-                Decision::deny(proposal, reason, message),
-                None,
-                Some(reason),
-            ));
-        }
-        // Step 7: no approval needed; step 8: the ledger.
-        let approval_reason = match tool.mode {
-            Mode::Execute => proposal::approval_reason(tool, admitted.profile, &proposal.arguments),
-            _ => None,
-        };
-        let (decision, created) = match approval_reason {
-            None => (
-                Decision {
-                    outcome: Outcome::Allow,
-                    reason: "allowed",
-                    message: format!("{:?} may run", proposal.name),
-                    fingerprint: proposal.fingerprint,
-                    approval: None,
-                },
-                None,
-            ),
-            Some(reason) => {
-                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
-                    Gate::Granted(approval) => (
-                        Decision {
-                            outcome: Outcome::Allow,
-                            reason: "approved",
-                            message: "approved by a reviewer; Dispatch consumes the grant"
-                                .to_string(),
-                            fingerprint: proposal.fingerprint,
-                            approval: Some((approval.id, approval.expires_at)),
-                        },
-                        None,
-                    ),
-                    Gate::Denied(approval, message) => (
-                        Decision {
-                            outcome: Outcome::Deny,
-                            reason: "approval-denied",
-                            message,
-                            fingerprint: proposal.fingerprint,
-                            approval: Some((approval.id, approval.expires_at)),
-                        },
-                        None,
-                    ),
-                    Gate::Pending(approval, created) => (
-                        Decision {
-                            outcome: Outcome::RequireApproval,
-                            reason: approval.reason,
-                            message: "a reviewer must approve this exact proposal".to_string(),
-                            fingerprint: proposal.fingerprint,
-                            approval: Some((approval.id, approval.expires_at)),
-                        },
-                        created,
-                    ),
-                }
+        // 6. The session budget.
+        self.check_budget(call, admitted.tool.mode == Mode::Execute)?;
+        // 7. No approval needed.
+        let reason = allow_unless_approval_needed(call, &admitted)?;
+        // 8. The ledger.
+        self.ask_ledger(call, admitted.tool, reason)
+    }
+
+    /// SPEC §4 step 8: a grant → ALLOW `approved`; a denial → DENY
+    /// `approval-denied` with the reviewer's note; pending, or none usable
+    /// (then a request is made) → REQUIRE_APPROVAL with the request's reason.
+    fn ask_ledger(
+        &mut self,
+        call: &Call<'_>,
+        tool: &Tool,
+        reason: Reason,
+    ) -> Step<Decided, Decided> {
+        let (cause, approval, created) = match self.approval_gate(call, tool, reason)? {
+            Gate::Granted(approval) => (Cause::Approved, approval, None),
+            Gate::Denied(approval, note) => (Cause::ApprovalDenied { note }, approval, None),
+            Gate::Pending(approval, created) => {
+                (Cause::AwaitingApproval(approval.reason), approval, created)
             }
         };
-        Ok((decision, created.map(|event| *event), None))
+        let approval = Some((approval.id, approval.expires_at));
+        let decision = Decision::answer(&cause, call.proposal, call.session, approval);
+        Ok((decision, created.map(|event| *event)))
     }
+}
+
+/// SPEC §4 step 7: a `read` or `propose` tool, or an `execute` tool whose
+/// rule asks for no approval → ALLOW `allowed`; otherwise the reason
+/// approval is needed.
+fn allow_unless_approval_needed(call: &Call<'_>, admitted: &Admitted<'_>) -> Step<Reason, Decided> {
+    approval_needed(admitted, &call.proposal.arguments).ok_or(Halt::Cause(Cause::Allowed))
 }

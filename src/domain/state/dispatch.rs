@@ -1,19 +1,27 @@
-//! Dispatch (SPEC §6): the check order and the commit, in one critical section.
+//! Dispatch (SPEC §6): the check order and the commit, in one critical
+//! section, one step per row of the README's Dispatch checks.
 
 use uuid::Uuid;
 
+use crate::domain::canonical::{self, Value};
 use crate::domain::clock::Timestamp;
-use crate::domain::decision::{self, DispatchStatus, Dispatched};
+use crate::domain::decision::{self, Cause, Dispatched};
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::ApprovalEvent;
-use crate::domain::policy::{Mode, Policy};
-use crate::domain::proposal::{self, Proposal, Refusal, Screened, SessionRef};
+use crate::domain::policy::{Mode, Policy, Tool};
+use crate::domain::proposal::{Admitted, Proposal, Screened, SessionRef};
 use crate::domain::receipts::{self, Receipt};
 use crate::domain::resources::{self, CommitResult, Resources, Target};
-use crate::domain::session::{self, Budget, CallStanding};
 
-use super::gates::Gate;
+use super::gates::{Call, Gate, Halt, Step, answered, approval_needed};
 use super::*;
+
+/// What Dispatch answers: the answer and the ledger transitions (a request
+/// made, a grant consumed).
+type Answer = (Dispatched, Vec<ApprovalEvent>);
+
+/// What a target resource check found: the target, or why there is none.
+type Found<'a> = std::result::Result<Target<'a>, String>;
 
 impl State {
     /// Dispatch (SPEC §6), in the contract's order, in one critical section:
@@ -31,274 +39,216 @@ impl State {
         session_ref: &SessionRef,
         proposal: &Proposal,
         screened: Screened<'_>,
-    ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
+    ) -> Result<Answer> {
         // 1. The session id's binding (the envelope was checked at the
         // edge), room for the session if it is new, and the charge.
         self.charged(policy, now, session_ref, proposal, |state, standing| {
-            let (dispatched, events, refused) =
-                state.dispatch_steps(policy, now, session_ref, proposal, screened, standing)?;
-            Ok(((dispatched, events), refused))
+            let call = Call {
+                policy,
+                now,
+                session: session_ref,
+                proposal,
+                standing,
+            };
+            answered(state.dispatch_steps(&call, screened), |cause| {
+                (Dispatched::answer(cause, proposal, session_ref), Vec::new())
+            })
         })
     }
 
     /// SPEC §6 steps 2–3 and the session budget of SPEC §4 step 6, then the
-    /// commit steps; also returns the budget that refused it, if one did.
-    pub(super) fn dispatch_steps(
-        &mut self,
-        policy: &Policy,
-        now: Timestamp,
-        session_ref: &SessionRef,
-        proposal: &Proposal,
-        screened: Screened<'_>,
-        standing: CallStanding,
-    ) -> Result<(Dispatched, Vec<ApprovalEvent>, Option<&'static str>)> {
-        let fingerprint = proposal.fingerprint;
-        let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
-            Ok((
-                Dispatched::refused(status, reason, message, fingerprint),
-                Vec::new(),
-                None,
-            ))
-        };
-        let budget = Budget::of(policy.actors.get(&session_ref.actor));
-        if standing == CallStanding::New && budget.decisions_spent(self.sessions.find(session_ref))
-        {
-            let reason = "decision-budget";
-            let message = session::refusal_message(reason, &proposal.call_id);
-            let refused = Dispatched::refused(DispatchStatus::Denied, reason, message, fingerprint);
-            return Ok((refused, Vec::new(), Some(reason)));
-        }
-        // 2–3. Actor, tool, policy refusals, schema.
-        let (admitted, schema) = match screened {
-            Ok(screened) => screened,
-            Err(refusal) => {
-                let status = match refusal {
-                    Refusal::Forbidden => DispatchStatus::Forbidden,
-                    Refusal::UnknownTool => DispatchStatus::UnknownTool,
-                    _ => DispatchStatus::Denied,
-                };
-                return refuse(
-                    status,
-                    refusal.reason(),
-                    refusal.message(proposal, session_ref),
-                );
-            }
-        };
-        let tool = admitted.tool;
-        if let Err(refusal) = self.manifest_gate(policy, tool) {
-            return refuse(
-                DispatchStatus::Denied,
-                refusal.reason(),
-                refusal.message(proposal, session_ref),
-            );
-        }
-        if tool.mode != Mode::Execute {
-            return refuse(
-                DispatchStatus::Denied,
-                "not-dispatchable",
-                format!(
-                    "{:?} is a {:?} tool; only execute tools are committed through Dispatch",
-                    tool.name, tool.mode
-                ),
-            );
-        }
+    /// commit steps; a step that answers ends the call.
+    fn dispatch_steps(&mut self, call: &Call<'_>, screened: Screened<'_>) -> Step<Answer, Answer> {
+        // Charging: a new call id once the decisions are spent.
+        self.check_decisions_left(call)?;
+        // 2–3. Actor, tool, policy refusals (screened before the lock).
+        let (admitted, schema) = screened?;
+        // 3. The manifest gate; only `execute` tools; the schema.
+        self.manifest_gate(call.policy, admitted.tool)?;
+        check_dispatchable(admitted.tool)?;
         schema?;
         // The session budget, as Decide's step 6 would answer.
-        if let Some(reason) = budget.check(standing, self.sessions.find(session_ref), true, now) {
-            let status = match reason {
-                "call-id-conflict" => DispatchStatus::CallIdConflict,
-                _ => DispatchStatus::Denied,
-            };
-            let message = session::refusal_message(reason, &proposal.call_id);
-            let refused = Dispatched::refused(status, reason, message, fingerprint);
-            return Ok((refused, Vec::new(), Some(reason)));
-        }
-        let (dispatched, events) =
-            self.commit_steps(policy, now, session_ref, proposal, admitted)?;
-        Ok((dispatched, events, None))
+        self.check_budget(call, true)?;
+        self.commit_steps(call, &admitted)
     }
 
     /// SPEC §6 steps 4–9 for a proposal that passed steps 1–3.
-    pub(super) fn commit_steps(
-        &mut self,
-        policy: &Policy,
-        now: Timestamp,
-        session_ref: &SessionRef,
-        proposal: &Proposal,
-        admitted: proposal::Admitted<'_>,
-    ) -> Result<(Dispatched, Vec<ApprovalEvent>)> {
-        let fingerprint = proposal.fingerprint;
-        let refuse = |status: DispatchStatus, reason: &'static str, message: String| {
-            Ok((
-                Dispatched::refused(status, reason, message, fingerprint),
-                Vec::new(),
-            ))
-        };
+    fn commit_steps(&mut self, call: &Call<'_>, admitted: &Admitted<'_>) -> Step<Answer, Answer> {
         let tool = admitted.tool;
         // 4. A receipt for this call id.
-        if let Some(receipt) =
-            self.receipts
-                .get(&session_ref.host, &proposal.actor, &proposal.call_id)
-        {
-            if receipt.fingerprint != fingerprint {
-                return refuse(
-                    DispatchStatus::CallIdConflict,
-                    "call-id-conflict",
-                    format!(
-                        "call id {:?} was committed for a different proposal",
-                        proposal.call_id
-                    ),
-                );
-            }
-            return Ok((
-                Dispatched {
-                    status: DispatchStatus::Ok,
-                    reason: "replayed",
-                    message: "the stored receipt of the earlier commit".to_string(),
-                    fingerprint,
-                    result: Some(receipt.result.clone()),
-                    receipt_id: Some(receipt.id),
-                    replayed: true,
-                    approval_id: None,
-                },
-                Vec::new(),
-            ));
-        }
-        // 5. The version the proposal was made against.
-        let target = resources::target(&tool.effect, &proposal.arguments);
+        self.check_receipt(call)?;
         // Before anything can need approval: an answer that could not be
         // sent is never committed (the host could never read its receipt).
+        let target = resources::target(&tool.effect, &call.proposal.arguments);
         let carried = target.as_ref().ok().and_then(Resources::carried_value);
-        check_answer_size(carried.as_ref(), policy.server.max_message_bytes)?;
-        let current = match &target {
+        check_answer_size(carried.as_ref(), call.policy.server.max_message_bytes)?;
+        // 5. The version the proposal was made against.
+        self.check_version(call, &target)?;
+        // 6. The approval.
+        let grant = self.check_grant(call, admitted)?;
+        // 7. The target resource.
+        let target = self.check_target(target)?;
+        // 8. Room in the receipt log and in the byte budget.
+        self.make_receipt_room(call, &target, carried.as_ref())?;
+        // 9. Commit.
+        Ok(self.commit(call, tool, &target, carried, grant)?)
+    }
+
+    /// SPEC §6 step 4: a receipt for this (host, actor, call id) with another
+    /// fingerprint → CALL_ID_CONFLICT; with this one → its stored result,
+    /// `replayed` (nothing changes).
+    fn check_receipt(&self, call: &Call<'_>) -> Step<(), Answer> {
+        let (session, proposal) = (call.session, call.proposal);
+        let Some(receipt) = self
+            .receipts
+            .get(&session.host, &proposal.actor, &proposal.call_id)
+        else {
+            return Ok(());
+        };
+        if receipt.fingerprint != proposal.fingerprint {
+            return Err(Halt::Cause(Cause::ReceiptConflict));
+        }
+        let mut replayed = Dispatched::answer(&Cause::Replayed, proposal, session);
+        replayed.result = Some(receipt.result.clone());
+        replayed.receipt_id = Some(receipt.id);
+        replayed.replayed = true;
+        Err(Halt::Answer(Box::new((replayed, Vec::new()))))
+    }
+
+    /// SPEC §6 step 5: `proposal.version` is not the target's current
+    /// version (the global commit counter without a target) →
+    /// STALE_VERSION with the current version.
+    fn check_version(&self, call: &Call<'_>, target: &Found<'_>) -> Step<(), Answer> {
+        let current = match target {
             Ok(target) => self.resources.version_for(target),
             Err(_) => self.resources.version_for(&Target::Nothing),
         };
-        if proposal.version != current {
-            let mut stale = Dispatched::refused(
-                DispatchStatus::StaleVersion,
-                "stale-version",
-                format!(
-                    "the proposal was made against version {}, the state is at {current}",
-                    proposal.version
-                ),
-                fingerprint,
-            );
-            stale.result = Some(CommitResult {
-                version: current,
-                resource: None,
-                value: None,
-                appended_index: None,
-            });
-            return Ok((stale, Vec::new()));
+        if call.proposal.version == current {
+            return Ok(());
         }
-        // 6. The approval.
-        let mut events = Vec::new();
-        let grant = match proposal::approval_reason(tool, admitted.profile, &proposal.arguments) {
-            None => None,
-            Some(reason) => {
-                match self.approval_gate(policy, now, session_ref, proposal, tool, reason)? {
-                    Gate::Granted(approval) => Some(approval.id),
-                    Gate::Denied(approval, message) => {
-                        let mut refused = Dispatched::refused(
-                            DispatchStatus::ApprovalRequired,
-                            "approval-denied",
-                            message,
-                            fingerprint,
-                        );
-                        refused.approval_id = Some(approval.id);
-                        return Ok((refused, events));
-                    }
-                    Gate::Pending(approval, created) => {
-                        let mut refused = Dispatched::refused(
-                            DispatchStatus::ApprovalRequired,
-                            approval.reason,
-                            "a reviewer must grant this exact proposal before it is committed"
-                                .to_string(),
-                            fingerprint,
-                        );
-                        refused.approval_id = Some(approval.id);
-                        events.extend(created.map(|event| *event));
-                        return Ok((refused, events));
-                    }
-                }
+        let cause = Cause::StaleVersion { current };
+        let mut stale = Dispatched::answer(&cause, call.proposal, call.session);
+        stale.result = Some(CommitResult {
+            version: current,
+            resource: None,
+            value: None,
+            appended_index: None,
+        });
+        Err(Halt::Answer(Box::new((stale, Vec::new()))))
+    }
+
+    /// SPEC §6 step 6: approval needed and no grant → APPROVAL_REQUIRED
+    /// with the pending request's id (made when there is none usable), or
+    /// `approval-denied` with a denied one's. The grant to consume, if one
+    /// is needed.
+    fn check_grant(
+        &mut self,
+        call: &Call<'_>,
+        admitted: &Admitted<'_>,
+    ) -> Step<Option<Uuid>, Answer> {
+        let Some(reason) = approval_needed(admitted, &call.proposal.arguments) else {
+            return Ok(None);
+        };
+        let (cause, approval, created) = match self.approval_gate(call, admitted.tool, reason)? {
+            Gate::Granted(approval) => return Ok(Some(approval.id)),
+            Gate::Denied(approval, note) => (Cause::ApprovalDenied { note }, approval, None),
+            Gate::Pending(approval, created) => {
+                (Cause::AwaitingGrant(approval.reason), approval, created)
             }
         };
-        // 7. The target resource.
-        let target = match target.and_then(|target| self.resources.check(&target).map(|()| target))
-        {
-            Ok(target) => target,
-            Err(message) => {
-                return refuse(DispatchStatus::MissingResource, "missing-resource", message);
-            }
-        };
-        // 8. Room in the receipt log.
-        if !self.receipts.make_room(now, &policy.limits) {
-            return refuse(
-                DispatchStatus::LogFull,
-                "log-full",
-                format!(
-                    "the receipt log holds {} receipts, none past retention",
-                    policy.limits.receipt_capacity
-                ),
-            );
+        let mut refused = Dispatched::answer(&cause, call.proposal, call.session);
+        refused.approval_id = Some(approval.id);
+        let events = created.map(|event| *event).into_iter().collect();
+        Err(Halt::Answer(Box::new((refused, events))))
+    }
+
+    /// SPEC §6 step 7: the target resource does not exist (or the effect
+    /// names none) → MISSING_RESOURCE.
+    fn check_target<'t>(&self, target: Found<'t>) -> Step<Target<'t>, Answer> {
+        target
+            .and_then(|target| self.resources.check(&target).map(|()| target))
+            .map_err(|found| Halt::Cause(Cause::MissingResource(found)))
+    }
+
+    /// SPEC §6 step 8: the receipt log is full, none past retention →
+    /// LOG_FULL; then room for the receipt in the byte budget, or
+    /// RESOURCE_EXHAUSTED.
+    fn make_receipt_room(
+        &mut self,
+        call: &Call<'_>,
+        target: &Target<'_>,
+        carried: Option<&Value>,
+    ) -> Step<(), Answer> {
+        let limits = &call.policy.limits;
+        if !self.receipts.make_room(call.now, limits) {
+            let capacity = limits.receipt_capacity;
+            return Err(Halt::Cause(Cause::LogFull { capacity }));
         }
-        // 8b. Room for the receipt in the byte budget.
         let receipt_bytes = receipts::receipt_bytes(
-            &session_ref.host,
-            &proposal.actor,
-            &proposal.call_id,
+            &call.session.host,
+            &call.proposal.actor,
+            &call.proposal.call_id,
             target.resource(),
-            carried.as_ref(),
+            carried,
         );
-        self.make_byte_room(receipt_bytes, now, &policy.limits)?;
-        // 9. Commit: all of it, under this one lock, with nothing left that can fail.
+        self.make_byte_room(receipt_bytes, call.now, limits)?;
+        Ok(())
+    }
+
+    /// SPEC §6 step 9: count the tool, consume the grant, apply the effect
+    /// and store the receipt — all of it, under this one lock, with nothing
+    /// left that can fail.
+    fn commit(
+        &mut self,
+        call: &Call<'_>,
+        tool: &Tool,
+        target: &Target<'_>,
+        carried: Option<Value>,
+        grant: Option<Uuid>,
+    ) -> Result<Answer> {
+        let (session, proposal) = (call.session, call.proposal);
         self.sessions
-            .open(session_ref, now, &policy.limits)?
+            .open(session, call.now, &call.policy.limits)?
             .executed(tool.cost);
+        let mut events = Vec::new();
         if let Some(grant) = grant {
-            events.push(self.ledger.consume(grant, now)?);
+            events.push(self.ledger.consume(grant, call.now)?);
         }
-        let result = self.resources.apply(&target, carried);
+        let result = self.resources.apply(target, carried);
         let receipt = Receipt {
             id: Uuid::new_v4(),
-            fingerprint,
+            fingerprint: proposal.fingerprint,
             result: result.clone(),
-            created_at: now,
+            created_at: call.now,
         };
         let receipt_id = receipt.id;
-        self.receipts.insert(
-            &session_ref.host,
-            &proposal.actor,
-            &proposal.call_id,
-            receipt,
-        );
-        Ok((
-            Dispatched {
-                status: DispatchStatus::Ok,
-                reason: "committed",
-                message: format!("{:?} committed", tool.name),
-                fingerprint,
-                result: Some(result),
-                receipt_id: Some(receipt_id),
-                replayed: false,
-                approval_id: grant,
-            },
-            events,
-        ))
+        let (host, actor, call_id) = (&session.host, &proposal.actor, &proposal.call_id);
+        self.receipts.insert(host, actor, call_id, receipt);
+        let mut committed = Dispatched::answer(&Cause::Committed, proposal, session);
+        committed.result = Some(result);
+        committed.receipt_id = Some(receipt_id);
+        committed.approval_id = grant;
+        Ok((committed, events))
+    }
+}
+
+/// SPEC §6 step 3: only `execute` tools are committed through Dispatch →
+/// DENIED `not-dispatchable`.
+fn check_dispatchable(tool: &Tool) -> Step<(), Answer> {
+    if tool.mode == Mode::Execute {
+        Ok(())
+    } else {
+        Err(Halt::Cause(Cause::NotDispatchable(tool.mode)))
     }
 }
 
 /// Refuses a commit whose answer would exceed the message limit (see
 /// [`decision::ANSWER_OVERHEAD_BYTES`]).
-pub(super) fn check_answer_size(
-    carried: Option<&crate::domain::canonical::Value>,
-    limit: usize,
-) -> Result<()> {
+pub(super) fn check_answer_size(carried: Option<&Value>, limit: usize) -> Result<()> {
     let Some(value) = carried else {
         return Ok(());
     };
-    let value_json = crate::domain::canonical::to_canonical(value).len();
+    let value_json = canonical::to_canonical(value).len();
     let answer = value_json.saturating_add(decision::ANSWER_OVERHEAD_BYTES);
     if answer > limit {
         return Err(Error::invalid(

@@ -1,80 +1,94 @@
-//! The checks Decide and Dispatch share: the manifest gate, the approval
-//! gate against the ledger, and the session charge.
+//! What Decide and Dispatch share: the call their steps read, how a step
+//! ends the call, the checks both make (decisions left, the manifest gate,
+//! the session budget, whether approval is needed, the approval gate
+//! against the ledger) and the session charge.
 
+use crate::domain::canonical::Object;
 use crate::domain::clock::Timestamp;
+use crate::domain::decision::{Cause, Reason};
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::{ApprovalEvent, ApprovalRef, NewApproval, Standing};
 use crate::domain::manifest::ManifestStatus;
 use crate::domain::policy::{Mode, Policy, Tool};
-use crate::domain::proposal::{self, Proposal, Refusal, SessionRef};
+use crate::domain::proposal::{self, Admitted, Proposal, Refusal, SessionRef};
 use crate::domain::session::{Budget, CallStanding, Charge};
 
 use super::*;
 
+/// One Decide or Dispatch being answered: what its steps read.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Call<'a> {
+    pub(super) policy: &'a Policy,
+    pub(super) now: Timestamp,
+    pub(super) session: &'a SessionRef,
+    pub(super) proposal: &'a Proposal,
+    /// What the session already knows of the call id.
+    pub(super) standing: CallStanding,
+}
+
+impl Call<'_> {
+    /// The session budgets of the session's actor.
+    fn budget(&self) -> Budget {
+        Budget::of(self.policy.actors.get(&self.session.actor))
+    }
+}
+
+/// How a step ends a call before the last step: a step returns
+/// `Step<T, A>`, the `T` the next steps need or the end of the call, so that
+/// an operation reads as its check table, one `?` per row.
+pub(super) enum Halt<A> {
+    /// Answered for this cause; the operation words the answer
+    /// ([`answered`]).
+    Cause(Cause),
+    /// Answered with more than a cause (a replay, the current version, an
+    /// approval id); boxed, so that a step's result stays small.
+    Answer(Box<A>),
+    /// Not an answer: nothing is charged and nothing changes.
+    Error(Error),
+}
+
+pub(super) type Step<T, A> = std::result::Result<T, Halt<A>>;
+
+impl<A> From<Error> for Halt<A> {
+    fn from(error: Error) -> Self {
+        Halt::Error(error)
+    }
+}
+
+impl<A> From<Refusal> for Halt<A> {
+    fn from(refusal: Refusal) -> Self {
+        Halt::Cause(Cause::Refused(refusal))
+    }
+}
+
+/// The answer of an operation's steps, a cause worded by `word`, with the
+/// budget that refused the call, if one did (what [`State::charged`]
+/// settles).
+pub(super) fn answered<A>(
+    steps: Step<A, A>,
+    word: impl FnOnce(&Cause) -> A,
+) -> Result<(A, Option<Reason>)> {
+    match steps {
+        Ok(answer) => Ok((answer, None)),
+        Err(Halt::Answer(answer)) => Ok((*answer, None)),
+        Err(Halt::Cause(cause)) => Ok((word(&cause), cause.budget_refusal())),
+        Err(Halt::Error(error)) => Err(error),
+    }
+}
+
 impl State {
-    /// The approval standing of a proposal that needs approval; a new pending
-    /// request is made when there is none usable (SPEC §4 step 8, §6 step 6).
-    pub(super) fn approval_gate(
-        &mut self,
-        policy: &Policy,
-        now: Timestamp,
-        session_ref: &SessionRef,
-        proposal: &Proposal,
-        tool: &Tool,
-        reason: &'static str,
-    ) -> Result<Gate> {
-        let standing = self
-            .ledger
-            .standing(&session_ref.workspace, proposal.fingerprint);
-        Ok(match standing {
-            Standing::Granted(approval) => Gate::Granted(approval),
-            Standing::Denied(approval) => {
-                let reason = self
-                    .ledger
-                    .get(approval.id)
-                    .map(|record| record.decision_note.as_str())
-                    .unwrap_or("");
-                Gate::Denied(approval, denial_message(reason))
-            }
-            Standing::Pending(approval) => Gate::Pending(approval, None),
-            Standing::None => {
-                let new = NewApproval {
-                    fingerprint: proposal.fingerprint,
-                    host: session_ref.host.clone(),
-                    actor: session_ref.actor.clone(),
-                    session_id: session_ref.session_id.clone(),
-                    workspace: session_ref.workspace.clone(),
-                    tool: tool.name.clone(),
-                    call_id: proposal.call_id.clone(),
-                    version: proposal.version,
-                    arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
-                    reason,
-                };
-                let limit = policy.limits.max_approval_argument_bytes;
-                if new.arguments_view.len() > limit {
-                    return Err(Error::invalid(
-                        "proposal.arguments_json",
-                        format!(
-                            "a request for approval holds at most {limit} bytes of arguments \
-                             (limits.max_approval_argument_bytes); these are {} (canonical, \
-                             sensitive fields redacted)",
-                            new.arguments_view.len()
-                        ),
-                    ));
-                }
-                self.ledger.check_capacity(
-                    &session_ref.host,
-                    &session_ref.actor,
-                    &policy.limits,
-                )?;
-                self.make_byte_room(new.bytes(), now, &policy.limits)?;
-                let event = self.ledger.create(new, now, &policy.limits);
-                Gate::Pending(ApprovalRef::from(&event.approval), Some(Box::new(event)))
-            }
-        })
+    /// SPEC §4 "Charging": once the decisions are spent, a new call id is
+    /// refused `decision-budget` before anything else, and costs nothing.
+    pub(super) fn check_decisions_left<A>(&self, call: &Call<'_>) -> Step<(), A> {
+        let session = self.sessions.find(call.session);
+        if call.standing == CallStanding::New && call.budget().decisions_spent(session) {
+            return Err(Halt::Cause(Cause::Budget(Reason::DecisionBudget)));
+        }
+        Ok(())
     }
 
-    /// SPEC §4 step 4: a tool of a manifest server needs a matching assessment.
+    /// SPEC §4 step 4 (§6 step 3): a tool of a manifest server needs a
+    /// matching assessment, or it is `manifest-unverified`.
     pub(super) fn manifest_gate(&self, policy: &Policy, tool: &Tool) -> Result<(), Refusal> {
         match &tool.server {
             Some(server) => match self.manifest_status(policy, server) {
@@ -83,6 +97,89 @@ impl State {
             },
             None => Ok(()),
         }
+    }
+
+    /// SPEC §4 step 6 (and Dispatch of a call id, as Decide would answer
+    /// it): `call-id-conflict`, the verdict a decided call id got, or the
+    /// budget of a new one (`tool-budget`, `session-expired`).
+    pub(super) fn check_budget<A>(&self, call: &Call<'_>, is_tool_call: bool) -> Step<(), A> {
+        let session = self.sessions.find(call.session);
+        match call
+            .budget()
+            .check(call.standing, session, is_tool_call, call.now)
+        {
+            Some(reason) => Err(Halt::Cause(Cause::Budget(reason))),
+            None => Ok(()),
+        }
+    }
+
+    /// The approval standing of a proposal that needs approval; a new pending
+    /// request is made when there is none usable (SPEC §4 step 8, §6 step 6).
+    pub(super) fn approval_gate(
+        &mut self,
+        call: &Call<'_>,
+        tool: &Tool,
+        reason: Reason,
+    ) -> Result<Gate> {
+        let (session_ref, proposal) = (call.session, call.proposal);
+        let standing = self
+            .ledger
+            .standing(&session_ref.workspace, proposal.fingerprint);
+        Ok(match standing {
+            Standing::Granted(approval) => Gate::Granted(approval),
+            Standing::Denied(approval) => {
+                let note = self
+                    .ledger
+                    .get(approval.id)
+                    .map(|record| record.decision_note.clone())
+                    .unwrap_or_default();
+                Gate::Denied(approval, note)
+            }
+            Standing::Pending(approval) => Gate::Pending(approval, None),
+            Standing::None => {
+                let event = self.request_approval(call, tool, reason)?;
+                Gate::Pending(ApprovalRef::from(&event.approval), Some(Box::new(event)))
+            }
+        })
+    }
+
+    /// A new pending request for this proposal, within the argument, pending
+    /// and byte limits.
+    fn request_approval(
+        &mut self,
+        call: &Call<'_>,
+        tool: &Tool,
+        reason: Reason,
+    ) -> Result<ApprovalEvent> {
+        let (policy, session_ref, proposal) = (call.policy, call.session, call.proposal);
+        let new = NewApproval {
+            fingerprint: proposal.fingerprint,
+            host: session_ref.host.clone(),
+            actor: session_ref.actor.clone(),
+            session_id: session_ref.session_id.clone(),
+            workspace: session_ref.workspace.clone(),
+            tool: tool.name.clone(),
+            call_id: proposal.call_id.clone(),
+            version: proposal.version,
+            arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
+            reason,
+        };
+        let limit = policy.limits.max_approval_argument_bytes;
+        if new.arguments_view.len() > limit {
+            return Err(Error::invalid(
+                "proposal.arguments_json",
+                format!(
+                    "a request for approval holds at most {limit} bytes of arguments \
+                     (limits.max_approval_argument_bytes); these are {} (canonical, \
+                     sensitive fields redacted)",
+                    new.arguments_view.len()
+                ),
+            ));
+        }
+        self.ledger
+            .check_capacity(&session_ref.host, &session_ref.actor, &policy.limits)?;
+        self.make_byte_room(new.bytes(), call.now, &policy.limits)?;
+        Ok(self.ledger.create(new, call.now, &policy.limits))
     }
 
     /// Charging (SPEC §4 "Charging"), shared by Decide and Dispatch: the
@@ -97,7 +194,7 @@ impl State {
         now: Timestamp,
         session_ref: &SessionRef,
         proposal: &Proposal,
-        steps: impl FnOnce(&mut Self, CallStanding) -> Result<(T, Option<&'static str>)>,
+        steps: impl FnOnce(&mut Self, CallStanding) -> Result<(T, Option<Reason>)>,
     ) -> Result<T> {
         self.sessions.check_binding(session_ref)?;
         self.sessions.reserve(session_ref, now, &policy.limits)?;
@@ -133,24 +230,23 @@ impl State {
     }
 }
 
+/// SPEC §4 step 7 (§6 step 6): the reason a proposal needs approval, if it
+/// does — only an `execute` tool can, by its approval rule.
+pub(super) fn approval_needed(admitted: &Admitted<'_>, arguments: &Object) -> Option<Reason> {
+    match admitted.tool.mode {
+        Mode::Execute => proposal::approval_reason(admitted.tool, admitted.profile, arguments),
+        _ => None,
+    }
+}
+
 /// What the ledger holds for a proposal that needs approval, after making
 /// a request if there was none usable.
 pub(super) enum Gate {
     Granted(ApprovalRef),
-    /// With the answer's message, which carries the reviewer's reason.
+    /// With the reviewer's note (empty when they gave none).
     Denied(ApprovalRef, String),
     /// With the request event when this call made the request.
     Pending(ApprovalRef, Option<Box<ApprovalEvent>>),
-}
-
-/// The message of a Decide or Dispatch refused because a reviewer denied
-/// the proposal: the reviewer's reason, when they gave one, reaches the host.
-pub(super) fn denial_message(reason: &str) -> String {
-    if reason.is_empty() {
-        "a reviewer denied this exact proposal".to_string()
-    } else {
-        format!("a reviewer denied this exact proposal: {reason}")
-    }
 }
 
 /// Whether a call of this proposal's tool costs a tool attempt: an unknown
