@@ -9,9 +9,10 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::domain::canonical::Fingerprint;
+use crate::domain::error::Error;
 use crate::domain::ledger::{ApprovalEvent, Verdict, visible_to};
 use crate::domain::policy::CredentialKind;
-use crate::edge::auth::Caller;
+use crate::edge::auth::{Caller, Reach, token_digest};
 use crate::edge::convert::{approval_id, list_query, page_token};
 use crate::engine::Engine;
 use crate::pb;
@@ -44,7 +45,7 @@ impl ApprovalsService {
         note_field: &str,
         fields: impl FnOnce(T) -> (String, String),
     ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let caller = Caller::require(&request, Reach::Reviewer)?;
         let (id, note) = fields(request.into_inner());
         let id = approval_id(&id, "approval_id")?;
         if note.chars().count() > MAX_NOTE_LEN {
@@ -60,17 +61,6 @@ impl ApprovalsService {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ApprovalEvent, Status>> + Send>>;
-
-/// The SHA-256 digest of the request's bearer token, as the auth layer
-/// read it (`None` for a request without one).
-fn token_digest<T>(request: &Request<T>) -> Option<Fingerprint> {
-    let header = request.metadata().get("authorization")?.to_str().ok()?;
-    let token = header
-        .strip_prefix("Bearer ")
-        .or_else(|| header.strip_prefix("bearer "))?
-        .trim();
-    (!token.is_empty()).then(|| Fingerprint::of_bytes(token.as_bytes()))
-}
 
 /// One reviewer's watch: the ledger's transitions that it may see, until
 /// shutdown, or until a policy reload takes its credential away.
@@ -106,12 +96,12 @@ impl Watch {
                 biased;
                 () = &mut self.closed => {
                     self.ended = true;
-                    return Some(Err(Status::unavailable("toolgate is shutting down")));
+                    return Some(Err(Error::Unavailable("toolgate is shutting down".into()).into()));
                 }
                 changed = self.reloads.changed() => {
                     if changed.is_err() || !self.credential_holds() {
                         self.ended = true;
-                        return Some(Err(revoked()));
+                        return Some(Err(revoked().into()));
                     }
                 }
                 received = self.events.recv() => match received {
@@ -135,8 +125,8 @@ impl Watch {
     }
 }
 
-fn revoked() -> Status {
-    Status::unauthenticated("the credential of this watch was revoked by a policy reload")
+fn revoked() -> Error {
+    Error::Unauthenticated("the credential of this watch was revoked by a policy reload".into())
 }
 
 #[tonic::async_trait]
@@ -148,7 +138,7 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let caller = Caller::require(&request, Reach::Reviewer)?;
         let id = approval_id(&request.into_inner().approval_id, "approval_id")?;
         let approval = self.engine.get_approval_for(id, &caller.identity)?;
         Ok(Response::new(approval.into()))
@@ -159,7 +149,7 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let caller = Caller::require(&request, Reach::Reviewer)?;
         let mut query = list_query(request.into_inner())?;
         query.viewer = Some(caller.identity.clone());
         query.max_bytes = MAX_PAGE_BYTES;
@@ -205,7 +195,7 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let caller = Caller::require(&request, Reach::Reviewer)?;
         // Subscribed before answering, so nothing after the answer is
         // missed; the credential is checked once more after subscribing to
         // reloads, so a reload racing this call cannot be missed either.
@@ -219,7 +209,7 @@ impl Approvals for ApprovalsService {
             ended: false,
         };
         if !watch.credential_holds() {
-            return Err(revoked());
+            return Err(revoked().into());
         }
         let events = futures_util::stream::unfold(watch, |mut watch| async move {
             let item = watch.next().await?;

@@ -13,3 +13,9 @@ pub(crate) mod pins;
 pub(crate) mod resources;
 pub mod server;
 pub(crate) mod status;
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// The future of the tower layers' services (auth, overload, metrics).
+pub(crate) type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;

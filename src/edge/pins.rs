@@ -3,8 +3,7 @@
 use tonic::{Request, Response, Status};
 
 use crate::domain::manifest::Manifest;
-use crate::domain::policy::CredentialKind;
-use crate::edge::auth::Caller;
+use crate::edge::auth::{Caller, Reach};
 use crate::edge::convert::{optional_fingerprint, required};
 use crate::engine::Engine;
 use crate::pb;
@@ -28,7 +27,7 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::PinManifestRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let caller = Caller::require(&request, Reach::Reviewer)?;
         let message = request.into_inner();
         let expected = optional_fingerprint(&message.expected_fingerprint, "expected_fingerprint")?;
         let manifest = Manifest::try_from(required(message.manifest, "manifest")?)
@@ -44,7 +43,7 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::ListPinsRequest>,
     ) -> Result<Response<pb::ListPinsResponse>, Status> {
-        Caller::require(&request, CredentialKind::Reviewer)?;
+        Caller::require(&request, Reach::Reviewer)?;
         let pins = self
             .engine
             .list_pins()?
@@ -59,7 +58,7 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::RemovePinRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
+        let caller = Caller::require(&request, Reach::Reviewer)?;
         let server_id = request.into_inner().server_id;
         crate::domain::ids::check_server_id("server_id", &server_id)?;
         let record = self.engine.remove_pin(&caller.identity, &server_id)?;

@@ -6,7 +6,7 @@ use tonic::{Request, Response, Status};
 use crate::domain::decision::ANSWER_OVERHEAD_BYTES;
 use crate::domain::error::Error;
 use crate::domain::resources::PagePosition;
-use crate::edge::auth::Caller;
+use crate::edge::auth::{Caller, Reach};
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::resources_server::Resources;
@@ -63,9 +63,7 @@ impl Resources for ResourcesService {
         &self,
         request: Request<pb::GetResourceRequest>,
     ) -> Result<Response<pb::Resource>, Status> {
-        if request.extensions().get::<Caller>().is_none() {
-            return Err(Status::unauthenticated("no authenticated caller"));
-        }
+        Caller::require(&request, Reach::HostOrReviewer)?;
         let request = request.into_inner();
         let name = request.name;
         if name.is_empty() || name.len() > MAX_RESOURCE_NAME_LEN {
@@ -111,9 +109,7 @@ impl Resources for ResourcesService {
         &self,
         request: Request<pb::ListResourcesRequest>,
     ) -> Result<Response<pb::ListResourcesResponse>, Status> {
-        if request.extensions().get::<Caller>().is_none() {
-            return Err(Status::unauthenticated("no authenticated caller"));
-        }
+        Caller::require(&request, Reach::HostOrReviewer)?;
         let request = request.into_inner();
         let page_size = match request.page_size {
             0 => DEFAULT_RESOURCE_PAGE,
