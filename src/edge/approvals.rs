@@ -9,21 +9,17 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::domain::canonical::Fingerprint;
-use crate::domain::error::Error;
+use crate::domain::error::{Error, Result};
+use crate::domain::ids::approval_id;
 use crate::domain::ledger::{ApprovalEvent, Verdict, visible_to};
+use crate::domain::limits::{Note, approval_page_token};
 use crate::domain::policy::CredentialKind;
 use crate::edge::auth::{Caller, Reach, token_digest};
-use crate::edge::convert::{approval_id, list_query, page_token};
+use crate::edge::convert::list_query;
+use crate::edge::unary::unary;
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::approvals_server::Approvals;
-
-/// Longest reviewer comment or reason kept with a decision.
-pub(crate) const MAX_NOTE_LEN: usize = 2048;
-
-/// About how many bytes of approvals one `ListApprovals` page holds (at
-/// least one approval): well under the 4 MiB a gRPC client accepts by default.
-pub(crate) const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub(crate) struct ApprovalsService {
@@ -35,28 +31,21 @@ impl ApprovalsService {
         ApprovalsService { engine }
     }
 
-    /// Grant, deny or revoke as the authenticated reviewer. `fields` takes
-    /// the approval id and the note out of the request message; `note_field`
-    /// names the note in errors.
-    fn review<T>(
+    /// Grant, deny or revoke as the authenticated reviewer; `note_field`
+    /// names the note (`comment`, `reason`) in errors.
+    fn review(
         &self,
-        request: Request<T>,
+        caller: &Caller,
         verdict: Verdict,
-        note_field: &str,
-        fields: impl FnOnce(T) -> (String, String),
-    ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, Reach::Reviewer)?;
-        let (id, note) = fields(request.into_inner());
-        let id = approval_id(&id, "approval_id")?;
-        if note.chars().count() > MAX_NOTE_LEN {
-            return Err(crate::domain::error::Error::invalid(
-                note_field,
-                format!("must be at most {MAX_NOTE_LEN} characters"),
-            )
-            .into());
-        }
-        let approval = self.engine.review(id, verdict, &caller.identity, note)?;
-        Ok(Response::new(approval.into()))
+        id: &str,
+        (note_field, note): (&str, String),
+    ) -> Result<pb::Approval> {
+        let id = approval_id("approval_id", id)?;
+        let note = Note::new(note_field, note)?;
+        let approval = self
+            .engine
+            .review(id, verdict, &caller.identity, note.into_string())?;
+        Ok(approval.into())
     }
 }
 
@@ -85,6 +74,33 @@ impl Watch {
             .is_some_and(|credential| {
                 credential.kind == CredentialKind::Reviewer && credential.identity == self.identity
             })
+    }
+
+    /// Opens a watch for `caller`, subscribed before the call answers, so
+    /// that nothing after the answer is missed; the credential is checked
+    /// once more after subscribing to reloads, so that a reload racing the
+    /// call cannot be missed either.
+    fn open(engine: &Engine, caller: &Caller, digest: Option<Fingerprint>) -> Result<Watch> {
+        let watch = Watch {
+            engine: engine.clone(),
+            identity: caller.identity.clone(),
+            digest,
+            events: engine.subscribe(),
+            reloads: engine.reloads(),
+            closed: Box::pin(engine.closed()),
+            ended: false,
+        };
+        if !watch.credential_holds() {
+            return Err(revoked());
+        }
+        Ok(watch)
+    }
+
+    fn into_stream(self) -> EventStream {
+        Box::pin(futures_util::stream::unfold(self, |mut watch| async move {
+            let item = watch.next().await?;
+            Some((item, watch))
+        }))
     }
 
     async fn next(&mut self) -> Option<Result<pb::ApprovalEvent, Status>> {
@@ -138,10 +154,11 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, Reach::Reviewer)?;
-        let id = approval_id(&request.into_inner().approval_id, "approval_id")?;
-        let approval = self.engine.get_approval_for(id, &caller.identity)?;
-        Ok(Response::new(approval.into()))
+        unary(request, Reach::Reviewer, |caller, message| {
+            let id = approval_id("approval_id", &message.approval_id)?;
+            let approval = self.engine.get_approval_for(id, &caller.identity)?;
+            Ok(approval.into())
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -149,15 +166,15 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        let caller = Caller::require(&request, Reach::Reviewer)?;
-        let mut query = list_query(request.into_inner())?;
-        query.viewer = Some(caller.identity.clone());
-        query.max_bytes = MAX_PAGE_BYTES;
-        let page = self.engine.list_approvals(&query)?;
-        Ok(Response::new(pb::ListApprovalsResponse {
-            approvals: page.approvals.into_iter().map(pb::Approval::from).collect(),
-            next_page_token: page.next.map(page_token).unwrap_or_default(),
-        }))
+        unary(request, Reach::Reviewer, |caller, message| {
+            let mut query = list_query(message)?;
+            query.viewer = Some(caller.identity.clone());
+            let page = self.engine.list_approvals(&query)?;
+            Ok(pb::ListApprovalsResponse {
+                approvals: page.approvals.into_iter().map(pb::Approval::from).collect(),
+                next_page_token: page.next.map(approval_page_token).unwrap_or_default(),
+            })
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -165,8 +182,9 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GrantApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        self.review(request, Verdict::Grant, "comment", |message| {
-            (message.approval_id, message.comment)
+        unary(request, Reach::Reviewer, |caller, message| {
+            let note = ("comment", message.comment);
+            self.review(&caller, Verdict::Grant, &message.approval_id, note)
         })
     }
 
@@ -175,8 +193,9 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::DenyApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        self.review(request, Verdict::Deny, "reason", |message| {
-            (message.approval_id, message.reason)
+        unary(request, Reach::Reviewer, |caller, message| {
+            let note = ("reason", message.reason);
+            self.review(&caller, Verdict::Deny, &message.approval_id, note)
         })
     }
 
@@ -185,8 +204,9 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::RevokeApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        self.review(request, Verdict::Revoke, "reason", |message| {
-            (message.approval_id, message.reason)
+        unary(request, Reach::Reviewer, |caller, message| {
+            let note = ("reason", message.reason);
+            self.review(&caller, Verdict::Revoke, &message.approval_id, note)
         })
     }
 
@@ -196,25 +216,7 @@ impl Approvals for ApprovalsService {
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let caller = Caller::require(&request, Reach::Reviewer)?;
-        // Subscribed before answering, so nothing after the answer is
-        // missed; the credential is checked once more after subscribing to
-        // reloads, so a reload racing this call cannot be missed either.
-        let watch = Watch {
-            engine: self.engine.clone(),
-            identity: caller.identity.clone(),
-            digest: token_digest(&request),
-            events: self.engine.subscribe(),
-            reloads: self.engine.reloads(),
-            closed: Box::pin(self.engine.closed()),
-            ended: false,
-        };
-        if !watch.credential_holds() {
-            return Err(revoked().into());
-        }
-        let events = futures_util::stream::unfold(watch, |mut watch| async move {
-            let item = watch.next().await?;
-            Some((item, watch))
-        });
-        Ok(Response::new(Box::pin(events)))
+        let watch = Watch::open(&self.engine, &caller, token_digest(&request))?;
+        Ok(Response::new(watch.into_stream()))
     }
 }
