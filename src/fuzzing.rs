@@ -18,6 +18,7 @@ use crate::domain::decision::DispatchStatus;
 use crate::domain::error::Error;
 use crate::domain::ids;
 use crate::domain::ledger::Verdict;
+use crate::domain::limits::{APPROVALS_PAGE, approval_page_token};
 use crate::domain::manifest::Manifest;
 use crate::domain::policy::{Effect, Policy};
 use crate::domain::proposal::{self, Proposal, SessionRef};
@@ -283,9 +284,9 @@ pub fn request_conversion(data: &[u8]) {
     {
         expect_invalid(&error, "server_id");
     }
-    // The reviewer notes of Grant/Deny/Revoke, GetResource's name: checked
-    // inline by their handlers (a length); ListPins and WatchApprovals carry
-    // nothing. Decoding must still never panic.
+    // The reviewer notes of Grant/Deny/Revoke, GetResource's name: a length
+    // checked by their domain constructors (`limits`); ListPins and
+    // WatchApprovals carry nothing. Decoding must still never panic.
     let _ = pb::GetResourceRequest::decode(data);
     let _ = pb::ListPinsRequest::decode(data);
     let _ = pb::WatchApprovalsRequest::decode(data);
@@ -300,9 +301,9 @@ fn expect_invalid(error: &Error, prefix: &str) {
 }
 
 fn approval_id_field(text: &str) {
-    match convert::approval_id(text, "approval_id") {
+    match ids::approval_id("approval_id", text) {
         Ok(id) => assert_eq!(
-            convert::approval_id(&id.to_string(), "approval_id"),
+            ids::approval_id("approval_id", &id.to_string()),
             Ok(id),
             "approval id {text:?} does not round-trip"
         ),
@@ -317,10 +318,10 @@ fn list_request(request: pb::ListApprovalsRequest) {
     };
     match convert::list_query(request) {
         Ok(query) => {
-            assert!(query.page_size >= 1 && query.page_size <= convert::MAX_PAGE_SIZE as usize);
+            assert!(query.page_size >= 1 && query.page_size <= APPROVALS_PAGE.max as usize);
             if let Some(key) = query.after {
                 let again = convert::list_query(pb::ListApprovalsRequest {
-                    page_token: convert::page_token(key),
+                    page_token: approval_page_token(key),
                     ..template
                 });
                 match again {

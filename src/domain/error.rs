@@ -1,5 +1,5 @@
 //! The domain error: one enum for every operation, mapped onto gRPC status
-//! codes in exactly one place (`grpc::status`).
+//! codes in exactly one place (`edge::status`).
 
 /// An operation's failure. Refusals that SPEC calls answers (DENY, dispatch
 /// statuses) are not errors; these are the calls that could not be answered.
@@ -13,12 +13,20 @@ pub enum Error {
     NotFound(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The caller is known but may not do this (a credential of the wrong
+    /// kind, a host speaking for an actor it may not assert).
     #[error("{0}")]
     PermissionDenied(String),
+    /// The caller is not known: no token, an unknown one, or a credential
+    /// taken away by a policy reload.
     #[error("{0}")]
     Unauthenticated(String),
     #[error("{0}")]
     ResourceExhausted(String),
+    /// Toolgate cannot answer now (it is shutting down); retry elsewhere or
+    /// later.
+    #[error("{0}")]
+    Unavailable(String),
     /// Something inside toolgate failed; the caller is refused (fail closed).
     #[error("{0}")]
     Internal(String),
@@ -42,6 +50,7 @@ impl Error {
             Error::PermissionDenied(_) => "PERMISSION_DENIED",
             Error::Unauthenticated(_) => "UNAUTHENTICATED",
             Error::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
+            Error::Unavailable(_) => "UNAVAILABLE",
             Error::Internal(_) => "INTERNAL",
         }
     }

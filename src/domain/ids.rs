@@ -1,4 +1,7 @@
-//! Identifier rules shared by proposals, sessions, manifests and the policy.
+//! Identifier rules shared by proposals, sessions, manifests, resources,
+//! approvals and the policy.
+
+use uuid::Uuid;
 
 use crate::domain::error::{Error, Result};
 
@@ -57,6 +60,28 @@ pub fn check_server_id(field: &str, value: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Longest resource name (the policy's `state.resources` keys).
+pub const MAX_RESOURCE_NAME_LEN: usize = 64;
+
+/// Checks a resource name: 1 to [`MAX_RESOURCE_NAME_LEN`] bytes.
+pub fn check_resource_name(field: &str, name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > MAX_RESOURCE_NAME_LEN {
+        return Err(Error::invalid(
+            field,
+            format!("must be 1 to {MAX_RESOURCE_NAME_LEN} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses an approval id: a UUID, required.
+pub fn approval_id(field: &str, text: &str) -> Result<Uuid> {
+    if text.is_empty() {
+        return Err(Error::invalid(field, "is required"));
+    }
+    Uuid::parse_str(text).map_err(|_| Error::invalid(field, "must be a UUID"))
 }
 
 #[cfg(test)]

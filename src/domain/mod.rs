@@ -3,7 +3,10 @@
 //! called with the policy snapshot and the time.
 //!
 //! - [`canonical`]: canonical JSON: parse, print, fingerprint (SPEC §1).
-//! - [`ids`]: identifier rules shared by proposals, sessions and manifests.
+//! - [`ids`]: identifier rules shared by proposals, sessions, manifests,
+//!   resources and approvals.
+//! - [`limits`]: what one request may ask for (page sizes, page tokens,
+//!   notes), checked in the constructors of the domain values it becomes.
 //! - [`clock`]: injectable time. [`error`]: the domain error enum.
 //! - [`policy`]: the TOML policy file as an immutable snapshot (SPEC §3).
 //! - [`manifest`]: tool-server manifests: fingerprint, diff, assessment (SPEC §7).
@@ -23,6 +26,7 @@ pub mod decision;
 pub mod error;
 pub mod ids;
 pub mod ledger;
+pub mod limits;
 pub mod manifest;
 pub mod pins;
 pub mod policy;

@@ -9,20 +9,17 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::domain::canonical::Fingerprint;
+use crate::domain::error::{Error, Result};
+use crate::domain::ids::approval_id;
 use crate::domain::ledger::{ApprovalEvent, Verdict, visible_to};
+use crate::domain::limits::{Note, approval_page_token};
 use crate::domain::policy::CredentialKind;
-use crate::edge::auth::Caller;
-use crate::edge::convert::{approval_id, list_query, page_token};
+use crate::edge::auth::{Caller, Reach, token_digest};
+use crate::edge::convert::list_query;
+use crate::edge::unary::unary;
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::approvals_server::Approvals;
-
-/// Longest reviewer comment or reason kept with a decision.
-pub(crate) const MAX_NOTE_LEN: usize = 2048;
-
-/// About how many bytes of approvals one `ListApprovals` page holds (at
-/// least one approval): well under the 4 MiB a gRPC client accepts by default.
-pub(crate) const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub(crate) struct ApprovalsService {
@@ -34,43 +31,25 @@ impl ApprovalsService {
         ApprovalsService { engine }
     }
 
-    /// Grant, deny or revoke as the authenticated reviewer. `fields` takes
-    /// the approval id and the note out of the request message; `note_field`
-    /// names the note in errors.
-    fn review<T>(
+    /// Grant, deny or revoke as the authenticated reviewer; `note_field`
+    /// names the note (`comment`, `reason`) in errors.
+    fn review(
         &self,
-        request: Request<T>,
+        caller: &Caller,
         verdict: Verdict,
-        note_field: &str,
-        fields: impl FnOnce(T) -> (String, String),
-    ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let (id, note) = fields(request.into_inner());
-        let id = approval_id(&id, "approval_id")?;
-        if note.chars().count() > MAX_NOTE_LEN {
-            return Err(crate::domain::error::Error::invalid(
-                note_field,
-                format!("must be at most {MAX_NOTE_LEN} characters"),
-            )
-            .into());
-        }
-        let approval = self.engine.review(id, verdict, &caller.identity, note)?;
-        Ok(Response::new(approval.into()))
+        id: &str,
+        (note_field, note): (&str, String),
+    ) -> Result<pb::Approval> {
+        let id = approval_id("approval_id", id)?;
+        let note = Note::new(note_field, note)?;
+        let approval = self
+            .engine
+            .review(id, verdict, &caller.identity, note.into_string())?;
+        Ok(approval.into())
     }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ApprovalEvent, Status>> + Send>>;
-
-/// The SHA-256 digest of the request's bearer token, as the auth layer
-/// read it (`None` for a request without one).
-fn token_digest<T>(request: &Request<T>) -> Option<Fingerprint> {
-    let header = request.metadata().get("authorization")?.to_str().ok()?;
-    let token = header
-        .strip_prefix("Bearer ")
-        .or_else(|| header.strip_prefix("bearer "))?
-        .trim();
-    (!token.is_empty()).then(|| Fingerprint::of_bytes(token.as_bytes()))
-}
 
 /// One reviewer's watch: the ledger's transitions that it may see, until
 /// shutdown, or until a policy reload takes its credential away.
@@ -97,6 +76,33 @@ impl Watch {
             })
     }
 
+    /// Opens a watch for `caller`, subscribed before the call answers, so
+    /// that nothing after the answer is missed; the credential is checked
+    /// once more after subscribing to reloads, so that a reload racing the
+    /// call cannot be missed either.
+    fn open(engine: &Engine, caller: &Caller, digest: Option<Fingerprint>) -> Result<Watch> {
+        let watch = Watch {
+            engine: engine.clone(),
+            identity: caller.identity.clone(),
+            digest,
+            events: engine.subscribe(),
+            reloads: engine.reloads(),
+            closed: Box::pin(engine.closed()),
+            ended: false,
+        };
+        if !watch.credential_holds() {
+            return Err(revoked());
+        }
+        Ok(watch)
+    }
+
+    fn into_stream(self) -> EventStream {
+        Box::pin(futures_util::stream::unfold(self, |mut watch| async move {
+            let item = watch.next().await?;
+            Some((item, watch))
+        }))
+    }
+
     async fn next(&mut self) -> Option<Result<pb::ApprovalEvent, Status>> {
         if self.ended {
             return None;
@@ -106,12 +112,12 @@ impl Watch {
                 biased;
                 () = &mut self.closed => {
                     self.ended = true;
-                    return Some(Err(Status::unavailable("toolgate is shutting down")));
+                    return Some(Err(Error::Unavailable("toolgate is shutting down".into()).into()));
                 }
                 changed = self.reloads.changed() => {
                     if changed.is_err() || !self.credential_holds() {
                         self.ended = true;
-                        return Some(Err(revoked()));
+                        return Some(Err(revoked().into()));
                     }
                 }
                 received = self.events.recv() => match received {
@@ -135,8 +141,8 @@ impl Watch {
     }
 }
 
-fn revoked() -> Status {
-    Status::unauthenticated("the credential of this watch was revoked by a policy reload")
+fn revoked() -> Error {
+    Error::Unauthenticated("the credential of this watch was revoked by a policy reload".into())
 }
 
 #[tonic::async_trait]
@@ -148,10 +154,11 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let id = approval_id(&request.into_inner().approval_id, "approval_id")?;
-        let approval = self.engine.get_approval_for(id, &caller.identity)?;
-        Ok(Response::new(approval.into()))
+        unary(request, Reach::Reviewer, |caller, message| {
+            let id = approval_id("approval_id", &message.approval_id)?;
+            let approval = self.engine.get_approval_for(id, &caller.identity)?;
+            Ok(approval.into())
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -159,15 +166,15 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let mut query = list_query(request.into_inner())?;
-        query.viewer = Some(caller.identity.clone());
-        query.max_bytes = MAX_PAGE_BYTES;
-        let page = self.engine.list_approvals(&query)?;
-        Ok(Response::new(pb::ListApprovalsResponse {
-            approvals: page.approvals.into_iter().map(pb::Approval::from).collect(),
-            next_page_token: page.next.map(page_token).unwrap_or_default(),
-        }))
+        unary(request, Reach::Reviewer, |caller, message| {
+            let mut query = list_query(message)?;
+            query.viewer = Some(caller.identity.clone());
+            let page = self.engine.list_approvals(&query)?;
+            Ok(pb::ListApprovalsResponse {
+                approvals: page.approvals.into_iter().map(pb::Approval::from).collect(),
+                next_page_token: page.next.map(approval_page_token).unwrap_or_default(),
+            })
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -175,8 +182,9 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GrantApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        self.review(request, Verdict::Grant, "comment", |message| {
-            (message.approval_id, message.comment)
+        unary(request, Reach::Reviewer, |caller, message| {
+            let note = ("comment", message.comment);
+            self.review(&caller, Verdict::Grant, &message.approval_id, note)
         })
     }
 
@@ -185,8 +193,9 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::DenyApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        self.review(request, Verdict::Deny, "reason", |message| {
-            (message.approval_id, message.reason)
+        unary(request, Reach::Reviewer, |caller, message| {
+            let note = ("reason", message.reason);
+            self.review(&caller, Verdict::Deny, &message.approval_id, note)
         })
     }
 
@@ -195,8 +204,9 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::RevokeApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        self.review(request, Verdict::Revoke, "reason", |message| {
-            (message.approval_id, message.reason)
+        unary(request, Reach::Reviewer, |caller, message| {
+            let note = ("reason", message.reason);
+            self.review(&caller, Verdict::Revoke, &message.approval_id, note)
         })
     }
 
@@ -205,26 +215,8 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        // Subscribed before answering, so nothing after the answer is
-        // missed; the credential is checked once more after subscribing to
-        // reloads, so a reload racing this call cannot be missed either.
-        let watch = Watch {
-            engine: self.engine.clone(),
-            identity: caller.identity.clone(),
-            digest: token_digest(&request),
-            events: self.engine.subscribe(),
-            reloads: self.engine.reloads(),
-            closed: Box::pin(self.engine.closed()),
-            ended: false,
-        };
-        if !watch.credential_holds() {
-            return Err(revoked());
-        }
-        let events = futures_util::stream::unfold(watch, |mut watch| async move {
-            let item = watch.next().await?;
-            Some((item, watch))
-        });
-        Ok(Response::new(Box::pin(events)))
+        let caller = Caller::require(&request, Reach::Reviewer)?;
+        let watch = Watch::open(&self.engine, &caller, token_digest(&request))?;
+        Ok(Response::new(watch.into_stream()))
     }
 }

@@ -21,8 +21,6 @@
 //! `reviewer-api-closed`, `wrong-credential-kind`, and from the handlers
 //! `actor-not-permitted`), never the token.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 
@@ -31,10 +29,13 @@ use tower::{Layer, Service};
 
 use crate::audit;
 use crate::domain::canonical::Fingerprint;
+use crate::domain::error::Error;
 use crate::domain::policy::{Credential, CredentialKind};
+use crate::edge::BoxFuture;
 use crate::edge::status::RequestContext;
 use crate::engine::Engine;
 use crate::ops::audit::Rejection;
+use crate::ops::methods;
 
 /// The authenticated identity behind a request: the credential its token
 /// matched (shared, not copied, per request).
@@ -50,20 +51,16 @@ impl std::ops::Deref for Caller {
 }
 
 impl Caller {
-    /// The caller the layer attached, required to be of `kind`. A missing
-    /// caller means the layer is not in front of this service: refuse.
-    #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
-    pub(crate) fn require<T>(
-        request: &tonic::Request<T>,
-        kind: CredentialKind,
-    ) -> Result<Caller, Status> {
+    /// The caller the layer attached, required to be one `reach` admits. A
+    /// missing caller means the layer is not in front of this service: refuse.
+    pub(crate) fn require<T>(request: &tonic::Request<T>, reach: Reach) -> Result<Caller, Error> {
         match request.extensions().get::<Caller>() {
-            Some(caller) if caller.kind == kind => Ok(caller.clone()),
-            Some(caller) => Err(Status::permission_denied(format!(
+            Some(caller) if reach.admits(caller.kind) => Ok(caller.clone()),
+            Some(caller) => Err(Error::PermissionDenied(format!(
                 "a {} credential cannot call this service",
                 caller.kind.as_str()
             ))),
-            None => Err(Status::unauthenticated("no authenticated caller")),
+            None => Err(Error::Unauthenticated("no authenticated caller".into())),
         }
     }
 
@@ -74,47 +71,52 @@ impl Caller {
 
     /// Refuses a host that may not speak for `actor`, with an `auth_failed`
     /// line (reason `actor-not-permitted`) for the call being served.
-    #[allow(clippy::result_large_err)] // tonic::Status is the handler's error type
-    pub(crate) fn require_actor(&self, actor: &str) -> Result<(), Status> {
+    pub(crate) fn require_actor(&self, actor: &str) -> Result<(), Error> {
         if self.may_assert(actor) {
             return Ok(());
         }
         let refused = Refused {
-            status: Status::permission_denied(format!(
+            error: Error::PermissionDenied(format!(
                 "host {:?} may not act for actor {actor:?}",
                 self.identity
             )),
-            code: "PERMISSION_DENIED",
             reason: "actor-not-permitted",
             identity: Some(self.identity.clone()),
         };
         RequestContext::with_current(|context| {
             audit_refused(context.engine(), context, &refused);
         });
-        Err(refused.status)
+        Err(refused.error)
     }
 }
 
 /// Who may call a gRPC service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reach {
+pub(crate) enum Reach {
     Open,
     Host,
     Reviewer,
     HostOrReviewer,
 }
 
-fn reach_of(path: &str) -> Reach {
-    let service = path.trim_start_matches('/').split('/').next().unwrap_or("");
-    match service {
-        "toolgate.v1.PolicyDecisionPoint" => Reach::Host,
-        "toolgate.v1.Approvals" | "toolgate.v1.ManifestPins" => Reach::Reviewer,
-        "toolgate.v1.Resources" => Reach::HostOrReviewer,
-        "grpc.health.v1.Health"
-        | "grpc.reflection.v1.ServerReflection"
-        | "grpc.reflection.v1alpha.ServerReflection" => Reach::Open,
-        // Unknown services get UNIMPLEMENTED from the router; nothing to protect.
-        _ => Reach::Open,
+impl Reach {
+    fn of(path: &str) -> Reach {
+        match methods::service_of(path) {
+            methods::POLICY_DECISION_POINT => Reach::Host,
+            methods::APPROVALS | methods::MANIFEST_PINS => Reach::Reviewer,
+            methods::RESOURCES => Reach::HostOrReviewer,
+            // Health and reflection are open; unknown services get
+            // UNIMPLEMENTED from the router: nothing to protect.
+            _ => Reach::Open,
+        }
+    }
+
+    fn admits(self, kind: CredentialKind) -> bool {
+        match self {
+            Reach::Host => kind == CredentialKind::Host,
+            Reach::Reviewer => kind == CredentialKind::Reviewer,
+            Reach::HostOrReviewer | Reach::Open => true,
+        }
     }
 }
 
@@ -130,11 +132,11 @@ fn anonymous_host() -> Caller {
     Caller(Arc::clone(&ANONYMOUS))
 }
 
-/// A request refused by authentication: the status it is answered with,
-/// and what its `auth_failed` line says (never the token).
+/// A request refused by authentication: the error it is answered with (an
+/// [`Error::Unauthenticated`] or [`Error::PermissionDenied`]), and what its
+/// `auth_failed` line says (never the token).
 struct Refused {
-    status: Status,
-    code: &'static str,
+    error: Error,
     /// Stable kebab-case reason.
     reason: &'static str,
     /// The credential the token matched, when it was of the wrong kind.
@@ -144,12 +146,31 @@ struct Refused {
 impl Refused {
     fn unauthenticated(reason: &'static str, message: &'static str) -> Self {
         Refused {
-            status: Status::unauthenticated(message),
-            code: "UNAUTHENTICATED",
+            error: Error::Unauthenticated(message.to_string()),
             reason,
             identity: None,
         }
     }
+}
+
+/// The token of an `authorization: Bearer <token>` header (`bearer` also
+/// taken), or `None` when the header has no such shape.
+fn bearer_token(header: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(header).ok()?;
+    let token = text
+        .strip_prefix("Bearer ")
+        .or_else(|| text.strip_prefix("bearer "))?
+        .trim();
+    (!token.is_empty()).then_some(token)
+}
+
+/// The SHA-256 digest of the request's bearer token, read as the layer
+/// reads it (`None` for a request without one).
+pub(crate) fn token_digest<T>(request: &tonic::Request<T>) -> Option<Fingerprint> {
+    let header = request
+        .metadata()
+        .get(http::header::AUTHORIZATION.as_str())?;
+    bearer_token(header.as_bytes()).map(|token| Fingerprint::of_bytes(token.as_bytes()))
 }
 
 /// Decides whether a request may reach its service, and as whom.
@@ -157,71 +178,60 @@ fn authenticate(
     engine: &Engine,
     path: &str,
     authorization: Option<&[u8]>,
-) -> Result<Option<Caller>, Box<Refused>> {
-    let reach = reach_of(path);
+) -> Result<Option<Caller>, Refused> {
+    let reach = Reach::of(path);
     if reach == Reach::Open {
         return Ok(None);
     }
-    let token = match authorization {
-        None => None,
-        Some(header) => {
-            let text = std::str::from_utf8(header).ok();
-            let token = text.and_then(|text| {
-                text.strip_prefix("Bearer ")
-                    .or_else(|| text.strip_prefix("bearer "))
-            });
-            match token.map(str::trim) {
-                Some(token) if !token.is_empty() => Some(token),
-                _ => {
-                    return Err(Box::new(Refused::unauthenticated(
-                        "malformed-authorization",
-                        "authorization must be `Bearer <token>`",
-                    )));
-                }
-            }
-        }
+    let Some(header) = authorization else {
+        return without_token(engine, reach);
     };
-    let Some(token) = token else {
-        if reach != Reach::Reviewer && engine.policy().open_host_api {
-            return Ok(Some(anonymous_host()));
-        }
-        return Err(Box::new(match reach {
-            Reach::Reviewer if !engine.has_credentials(CredentialKind::Reviewer) => {
-                Refused::unauthenticated(
-                    "reviewer-api-closed",
-                    "the reviewer API is closed: the policy declares no reviewer credentials",
-                )
-            }
-            _ => {
-                Refused::unauthenticated("missing-token", "missing `authorization: Bearer <token>`")
-            }
-        }));
-    };
+    let token = bearer_token(header).ok_or_else(|| {
+        Refused::unauthenticated(
+            "malformed-authorization",
+            "authorization must be `Bearer <token>`",
+        )
+    })?;
+    with_token(engine, reach, path, token).map(Some)
+}
+
+/// A request without a token: the anonymous host where the policy opens the
+/// host API; refused otherwise.
+fn without_token(engine: &Engine, reach: Reach) -> Result<Option<Caller>, Refused> {
+    if reach != Reach::Reviewer && engine.policy().open_host_api {
+        return Ok(Some(anonymous_host()));
+    }
+    if reach == Reach::Reviewer && !engine.has_credentials(CredentialKind::Reviewer) {
+        return Err(Refused::unauthenticated(
+            "reviewer-api-closed",
+            "the reviewer API is closed: the policy declares no reviewer credentials",
+        ));
+    }
+    Err(Refused::unauthenticated(
+        "missing-token",
+        "missing `authorization: Bearer <token>`",
+    ))
+}
+
+/// A request with a token: the credential it matches, if one of that kind
+/// may call the service.
+fn with_token(engine: &Engine, reach: Reach, path: &str, token: &str) -> Result<Caller, Refused> {
     let digest = Fingerprint::of_bytes(token.as_bytes());
     let Some(credential) = engine.credential(&digest) else {
-        return Err(Box::new(Refused::unauthenticated(
-            "unknown-token",
-            "unknown token",
-        )));
+        return Err(Refused::unauthenticated("unknown-token", "unknown token"));
     };
-    let allowed = match reach {
-        Reach::Host => credential.kind == CredentialKind::Host,
-        Reach::Reviewer => credential.kind == CredentialKind::Reviewer,
-        Reach::HostOrReviewer | Reach::Open => true,
-    };
-    if !allowed {
-        return Err(Box::new(Refused {
-            status: Status::permission_denied(format!(
+    if !reach.admits(credential.kind) {
+        return Err(Refused {
+            error: Error::PermissionDenied(format!(
                 "a {} credential cannot call {}",
                 credential.kind.as_str(),
-                path.trim_start_matches('/').split('/').next().unwrap_or("")
+                methods::service_of(path)
             )),
-            code: "PERMISSION_DENIED",
             reason: "wrong-credential-kind",
             identity: Some(credential.identity.clone()),
-        }));
+        });
     }
-    Ok(Some(Caller(credential)))
+    Ok(Caller(credential))
 }
 
 /// `auth_failed`: method, code, reason, the credential's identity when the
@@ -231,7 +241,7 @@ fn audit_refused(engine: &Engine, context: &RequestContext, refused: &Refused) {
         audit!(
             "auth_failed",
             method = context.method(),
-            code = refused.code,
+            code = refused.error.code_name(),
             reason = refused.reason,
             identity = refused.identity.as_deref(),
             policy_revision = revision,
@@ -269,8 +279,6 @@ pub(crate) struct AuthService<S> {
     engine: Engine,
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
 impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for AuthService<S>
 where
     S: Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
@@ -294,7 +302,7 @@ where
         match authenticate(&self.engine, path, authorization) {
             Ok(caller) => {
                 // The call runs in its context, for the audit lines of its
-                // rejections (`grpc::status`).
+                // rejections (`edge::status`).
                 let context = RequestContext::new(self.engine.clone(), path, caller.clone());
                 // Whatever a client sent, the only Caller is the one made here.
                 request.extensions_mut().remove::<Caller>();
@@ -306,7 +314,7 @@ where
             Err(refused) => {
                 let context = RequestContext::new(self.engine.clone(), path, None);
                 audit_refused(&self.engine, &context, &refused);
-                let response = refused.status.into_http::<ResponseBody>();
+                let response = Status::from(refused.error).into_http::<ResponseBody>();
                 Box::pin(async move { Ok(response) })
             }
         }

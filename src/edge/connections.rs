@@ -51,6 +51,17 @@ pub(crate) struct ConnectionSettings {
     pub write_timeout: Duration,
 }
 
+impl From<&crate::domain::policy::ServerSettings> for ConnectionSettings {
+    fn from(settings: &crate::domain::policy::ServerSettings) -> Self {
+        ConnectionSettings {
+            max_connections: settings.max_connections,
+            max_connections_per_peer: settings.max_connections_per_peer,
+            handshake_timeout: settings.handshake_timeout,
+            write_timeout: settings.write_timeout,
+        }
+    }
+}
+
 /// The first pause after a failed `accept`; it doubles up to [`MAX_BACKOFF`].
 pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(5);
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
@@ -199,7 +210,7 @@ impl Connections {
     pub(crate) fn incoming(
         &self,
         listener: TcpListener,
-    ) -> impl futures_util::Stream<Item = Result<Connection, io::Error>> + Send + 'static {
+    ) -> impl futures_util::Stream<Item = Result<Connection, io::Error>> + Send + use<> {
         futures_util::stream::unfold(
             (listener, self.clone()),
             |(listener, connections)| async move {

@@ -1,23 +1,21 @@
 //! `TryFrom<pb::X>` for domain types and `From<domain> for pb::X`. Field
 //! paths in errors are the request's own (`manifest.tools[1].name`).
 
-use uuid::Uuid;
-
 use crate::domain::canonical::{self, Fingerprint, Value};
 use crate::domain::clock::Timestamp;
 use crate::domain::decision::{Decision, Outcome, Reason};
 use crate::domain::decision::{DispatchStatus, Dispatched};
 use crate::domain::error::{Error, Result};
-use crate::domain::ledger::{
-    Approval, ApprovalEvent, ApprovalStatus, EventKind, ListQuery, PageKey,
-};
+use crate::domain::ledger::{Approval, ApprovalEvent, ApprovalStatus, EventKind, ListQuery};
+use crate::domain::limits::queue_page_token;
 use crate::domain::manifest::{
     AssessReason, Assessment, MAX_INPUT_SCHEMA_LEN, Manifest, ManifestTool, ToolChange, ToolDiff,
 };
 use crate::domain::pins::{PinRecord, PinSource};
 use crate::domain::proposal::{Proposal, SessionRef};
-use crate::domain::resources::CommitResult;
+use crate::domain::resources::{CommitResult, ResourcePage};
 use crate::domain::session::SessionSummary;
+use crate::domain::state::ResourceList;
 use crate::pb;
 
 pub(crate) fn timestamp(time: Timestamp) -> prost_types::Timestamp {
@@ -249,13 +247,6 @@ pub(crate) fn session_and_proposal(
     Ok((session, proposal))
 }
 
-pub(crate) fn approval_id(text: &str, field: &str) -> Result<Uuid> {
-    if text.is_empty() {
-        return Err(Error::invalid(field, "is required"));
-    }
-    Uuid::parse_str(text).map_err(|_| Error::invalid(field, "must be a UUID"))
-}
-
 pub(crate) fn decide_response(decision: Decision, policy_revision: String) -> pb::DecideResponse {
     let outcome = match decision.outcome {
         Outcome::Allow => pb::Outcome::Allow,
@@ -295,14 +286,36 @@ pub(crate) fn session_info(session: SessionSummary) -> pb::SessionInfo {
     }
 }
 
-fn approval_status(status: ApprovalStatus) -> pb::ApprovalStatus {
-    match status {
-        ApprovalStatus::Pending => pb::ApprovalStatus::Pending,
-        ApprovalStatus::Granted => pb::ApprovalStatus::Granted,
-        ApprovalStatus::Denied => pb::ApprovalStatus::Denied,
-        ApprovalStatus::Expired => pb::ApprovalStatus::Expired,
-        ApprovalStatus::Consumed => pb::ApprovalStatus::Consumed,
-        ApprovalStatus::Revoked => pb::ApprovalStatus::Revoked,
+/// Every approval status and its protobuf value: the one table both
+/// conversions read (the names are `ApprovalStatus::as_str`).
+const APPROVAL_STATUSES: [(ApprovalStatus, pb::ApprovalStatus); 6] = [
+    (ApprovalStatus::Pending, pb::ApprovalStatus::Pending),
+    (ApprovalStatus::Granted, pb::ApprovalStatus::Granted),
+    (ApprovalStatus::Denied, pb::ApprovalStatus::Denied),
+    (ApprovalStatus::Expired, pb::ApprovalStatus::Expired),
+    (ApprovalStatus::Consumed, pb::ApprovalStatus::Consumed),
+    (ApprovalStatus::Revoked, pb::ApprovalStatus::Revoked),
+];
+
+impl From<ApprovalStatus> for pb::ApprovalStatus {
+    fn from(status: ApprovalStatus) -> Self {
+        APPROVAL_STATUSES
+            .iter()
+            .find(|(domain, _)| *domain == status)
+            .map_or(pb::ApprovalStatus::Unspecified, |(_, wire)| *wire)
+    }
+}
+
+/// `UNSPECIFIED` is no status.
+impl TryFrom<pb::ApprovalStatus> for ApprovalStatus {
+    type Error = pb::ApprovalStatus;
+
+    fn try_from(status: pb::ApprovalStatus) -> std::result::Result<Self, pb::ApprovalStatus> {
+        APPROVAL_STATUSES
+            .iter()
+            .find(|(_, wire)| *wire == status)
+            .map(|(domain, _)| *domain)
+            .ok_or(status)
     }
 }
 
@@ -318,7 +331,7 @@ impl From<Approval> for pb::Approval {
             call_id: approval.call_id,
             arguments_json: approval.arguments_view,
             reason: approval.reason.to_string(),
-            status: approval_status(approval.status).into(),
+            status: pb::ApprovalStatus::from(approval.status).into(),
             requested_at: Some(timestamp(approval.requested_at)),
             expires_at: Some(timestamp(approval.expires_at)),
             decided_by: approval.decided_by.unwrap_or_default(),
@@ -347,82 +360,49 @@ impl From<ApprovalEvent> for pb::ApprovalEvent {
     }
 }
 
-/// Most approvals in one `ListApprovals` page, and the default.
-pub(crate) const MAX_PAGE_SIZE: u32 = 500;
-pub(crate) const DEFAULT_PAGE_SIZE: u32 = 50;
-
-/// Filters and paging of a `ListApprovals` request.
+/// Filters and paging of a `ListApprovals` request (the viewer is the
+/// caller's to set).
 pub(crate) fn list_query(request: pb::ListApprovalsRequest) -> Result<ListQuery> {
-    let status = match pb::ApprovalStatus::try_from(request.status) {
-        Ok(pb::ApprovalStatus::Unspecified) => None,
-        Ok(pb::ApprovalStatus::Pending) => Some(ApprovalStatus::Pending),
-        Ok(pb::ApprovalStatus::Granted) => Some(ApprovalStatus::Granted),
-        Ok(pb::ApprovalStatus::Denied) => Some(ApprovalStatus::Denied),
-        Ok(pb::ApprovalStatus::Expired) => Some(ApprovalStatus::Expired),
-        Ok(pb::ApprovalStatus::Consumed) => Some(ApprovalStatus::Consumed),
-        Ok(pb::ApprovalStatus::Revoked) => Some(ApprovalStatus::Revoked),
-        Err(_) => {
-            return Err(Error::invalid(
-                "status",
-                format!("unknown status {}", request.status),
-            ));
-        }
-    };
-    let page_size = match request.page_size {
-        0 => DEFAULT_PAGE_SIZE,
-        size if size <= MAX_PAGE_SIZE => size,
-        size => {
-            return Err(Error::invalid(
-                "page_size",
-                format!("must be at most {MAX_PAGE_SIZE}, got {size}"),
-            ));
-        }
-    };
-    let after = if request.page_token.is_empty() {
-        None
-    } else {
-        Some(parse_page_token(&request.page_token)?)
-    };
-    let id_prefix = &request.approval_id_prefix;
-    if id_prefix.len() > 36
-        || !id_prefix
-            .chars()
-            .all(|character| character.is_ascii_hexdigit() || character == '-')
-    {
-        return Err(Error::invalid(
-            "approval_id_prefix",
-            "must be at most 36 hexadecimal digits and `-` (the start of a UUID)",
-        ));
+    let status = pb::ApprovalStatus::try_from(request.status)
+        .map_err(|_| Error::invalid("status", format!("unknown status {}", request.status)))?;
+    ListQuery::new(
+        ApprovalStatus::try_from(status).ok(),
+        request.actor,
+        request.tool,
+        &request.approval_id_prefix,
+        request.page_size,
+        &request.page_token,
+    )
+}
+
+/// A page of a resource, as `GetResource` answers it.
+pub(crate) fn resource_page(name: String, page: ResourcePage) -> pb::Resource {
+    pb::Resource {
+        name,
+        value_json: page.value_json,
+        version: page.version,
+        next_page_token: page.next.map(queue_page_token).unwrap_or_default(),
+        item_count: page.item_count,
+        first_index: page.first_index,
     }
-    let non_empty = |text: String| (!text.is_empty()).then_some(text);
-    Ok(ListQuery {
-        status,
-        actor: non_empty(request.actor),
-        tool: non_empty(request.tool),
-        id_prefix: non_empty(request.approval_id_prefix.to_ascii_lowercase()),
-        after,
-        page_size: page_size as usize,
-        ..ListQuery::default()
-    })
 }
 
-/// Page tokens are `<requested_at millis>.<approval id>`: opaque to clients,
-/// stable across inserts.
-pub(crate) fn page_token(key: PageKey) -> String {
-    format!("{}.{}", key.0.0, key.1)
-}
-
-fn parse_page_token(token: &str) -> Result<PageKey> {
-    let invalid = || {
-        Error::invalid(
-            "page_token",
-            "is not a token from a previous ListApprovals answer",
-        )
-    };
-    let (millis, id) = token.split_once('.').ok_or_else(invalid)?;
-    let millis = millis.parse::<u64>().map_err(|_| invalid())?;
-    let id = Uuid::parse_str(id).map_err(|_| invalid())?;
-    Ok((Timestamp(millis), id))
+impl From<ResourceList> for pb::ListResourcesResponse {
+    fn from(page: ResourceList) -> Self {
+        let resources = page.resources.into_iter().map(|listed| pb::Resource {
+            name: listed.name,
+            value_json: listed.value_json,
+            version: listed.version,
+            // Listed whole: a queue's first page is all of it.
+            next_page_token: String::new(),
+            item_count: listed.item_count,
+            first_index: 0,
+        });
+        pb::ListResourcesResponse {
+            resources: resources.collect(),
+            next_page_token: page.next.unwrap_or_default(),
+        }
+    }
 }
 
 pub(crate) fn dispatch_response(

@@ -2,7 +2,6 @@
 //! status code, and the `GET /metrics` listener.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -10,8 +9,10 @@ use std::time::Instant;
 use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
+use crate::edge::BoxFuture;
 use crate::engine::Engine;
-use crate::ops::metrics::{METHODS, Metrics};
+use crate::ops::methods::method_label;
+use crate::ops::metrics::Metrics;
 
 /// Serves `GET /metrics` on its own listener until `shutdown` resolves.
 pub(crate) async fn serve_metrics(
@@ -38,15 +39,6 @@ pub(crate) async fn serve_metrics(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-fn method_label(path: &str) -> &'static str {
-    let trimmed = path.trim_start_matches('/');
-    METHODS
-        .iter()
-        .find(|method| **method == trimmed)
-        .copied()
-        .unwrap_or("other")
 }
 
 /// The status code of a response: `grpc-status` in the headers (errors are
@@ -88,8 +80,6 @@ pub(crate) struct MetricsService<S> {
     inner: S,
     metrics: Arc<Metrics>,
 }
-
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for MetricsService<S>
 where

@@ -1,5 +1,6 @@
 //! The gRPC edge: converts generated messages to domain types, calls the
-//! engine, maps the answer back (handlers do nothing else); authenticates
+//! engine, maps the answer back (handlers do nothing else, in the one
+//! shape of [`unary::unary`]); authenticates
 //! callers, sheds load, counts RPCs, accepts connections and serves.
 
 pub(crate) mod approvals;
@@ -13,3 +14,10 @@ pub(crate) mod pins;
 pub(crate) mod resources;
 pub mod server;
 pub(crate) mod status;
+pub(crate) mod unary;
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// The future of the tower layers' services (auth, overload, metrics).
+pub(crate) type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;

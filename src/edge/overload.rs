@@ -28,7 +28,6 @@
 //! Health and reflection are exempt from the limit, the buffering and the
 //! log gate, so that probes still answer under load.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -39,13 +38,15 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::Body as _;
 use tokio::sync::Semaphore;
+use tonic::Status;
 use tonic::body::Body;
-use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
 use tower::{Layer, Service};
 
+use crate::edge::BoxFuture;
 use crate::edge::connections::{CallGuard, ConnectionInfo};
+use crate::edge::status::EdgeError;
 use crate::ops::logwriter::SinkStatus;
+use crate::ops::methods;
 use crate::ops::metrics::Metrics;
 
 /// Largest piece of a response handed to HTTP/2 at once.
@@ -189,10 +190,8 @@ pub(crate) struct OverloadService<S> {
     limits: Arc<Limits>,
 }
 
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
 fn exempt(path: &str) -> bool {
-    path.starts_with("/grpc.health.") || path.starts_with("/grpc.reflection.")
+    methods::is_probe(methods::service_of(path))
 }
 
 /// `application/grpc`, alone or followed by `+format` or `;parameters`.
@@ -203,24 +202,13 @@ fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
 }
 
-/// HTTP 415, with a gRPC status for clients that read one.
-fn unsupported_media_type() -> http::Response<Body> {
-    let mut response = Status::invalid_argument(
-        "content-type: must be application/grpc (optionally +proto or ;parameters)",
-    )
-    .into_http::<Body>();
-    *response.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
-    response
-}
-
-/// An INVALID_ARGUMENT about the request message as a whole or one of its
-/// fields, in the shape every toolgate INVALID_ARGUMENT has.
-fn invalid(field: &str, rule: &str) -> Status {
-    Status::with_error_details(
-        Code::InvalidArgument,
-        format!("{field}: {rule}"),
-        ErrorDetails::with_bad_request_violation(field, rule),
-    )
+/// A malformed request message (`field` is `request` for the message as a
+/// whole).
+fn invalid(field: &str, rule: impl Into<String>) -> EdgeError {
+    EdgeError::Malformed {
+        field: field.to_string(),
+        rule: rule.into(),
+    }
 }
 
 fn ready(
@@ -252,7 +240,8 @@ where
         });
         if !is_grpc(request.headers()) {
             limits.metrics.transport_refused("malformed");
-            return answer(ready(unsupported_media_type()));
+            // HTTP 415, with a gRPC status for clients that read one.
+            return answer(ready(EdgeError::NotGrpc.into_http()));
         }
         if exempt(request.uri().path()) {
             let future = self.inner.call(request);
@@ -263,12 +252,7 @@ where
         }
         if limits.log_sink.as_ref().is_some_and(SinkStatus::stalled) {
             limits.metrics.log_refused();
-            return answer(ready(
-                Status::unavailable(
-                    "toolgate's log sink is not taking audit lines; retry when health is SERVING",
-                )
-                .into_http(),
-            ));
+            return answer(ready(EdgeError::LogSinkStalled.into_http()));
         }
         // The service was made ready by `poll_ready`: use it, and leave a
         // fresh clone in its place (tower's advice for services that are
@@ -281,11 +265,7 @@ where
                 match tokio::time::timeout(timeout, limits.serve(request, &mut inner)).await {
                     Ok(Ok(response)) => response,
                     Ok(Err(error)) => return Err(error),
-                    Err(_) => Status::deadline_exceeded(format!(
-                        "the request took longer than the server's {} ms limit",
-                        timeout.as_millis()
-                    ))
-                    .into_http(),
+                    Err(_) => EdgeError::RequestTimeout(timeout).into_http(),
                 };
             Ok(limits.outgoing(response, call))
         })
@@ -325,26 +305,19 @@ impl Limits {
         let read_timeout = self.settings.read_timeout;
         let arrived = match tokio::time::timeout(read_timeout, self.read(body)).await {
             Ok(Ok(arrived)) => arrived,
-            Ok(Err(status)) => return Ok(status.into_http()),
+            Ok(Err(refused)) => return Ok(refused.into_http()),
             Err(_) => {
                 self.metrics.transport_refused("read-timeout");
-                return Ok(Status::deadline_exceeded(format!(
-                    "the request message did not arrive within the server's {} ms read timeout",
-                    read_timeout.as_millis()
-                ))
-                .into_http());
+                return Ok(EdgeError::ReadTimeout(read_timeout).into_http());
             }
         };
-        if let Err(status) = one_message(&arrived.body, &parts.headers) {
+        if let Err(refused) = one_message(&arrived.body, &parts.headers) {
             self.metrics.transport_refused("malformed");
-            return Ok(status.into_http());
+            return Ok(refused.into_http());
         }
         let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() else {
             self.metrics.load_shed();
-            return Ok(Status::resource_exhausted(
-                "toolgate is at its concurrency limit; retry with backoff",
-            )
-            .into_http());
+            return Ok(EdgeError::ConcurrencyLimit.into_http());
         };
         let Arrived {
             body,
@@ -364,7 +337,7 @@ impl Limits {
     /// Reads the whole request body: at most one message's worth of bytes
     /// (refused as soon as a length prefix is over the limit), taken from
     /// the request budget.
-    async fn read(&self, mut body: Body) -> Result<Arrived, Status> {
+    async fn read(&self, mut body: Body) -> Result<Arrived, EdgeError> {
         let limit = self.settings.max_message_bytes;
         let mut held = Reservation::new(&self.request_bytes);
         let mut data = BytesMut::new();
@@ -373,8 +346,7 @@ impl Limits {
             let frame =
                 std::future::poll_fn(|context| Pin::new(&mut body).poll_frame(context)).await;
             let Some(frame) = frame else { break };
-            let frame =
-                frame.map_err(|error| Status::cancelled(format!("request body: {error}")))?;
+            let frame = frame.map_err(|error| EdgeError::BodyFailed(error.to_string()))?;
             let chunk = match frame.into_data() {
                 Ok(chunk) => chunk,
                 Err(frame) => {
@@ -394,9 +366,7 @@ impl Limits {
             }
             if !held.grow(chunk.len()) {
                 self.metrics.transport_refused("request-buffer-full");
-                return Err(Status::resource_exhausted(
-                    "toolgate's request buffer is full; retry with backoff",
-                ));
+                return Err(EdgeError::RequestBufferFull);
             }
             data.extend_from_slice(&chunk);
         }
@@ -415,8 +385,8 @@ impl Limits {
         call: Option<CallGuard>,
     ) -> http::Response<Body> {
         let (mut parts, body) = response.into_parts();
-        if let Some(status) = normalised(&parts.headers) {
-            return status.into_http();
+        if let Some(refused) = normalised(&parts.headers) {
+            return refused.into_http();
         }
         if parts.headers.contains_key("grpc-status") {
             // Trailers-only: there is no body to bound.
@@ -459,15 +429,13 @@ fn first_length(data: &[u8], chunk: &[u8]) -> Option<usize> {
     Some(u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize)
 }
 
-fn too_large(length: usize, limit: usize) -> Status {
-    Status::resource_exhausted(format!(
-        "the request message is too large: {length} bytes, the limit is {limit}"
-    ))
+fn too_large(length: usize, limit: usize) -> EdgeError {
+    EdgeError::TooLarge { length, limit }
 }
 
 /// Checks the gRPC framing: exactly one whole message, uncompressed unless
 /// the request names its encoding.
-fn one_message(mut body: &[u8], headers: &HeaderMap) -> Result<(), Status> {
+fn one_message(mut body: &[u8], headers: &HeaderMap) -> Result<(), EdgeError> {
     let mut messages = 0;
     while !body.is_empty() {
         if body.len() < HEADER {
@@ -490,7 +458,7 @@ fn one_message(mut body: &[u8], headers: &HeaderMap) -> Result<(), Status> {
             other => {
                 return Err(invalid(
                     "request",
-                    &format!("the message's compressed flag must be 0 or 1, not {other}"),
+                    format!("the message's compressed flag must be 0 or 1, not {other}"),
                 ));
             }
         }
@@ -498,7 +466,7 @@ fn one_message(mut body: &[u8], headers: &HeaderMap) -> Result<(), Status> {
         if body.len() < length {
             return Err(invalid(
                 "request",
-                &format!(
+                format!(
                     "the body ends inside a message: {} of {length} bytes",
                     body.len()
                 ),
@@ -512,7 +480,7 @@ fn one_message(mut body: &[u8], headers: &HeaderMap) -> Result<(), Status> {
         0 => Err(invalid("request", "the call carries no request message")),
         count => Err(invalid(
             "request",
-            &format!("the call carries {count} request messages; it takes exactly one"),
+            format!("the call carries {count} request messages; it takes exactly one"),
         )),
     }
 }
@@ -563,21 +531,21 @@ fn grpc_message(headers: &HeaderMap) -> Option<String> {
 /// The status an answer should have had, when tonic's differs: OUT_OF_RANGE
 /// for an oversize message is RESOURCE_EXHAUSTED, INTERNAL for undecodable
 /// protobuf is INVALID_ARGUMENT with the field path.
-fn normalised(headers: &HeaderMap) -> Option<Status> {
+fn normalised(headers: &HeaderMap) -> Option<EdgeError> {
     let code = headers.get("grpc-status")?.as_bytes();
     if code != b"11" && code != b"13" {
         return None;
     }
     let message = grpc_message(headers)?;
     if code == b"11" && message.starts_with(TOO_LARGE) {
-        return Some(Status::resource_exhausted(message));
+        return Some(EdgeError::OverDecodingLimit(message));
     }
     let undecodable = message.strip_prefix(UNDECODABLE)?;
     if code != b"13" {
         return None;
     }
     let (field, rule) = decode_error_field(undecodable);
-    Some(invalid(&field, &format!("{rule} (not valid protobuf)")))
+    Some(invalid(&field, format!("{rule} (not valid protobuf)")))
 }
 
 /// Splits prost's `Inner.field: Outer.field: description` (innermost first)
@@ -644,9 +612,9 @@ fn lock(slot: &Mutex<Slot>) -> std::sync::MutexGuard<'_, Slot> {
 }
 
 impl Outgoing {
-    fn trailers(status: &Status) -> http_body::Frame<Bytes> {
+    fn trailers(refused: EdgeError) -> http_body::Frame<Bytes> {
         let mut trailers = HeaderMap::new();
-        let response = Status::new(status.code(), status.message()).into_http::<Body>();
+        let response = refused.into_http();
         for name in ["grpc-status", "grpc-message"] {
             if let Some(value) = response.headers().get(name) {
                 trailers.insert(name, value.clone());
@@ -662,16 +630,16 @@ impl Outgoing {
     fn take(
         &mut self,
         frame: http_body::Frame<Bytes>,
-    ) -> Result<Option<http_body::Frame<Bytes>>, Status> {
+    ) -> Result<Option<http_body::Frame<Bytes>>, EdgeError> {
         let data = match frame.into_data() {
             Ok(data) => data,
             Err(frame) => {
                 let frame = match frame.into_trailers() {
                     Ok(mut trailers) => {
-                        if let Some(status) = normalised(&trailers) {
+                        if let Some(refused) = normalised(&trailers) {
                             trailers.insert(
                                 "grpc-status",
-                                http::HeaderValue::from(status.code() as i32),
+                                http::HeaderValue::from(refused.code() as i32),
                             );
                         }
                         http_body::Frame::trailers(trailers)
@@ -689,9 +657,7 @@ impl Outgoing {
             self.limits
                 .metrics
                 .transport_refused("response-buffer-full");
-            return Err(Status::resource_exhausted(
-                "toolgate's response buffer is full; retry with backoff",
-            ));
+            return Err(EdgeError::ResponseBufferFull);
         }
         self.generation += 1;
         {
@@ -746,10 +712,8 @@ impl http_body::Body for Outgoing {
                 if slot.timed_out {
                     drop(slot);
                     self.done = true;
-                    return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
-                        "the response could not be sent within the server's {} ms write timeout",
-                        self.limits.settings.write_timeout.as_millis()
-                    )))));
+                    let refused = EdgeError::WriteTimeout(self.limits.settings.write_timeout);
+                    return Poll::Ready(Some(Err(refused.into())));
                 }
                 if !slot.pending.is_empty() {
                     let take = slot.pending.len().min(CHUNK);
@@ -772,7 +736,7 @@ impl http_body::Body for Outgoing {
                 Ok(None) => continue, // chunks from the slot
                 Err(refused) => {
                     self.done = true;
-                    return Poll::Ready(Some(Ok(Outgoing::trailers(&refused))));
+                    return Poll::Ready(Some(Ok(Outgoing::trailers(refused))));
                 }
             }
         }
@@ -843,8 +807,7 @@ mod tests {
         assert!(one_message(&framed(0, b"abc"), &headers).is_ok());
         assert!(one_message(&framed(0, b""), &headers).is_ok());
         let message = |body: &[u8]| {
-            one_message(body, &headers)
-                .expect_err("refused")
+            Status::from(one_message(body, &headers).expect_err("refused"))
                 .message()
                 .to_string()
         };

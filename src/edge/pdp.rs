@@ -2,19 +2,19 @@
 
 use tonic::{Request, Response, Status};
 
+use crate::domain::error::{Error, Result};
+use crate::domain::ids::check_identifier;
 use crate::domain::manifest::Manifest;
-use crate::domain::policy::CredentialKind;
-use crate::edge::auth::Caller;
+use crate::domain::proposal::{Proposal, SessionRef};
+use crate::domain::session::SessionSummary;
+use crate::edge::auth::{Caller, Reach};
 use crate::edge::convert::{
     decide_response, dispatch_response, required, session_and_proposal, session_info,
 };
+use crate::edge::unary::unary;
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
-
-fn may_assert(caller: &Caller, actor: &str) -> Result<(), Status> {
-    caller.require_actor(actor)
-}
 
 #[derive(Debug, Clone)]
 pub(crate) struct PdpService {
@@ -27,6 +27,31 @@ impl PdpService {
     }
 }
 
+/// The session and proposal of a Decide or Dispatch: converted, the actor
+/// one this host may speak for, the session in the host's namespace.
+fn host_proposal(
+    caller: &Caller,
+    session: Option<pb::Session>,
+    proposal: Option<pb::Proposal>,
+) -> Result<(SessionRef, Proposal)> {
+    let (session, proposal) = session_and_proposal(session, proposal)?;
+    caller.require_actor(&session.actor)?;
+    Ok((session.for_host(&caller.identity), proposal))
+}
+
+/// A session of this host, if it may assert the session's actor. One it may
+/// not is reported exactly like a missing one: the answer must not reveal
+/// that it exists.
+fn host_session(engine: &Engine, caller: &Caller, session_id: &str) -> Result<SessionSummary> {
+    check_identifier("session_id", session_id)?;
+    let hidden = || Error::NotFound(format!("no session {session_id:?} for this host"));
+    match engine.session(&caller.identity, session_id) {
+        Ok(session) if caller.may_assert(&session.actor) => Ok(session),
+        Ok(_) | Err(Error::NotFound(_)) => Err(hidden()),
+        Err(other) => Err(other),
+    }
+}
+
 #[tonic::async_trait]
 impl PolicyDecisionPoint for PdpService {
     #[tracing::instrument(level = "debug", skip_all)]
@@ -34,13 +59,11 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Host)?;
-        let message = request.into_inner();
-        let (session, proposal) = session_and_proposal(message.session, message.proposal)?;
-        may_assert(&caller, &session.actor)?;
-        let session = session.for_host(&caller.identity);
-        let (decision, policy_revision) = self.engine.decide(&session, &proposal)?;
-        Ok(Response::new(decide_response(decision, policy_revision)))
+        unary(request, Reach::Host, |caller, message| {
+            let (session, proposal) = host_proposal(&caller, message.session, message.proposal)?;
+            let (decision, policy_revision) = self.engine.decide(&session, &proposal)?;
+            Ok(decide_response(decision, policy_revision))
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -48,16 +71,11 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::DispatchRequest>,
     ) -> Result<Response<pb::DispatchResponse>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Host)?;
-        let message = request.into_inner();
-        let (session, proposal) = session_and_proposal(message.session, message.proposal)?;
-        may_assert(&caller, &session.actor)?;
-        let session = session.for_host(&caller.identity);
-        let (dispatched, policy_revision) = self.engine.dispatch(&session, &proposal)?;
-        Ok(Response::new(dispatch_response(
-            dispatched,
-            policy_revision,
-        )))
+        unary(request, Reach::Host, |caller, message| {
+            let (session, proposal) = host_proposal(&caller, message.session, message.proposal)?;
+            let (dispatched, policy_revision) = self.engine.dispatch(&session, &proposal)?;
+            Ok(dispatch_response(dispatched, policy_revision))
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -65,11 +83,11 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::AssessManifestRequest>,
     ) -> Result<Response<pb::AssessManifestResponse>, Status> {
-        Caller::require(&request, CredentialKind::Host)?;
-        let message = required(request.into_inner().manifest, "manifest")?;
-        let manifest = Manifest::try_from(message).map_err(|error| error.under("manifest"))?;
-        let assessment = self.engine.assess_manifest(&manifest)?;
-        Ok(Response::new(assessment.into()))
+        unary(request, Reach::Host, |_, message| {
+            let manifest = required(message.manifest, "manifest")?;
+            let manifest = Manifest::try_from(manifest).map_err(|error| error.under("manifest"))?;
+            Ok(self.engine.assess_manifest(&manifest)?.into())
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -77,20 +95,9 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Host)?;
-        let session_id = request.into_inner().session_id;
-        crate::domain::ids::check_identifier("session_id", &session_id)?;
-        // A session of an actor this host may not assert is reported exactly
-        // like a missing one: the answer must not reveal that it exists.
-        let not_found = || Status::not_found(format!("no session {session_id:?} for this host"));
-        let session = match self.engine.session(&caller.identity, &session_id) {
-            Ok(found) => found,
-            Err(crate::domain::error::Error::NotFound(_)) => return Err(not_found()),
-            Err(other) => return Err(other.into()),
-        };
-        if !caller.may_assert(&session.actor) {
-            return Err(not_found());
-        }
-        Ok(Response::new(session_info(session)))
+        unary(request, Reach::Host, |caller, message| {
+            let session = host_session(&self.engine, &caller, &message.session_id)?;
+            Ok(session_info(session))
+        })
     }
 }

@@ -2,10 +2,11 @@
 
 use tonic::{Request, Response, Status};
 
+use crate::domain::ids::check_server_id;
 use crate::domain::manifest::Manifest;
-use crate::domain::policy::CredentialKind;
-use crate::edge::auth::Caller;
+use crate::edge::auth::Reach;
 use crate::edge::convert::{optional_fingerprint, required};
+use crate::edge::unary::unary;
 use crate::engine::Engine;
 use crate::pb;
 use crate::pb::manifest_pins_server::ManifestPins;
@@ -28,15 +29,16 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::PinManifestRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let message = request.into_inner();
-        let expected = optional_fingerprint(&message.expected_fingerprint, "expected_fingerprint")?;
-        let manifest = Manifest::try_from(required(message.manifest, "manifest")?)
-            .map_err(|error| error.under("manifest"))?;
-        let record = self
-            .engine
-            .pin_manifest(&caller.identity, manifest, expected)?;
-        Ok(Response::new(record.into()))
+        unary(request, Reach::Reviewer, |caller, message| {
+            let expected =
+                optional_fingerprint(&message.expected_fingerprint, "expected_fingerprint")?;
+            let manifest = Manifest::try_from(required(message.manifest, "manifest")?)
+                .map_err(|error| error.under("manifest"))?;
+            let record = self
+                .engine
+                .pin_manifest(&caller.identity, manifest, expected)?;
+            Ok(record.into())
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -44,14 +46,11 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::ListPinsRequest>,
     ) -> Result<Response<pb::ListPinsResponse>, Status> {
-        Caller::require(&request, CredentialKind::Reviewer)?;
-        let pins = self
-            .engine
-            .list_pins()?
-            .into_iter()
-            .map(pb::Pin::from)
-            .collect();
-        Ok(Response::new(pb::ListPinsResponse { pins }))
+        unary(request, Reach::Reviewer, |_, _| {
+            let pins = self.engine.list_pins()?;
+            let pins = pins.into_iter().map(pb::Pin::from).collect();
+            Ok(pb::ListPinsResponse { pins })
+        })
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -59,10 +58,12 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::RemovePinRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        let caller = Caller::require(&request, CredentialKind::Reviewer)?;
-        let server_id = request.into_inner().server_id;
-        crate::domain::ids::check_server_id("server_id", &server_id)?;
-        let record = self.engine.remove_pin(&caller.identity, &server_id)?;
-        Ok(Response::new(record.into()))
+        unary(request, Reach::Reviewer, |caller, message| {
+            check_server_id("server_id", &message.server_id)?;
+            let record = self
+                .engine
+                .remove_pin(&caller.identity, &message.server_id)?;
+            Ok(record.into())
+        })
     }
 }

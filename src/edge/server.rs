@@ -10,9 +10,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tower::ServiceBuilder;
 
+use crate::domain::policy::ServerSettings;
 use crate::edge::approvals::ApprovalsService;
 use crate::edge::auth::AuthLayer;
 use crate::edge::connections::{ConnectionSettings, Connections};
@@ -23,6 +25,7 @@ use crate::edge::pins::PinsService;
 use crate::edge::resources::ResourcesService;
 use crate::engine::Engine;
 use crate::ops::logwriter::SinkStatus;
+use crate::ops::methods;
 use crate::ops::metrics::Metrics;
 use crate::pb;
 use crate::pb::approvals_server::ApprovalsServer;
@@ -52,15 +55,6 @@ pub struct Listeners {
 /// How often expired approvals are swept when nothing else touches them
 /// (and the log sink is looked at).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-
-/// The health services toolgate reports, "" (the whole server) first.
-const HEALTH_SERVICES: [&str; 5] = [
-    "",
-    "toolgate.v1.PolicyDecisionPoint",
-    "toolgate.v1.Approvals",
-    "toolgate.v1.ManifestPins",
-    "toolgate.v1.Resources",
-];
 
 /// What the binary adds to a server beyond its listeners and engine.
 #[derive(Debug, Clone, Default)]
@@ -108,136 +102,40 @@ pub async fn serve_with_options(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let settings = engine.policy().server.clone();
-    let metrics = Metrics::new();
-    if let Some(sink) = &options.log_sink {
-        metrics.attach_log_sink(sink.clone());
-    }
-    engine.attach_metrics(Arc::clone(&metrics));
-
+    let metrics = attach_metrics(&engine, options.log_sink.as_ref());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<PolicyDecisionPointServer<PdpService>>()
-        .await;
-    health_reporter
-        .set_serving::<ApprovalsServer<ApprovalsService>>()
-        .await;
-    health_reporter
-        .set_serving::<ManifestPinsServer<PinsService>>()
-        .await;
-    health_reporter
-        .set_serving::<ResourcesServer<ResourcesService>>()
-        .await;
+    set_health(&health_reporter, ServingStatus::Serving).await;
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_file_descriptor_set(error_detail_descriptors()?)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_file_descriptor_set(error_detail_descriptors()?)
-        .build_v1alpha()?;
-
-    // One signal, watched by the gRPC server, the metrics listener and the
-    // grace timer.
+    // One signal, watched by the gRPC server, the metrics listener, the
+    // sink's health and the grace timer.
     let (stopping, stop_signal) = watch::channel(false);
-    let stopped = move || {
-        let mut stop_signal = stop_signal.clone();
-        async move {
-            let _ = stop_signal.wait_for(|stopping| *stopping).await;
-        }
+    // Built (and refused, on bad descriptors) before any task is spawned;
+    // nothing is accepted until it is polled.
+    let grpc = Grpc {
+        settings: &settings,
+        engine: engine.clone(),
+        metrics: Arc::clone(&metrics),
+        log_sink: options.log_sink.clone(),
     };
-    let closing_engine = engine.clone();
+    let served = grpc.serve(listeners.grpc, health_service, stopped(&stop_signal))?;
     let sink_health = SinkHealth {
-        sink: options.log_sink.clone(),
+        sink: options.log_sink,
         reporter: health_reporter.clone(),
-        stopping: stop_signal_for_sink(&stopping),
+        stopping: stop_signal.clone(),
         stalled: false,
     };
-    tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutting down: health NOT_SERVING, watch streams closing");
-        for service in HEALTH_SERVICES {
-            health_reporter
-                .set_service_status(service, ServingStatus::NotServing)
-                .await;
-        }
-        closing_engine.begin_shutdown();
-        let _ = stopping.send(true);
-    });
-
+    tokio::spawn(stop_on(shutdown, health_reporter, engine.clone(), stopping));
     let metrics_server = listeners.metrics.map(|listener| {
+        let stopped = stopped(&stop_signal);
         tokio::spawn(serve_metrics(
             listener,
             engine.clone(),
             Arc::clone(&metrics),
-            stopped(),
+            stopped,
         ))
     });
-    let sweeper = tokio::spawn(housekeeping(
-        engine.clone(),
-        Arc::clone(&metrics),
-        sink_health,
-    ));
-
-    let connections = Connections::new(
-        ConnectionSettings {
-            max_connections: settings.max_connections,
-            max_connections_per_peer: settings.max_connections_per_peer,
-            handshake_timeout: settings.handshake_timeout,
-            write_timeout: settings.write_timeout,
-        },
-        Arc::clone(&metrics),
-    );
-    let limit = settings.max_message_bytes;
-    let layers = ServiceBuilder::new()
-        .layer(MetricsLayer::new(Arc::clone(&metrics)))
-        .layer(OverloadLayer::new(
-            OverloadSettings::from(&settings),
-            Arc::clone(&metrics),
-            options.log_sink,
-        ))
-        .layer(AuthLayer::new(engine.clone()));
-    let served = Server::builder()
-        .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
-        .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
-        .max_concurrent_streams(Some(settings.max_concurrent_streams))
-        .layer(layers)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(
-            PolicyDecisionPointServer::new(PdpService::new(engine.clone()))
-                .max_decoding_message_size(limit),
-        )
-        .add_service(
-            ManifestPinsServer::new(PinsService::new(engine.clone()))
-                .max_decoding_message_size(limit),
-        )
-        .add_service(
-            ApprovalsServer::new(ApprovalsService::new(engine.clone()))
-                .max_decoding_message_size(limit),
-        )
-        .add_service(
-            ResourcesServer::new(ResourcesService::new(engine)).max_decoding_message_size(limit),
-        )
-        .serve_with_incoming_shutdown(connections.incoming(listeners.grpc), stopped());
-    let grace = settings.shutdown_grace;
-    let grace_over = {
-        let stopped = stopped();
-        async move {
-            stopped.await;
-            tokio::time::sleep(grace).await;
-        }
-    };
-    let result = tokio::select! {
-        result = served => result.map_err(ServeError::from),
-        () = grace_over => {
-            tracing::warn!(grace_seconds = grace.as_secs(), "grace period over; closing the calls still open");
-            Ok(())
-        }
-    };
+    let sweeper = tokio::spawn(housekeeping(engine, metrics, sink_health));
+    let result = within_grace(served, stopped(&stop_signal), settings.shutdown_grace).await;
     sweeper.abort();
     if let Some(metrics_server) = metrics_server
         && let Ok(Err(error)) = metrics_server.await
@@ -245,6 +143,137 @@ pub async fn serve_with_options(
         tracing::warn!(%error, "metrics listener failed");
     }
     result
+}
+
+/// The server's own metrics, counting the engine's decisions and watching
+/// the log sink.
+fn attach_metrics(engine: &Engine, log_sink: Option<&SinkStatus>) -> Arc<Metrics> {
+    let metrics = Metrics::new();
+    if let Some(sink) = log_sink {
+        metrics.attach_log_sink(sink.clone());
+    }
+    engine.attach_metrics(Arc::clone(&metrics));
+    metrics
+}
+
+/// Resolves once the stop signal is given.
+fn stopped(signal: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    let mut signal = signal.clone();
+    async move {
+        let _ = signal.wait_for(|stopping| *stopping).await;
+    }
+}
+
+/// Health of the whole server ("") and of each of toolgate's services.
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    for service in std::iter::once("").chain(methods::SERVICES) {
+        reporter.set_service_status(service, status).await;
+    }
+}
+
+/// Once `shutdown` resolves: health NOT_SERVING, watch streams closing,
+/// then the stop signal.
+async fn stop_on(
+    shutdown: impl Future<Output = ()>,
+    health_reporter: HealthReporter,
+    engine: Engine,
+    stopping: watch::Sender<bool>,
+) {
+    shutdown.await;
+    tracing::info!("shutting down: health NOT_SERVING, watch streams closing");
+    set_health(&health_reporter, ServingStatus::NotServing).await;
+    engine.begin_shutdown();
+    let _ = stopping.send(true);
+}
+
+/// Runs `served` until it ends, or until the grace period after the stop
+/// signal is over (the calls still open are then dropped).
+async fn within_grace(
+    served: impl Future<Output = Result<(), tonic::transport::Error>>,
+    stopped: impl Future<Output = ()>,
+    grace: Duration,
+) -> Result<(), ServeError> {
+    let grace_over = async move {
+        stopped.await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = served => result.map_err(ServeError::from),
+        () = grace_over => {
+            tracing::warn!(grace_seconds = grace.as_secs(), "grace period over; closing the calls still open");
+            Ok(())
+        }
+    }
+}
+
+/// What the gRPC server is made of.
+struct Grpc<'a> {
+    settings: &'a ServerSettings,
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    log_sink: Option<SinkStatus>,
+}
+
+impl Grpc<'_> {
+    /// toolgate's services behind the metrics, overload and authentication
+    /// layers, plus health and reflection, on `listener` until `stopped`.
+    fn serve(
+        self,
+        listener: TcpListener,
+        health: HealthServer<impl Health>,
+        stopped: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+        let Grpc {
+            settings,
+            engine,
+            metrics,
+            log_sink,
+        } = self;
+        let connections =
+            Connections::new(ConnectionSettings::from(settings), Arc::clone(&metrics));
+        let layers = ServiceBuilder::new()
+            .layer(MetricsLayer::new(Arc::clone(&metrics)))
+            .layer(OverloadLayer::new(
+                OverloadSettings::from(settings),
+                metrics,
+                log_sink,
+            ))
+            .layer(AuthLayer::new(engine.clone()));
+        let limit = settings.max_message_bytes;
+        Ok(Server::builder()
+            .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
+            .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
+            .max_concurrent_streams(Some(settings.max_concurrent_streams))
+            .layer(layers)
+            .add_service(health)
+            .add_service(reflection()?.build_v1()?)
+            .add_service(reflection()?.build_v1alpha()?)
+            .add_service(
+                PolicyDecisionPointServer::new(PdpService::new(engine.clone()))
+                    .max_decoding_message_size(limit),
+            )
+            .add_service(
+                ManifestPinsServer::new(PinsService::new(engine.clone()))
+                    .max_decoding_message_size(limit),
+            )
+            .add_service(
+                ApprovalsServer::new(ApprovalsService::new(engine.clone()))
+                    .max_decoding_message_size(limit),
+            )
+            .add_service(
+                ResourcesServer::new(ResourcesService::new(engine))
+                    .max_decoding_message_size(limit),
+            )
+            .serve_with_incoming_shutdown(connections.incoming(listener), stopped))
+    }
+}
+
+/// Reflection over toolgate's, health's and the error details' descriptors.
+fn reflection() -> Result<tonic_reflection::server::Builder<'static>, ServeError> {
+    Ok(tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_file_descriptor_set(error_detail_descriptors()?))
 }
 
 /// The `google.rpc` error-detail types (`Status`, `BadRequest`, `ErrorInfo`,
@@ -291,10 +320,6 @@ async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut sink_health: Si
     }
 }
 
-fn stop_signal_for_sink(stopping: &watch::Sender<bool>) -> watch::Receiver<bool> {
-    stopping.subscribe()
-}
-
 /// Health follows the log sink: NOT_SERVING while it is stalled, SERVING
 /// again once it drains (unless the server is shutting down).
 struct SinkHealth {
@@ -320,8 +345,6 @@ impl SinkHealth {
         if !stalled {
             tracing::warn!(stalls = sink.stalls(), "log sink drained; serving again");
         }
-        for service in HEALTH_SERVICES {
-            self.reporter.set_service_status(service, status).await;
-        }
+        set_health(&self.reporter, status).await;
     }
 }

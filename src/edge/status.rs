@@ -1,5 +1,14 @@
-//! The one map from domain errors onto gRPC statuses, and the
-//! `request_rejected` audit line that every INVALID_ARGUMENT leaves.
+//! The one map from errors onto gRPC statuses, and the `request_rejected`
+//! audit line that every INVALID_ARGUMENT of a handler leaves.
+//!
+//! Two kinds of error reach a client, and this is the only file that turns
+//! either into a [`Status`]:
+//!
+//! - [`Error`], the domain's: everything a handler or the authentication
+//!   layer refuses;
+//! - [`EdgeError`]: what the overload layer refuses at the HTTP level,
+//!   before a handler runs or after it answered (framing, timeouts, budgets),
+//!   where no domain error exists.
 //!
 //! Every INVALID_ARGUMENT a handler answers is an [`Error::InvalidArgument`]
 //! turned into a [`Status`] here, so this is where the line is written: the
@@ -9,8 +18,10 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::time::Duration;
 
 use tokio::task::futures::TaskLocalFuture;
+use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -25,16 +36,107 @@ impl From<Error> for Status {
         match error {
             Error::InvalidArgument { field, rule } => {
                 audit_rejected(&field, &rule);
-                let message = format!("{field}: {rule}");
-                let details = ErrorDetails::with_bad_request_violation(field, rule);
-                Status::with_error_details(Code::InvalidArgument, message, details)
+                bad_request(field, rule)
             }
             Error::NotFound(message) => Status::not_found(message),
             Error::FailedPrecondition(message) => Status::failed_precondition(message),
             Error::PermissionDenied(message) => Status::permission_denied(message),
             Error::Unauthenticated(message) => Status::unauthenticated(message),
             Error::ResourceExhausted(message) => Status::resource_exhausted(message),
+            Error::Unavailable(message) => Status::unavailable(message),
             Error::Internal(message) => Status::internal(message),
+        }
+    }
+}
+
+/// The shape of every INVALID_ARGUMENT: `field: rule`, and the same two as
+/// a `BadRequest` field violation in the details.
+fn bad_request(field: String, rule: String) -> Status {
+    let message = format!("{field}: {rule}");
+    let details = ErrorDetails::with_bad_request_violation(field, rule);
+    Status::with_error_details(Code::InvalidArgument, message, details)
+}
+
+/// A call the overload layer refuses at the HTTP level (see
+/// `edge::overload`): the request's framing, the time it takes, the memory
+/// it would hold. The message is the `Display`; the code is [`code`](Self::code).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EdgeError {
+    /// Not `application/grpc…`: answered with HTTP 415 as well.
+    #[error("content-type: must be application/grpc (optionally +proto or ;parameters)")]
+    NotGrpc,
+    /// The request message as a whole (`request`) or one of its fields is
+    /// malformed: framing, or protobuf that cannot be decoded. Shaped like
+    /// [`Error::InvalidArgument`], but before any handler, so no
+    /// `request_rejected` line (the transport metrics count these).
+    #[error("{field}: {rule}")]
+    Malformed { field: String, rule: String },
+    #[error("toolgate's log sink is not taking audit lines; retry when health is SERVING")]
+    LogSinkStalled,
+    #[error("the request took longer than the server's {} ms limit", .0.as_millis())]
+    RequestTimeout(Duration),
+    #[error(
+        "the request message did not arrive within the server's {} ms read timeout",
+        .0.as_millis()
+    )]
+    ReadTimeout(Duration),
+    #[error(
+        "the response could not be sent within the server's {} ms write timeout",
+        .0.as_millis()
+    )]
+    WriteTimeout(Duration),
+    #[error("toolgate is at its concurrency limit; retry with backoff")]
+    ConcurrencyLimit,
+    #[error("toolgate's request buffer is full; retry with backoff")]
+    RequestBufferFull,
+    #[error("toolgate's response buffer is full; retry with backoff")]
+    ResponseBufferFull,
+    /// Refused from the length prefix, before the message is read.
+    #[error("the request message is too large: {length} bytes, the limit is {limit}")]
+    TooLarge { length: usize, limit: usize },
+    /// Tonic's own refusal of a message over the decoding limit, with its
+    /// message, as RESOURCE_EXHAUSTED (gRPC's convention) not OUT_OF_RANGE.
+    #[error("{0}")]
+    OverDecodingLimit(String),
+    /// The request body failed while being read (the client reset it).
+    #[error("request body: {0}")]
+    BodyFailed(String),
+}
+
+impl EdgeError {
+    pub(crate) fn code(&self) -> Code {
+        match self {
+            EdgeError::NotGrpc | EdgeError::Malformed { .. } => Code::InvalidArgument,
+            EdgeError::LogSinkStalled => Code::Unavailable,
+            EdgeError::RequestTimeout(_)
+            | EdgeError::ReadTimeout(_)
+            | EdgeError::WriteTimeout(_) => Code::DeadlineExceeded,
+            EdgeError::ConcurrencyLimit
+            | EdgeError::RequestBufferFull
+            | EdgeError::ResponseBufferFull
+            | EdgeError::TooLarge { .. }
+            | EdgeError::OverDecodingLimit(_) => Code::ResourceExhausted,
+            EdgeError::BodyFailed(_) => Code::Cancelled,
+        }
+    }
+
+    /// The whole HTTP answer: a trailers-only gRPC response, with HTTP 415
+    /// for a request that is not gRPC at all.
+    pub(crate) fn into_http(self) -> http::Response<Body> {
+        let not_grpc = self == EdgeError::NotGrpc;
+        let mut response = Status::from(self).into_http::<Body>();
+        if not_grpc {
+            *response.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        }
+        response
+    }
+}
+
+impl From<EdgeError> for Status {
+    fn from(error: EdgeError) -> Status {
+        match error {
+            EdgeError::Malformed { field, rule } => bad_request(field, rule),
+            other => Status::new(other.code(), other.to_string()),
         }
     }
 }
@@ -55,15 +157,9 @@ pub(crate) struct RequestContext {
 
 impl RequestContext {
     pub(crate) fn new(engine: Engine, path: &str, caller: Option<Caller>) -> Self {
-        let trimmed = path.trim_start_matches('/');
-        let method = crate::ops::metrics::METHODS
-            .iter()
-            .find(|method| **method == trimmed)
-            .copied()
-            .unwrap_or("other");
         RequestContext {
             engine,
-            method,
+            method: crate::ops::methods::method_label(path),
             caller,
             session: RefCell::new(None),
         }

@@ -21,9 +21,10 @@ use crate::audit;
 use crate::domain::canonical::Fingerprint;
 use crate::domain::canonical::Value;
 use crate::domain::clock::{Clock, Timestamp};
-use crate::domain::decision::{Decision, DispatchStatus, Dispatched};
+use crate::domain::decision::{ANSWER_OVERHEAD_BYTES, Decision, DispatchStatus, Dispatched};
 use crate::domain::error::{Error, Result};
 use crate::domain::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
+use crate::domain::limits::ResourceRead;
 use crate::domain::manifest::{Assessment, Manifest};
 use crate::domain::pins::PinRecord;
 use crate::domain::policy::{Credential, CredentialKind, Policy};
@@ -302,6 +303,17 @@ impl Engine {
     ) -> Result<ResourcePage> {
         self.state()?
             .resource_page(name, start, max_items, max_bytes)
+    }
+
+    /// The page of a resource a `GetResource` asks for, bounded in bytes by
+    /// what one answer may carry under the policy in force.
+    pub fn read_resource(&self, read: &ResourceRead) -> Result<ResourcePage> {
+        let max_bytes = self
+            .policy()
+            .server
+            .max_message_bytes
+            .saturating_sub(ANSWER_OVERHEAD_BYTES);
+        self.resource_page(&read.name, read.start, read.max_items, max_bytes)
     }
 
     /// A session of the host credential `host` (sessions are namespaced by

@@ -17,29 +17,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use crate::domain::decision::{DispatchStatus, Reason};
 use crate::domain::state::Stats;
 use crate::ops::logwriter::SinkStatus;
-
-/// Every RPC toolgate serves, as `service/method` labels.
-pub const METHODS: [&str; 19] = [
-    "toolgate.v1.PolicyDecisionPoint/Decide",
-    "toolgate.v1.PolicyDecisionPoint/Dispatch",
-    "toolgate.v1.PolicyDecisionPoint/AssessManifest",
-    "toolgate.v1.PolicyDecisionPoint/GetSession",
-    "toolgate.v1.Approvals/GetApproval",
-    "toolgate.v1.Approvals/ListApprovals",
-    "toolgate.v1.Approvals/GrantApproval",
-    "toolgate.v1.Approvals/DenyApproval",
-    "toolgate.v1.Approvals/RevokeApproval",
-    "toolgate.v1.Approvals/WatchApprovals",
-    "toolgate.v1.ManifestPins/PinManifest",
-    "toolgate.v1.ManifestPins/ListPins",
-    "toolgate.v1.ManifestPins/RemovePin",
-    "toolgate.v1.Resources/GetResource",
-    "toolgate.v1.Resources/ListResources",
-    "grpc.health.v1.Health/Check",
-    "grpc.health.v1.Health/Watch",
-    "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-    "other",
-];
+use crate::ops::methods::METHODS;
 
 /// gRPC status code names, indexed by code.
 const CODES: [&str; 17] = [
