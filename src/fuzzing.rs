@@ -332,7 +332,8 @@ fn list_request(request: pb::ListApprovalsRequest) {
         }
         Err(error) => match error {
             Error::InvalidArgument { field, .. }
-                if ["status", "page_size", "page_token"].contains(&field.as_str()) => {}
+                if ["status", "page_size", "page_token", "approval_id_prefix"]
+                    .contains(&field.as_str()) => {}
             other => panic!("list_query failed with {other:?}"),
         },
     }

@@ -8,6 +8,8 @@ use std::time::Duration;
 use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 
+use toolgate::domain::ledger::ApprovalStatus;
+use toolgate::domain::limits::APPROVALS_PAGE;
 use toolgate::pb;
 use toolgate::pb::approvals_client::ApprovalsClient;
 
@@ -21,18 +23,11 @@ use crate::output::{
 };
 
 /// The largest page `ListApprovals` serves.
-const MAX_PAGE_SIZE: u32 = 500;
+const MAX_PAGE_SIZE: u32 = APPROVALS_PAGE.max;
 
+/// A status by its domain name (`ApprovalStatus::as_str`).
 fn status_name(status: pb::ApprovalStatus) -> &'static str {
-    match status {
-        pb::ApprovalStatus::Unspecified => "unspecified",
-        pb::ApprovalStatus::Pending => "pending",
-        pb::ApprovalStatus::Granted => "granted",
-        pb::ApprovalStatus::Denied => "denied",
-        pb::ApprovalStatus::Expired => "expired",
-        pb::ApprovalStatus::Consumed => "consumed",
-        pb::ApprovalStatus::Revoked => "revoked",
-    }
+    ApprovalStatus::try_from(status).map_or("unspecified", ApprovalStatus::as_str)
 }
 
 fn event_kind_name(kind: pb::ApprovalEventKind) -> &'static str {

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use toolgate::domain::limits::APPROVALS_PAGE;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -181,7 +182,7 @@ pub struct ListApprovalsArgs {
     #[arg(long, value_name = "N")]
     pub limit: Option<u32>,
     /// Approvals asked for per request (pages are followed until done).
-    #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=500))]
+    #[arg(long, value_name = "N", default_value_t = APPROVALS_PAGE.max, value_parser = clap::value_parser!(u32).range(1..=i64::from(APPROVALS_PAGE.max)))]
     pub page_size: u32,
 }
 
