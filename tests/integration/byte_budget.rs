@@ -4,69 +4,33 @@
 //! state change, never by evicting what exactly-once needs; finished
 //! (expired) approvals make room promptly.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{TestServer, authed, proposal, session, violation_field};
 use tonic::Code;
-use toolgate::pb;
 
-const ALICE: &str = "alice-secret";
+use crate::support::policies::{integer, policy_with};
+use crate::support::tokens::ALICE;
+use crate::support::{TestServer, pb, proposal, session, violation_field};
+
 const PENDING_TTL_SECONDS: u64 = 60;
 const RECEIPT_RETENTION_SECONDS: u64 = 120;
 const MAX_APPROVAL_ARGUMENT_BYTES: usize = 4096;
 
 fn policy(max_state_bytes: usize) -> String {
-    format!(
-        r#"
-[limits]
-max_state_bytes = {max_state_bytes}
-max_approval_argument_bytes = {MAX_APPROVAL_ARGUMENT_BYTES}
-max_pending_per_actor = 1000
-max_pending_total = 1000
-pending_ttl_seconds = {PENDING_TTL_SECONDS}
-receipt_retention_seconds = {RECEIPT_RETENTION_SECONDS}
-
-[server]
-open_host_api = true
-
-[profiles.agent]
-roles = ["agent"]
-
-[actors.agent]
-profile = "agent"
-
-[tools.look]
-mode = "read"
-roles = ["agent"]
-
-[tools.ask]
-mode = "execute"
-roles = ["agent"]
-approval = "always"
-approvers = ["rev"]
-
-[tools.commit]
-mode = "execute"
-roles = ["agent"]
-effect = {{ kind = "set", resource_argument = "target", value_argument = "value" }}
-
-[reviewers.alice]
-roles = ["rev"]
-workspaces = ["*"]
-
-[[credentials]]
-kind = "reviewer"
-identity = "alice"
-sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
-
-[state]
-version_scope = "resource"
-
-[state.resources]
-r = "v0"
-"#
+    policy_with(
+        "byte_budget",
+        &[
+            ("limits.max_state_bytes", integer(max_state_bytes)),
+            (
+                "limits.max_approval_argument_bytes",
+                integer(MAX_APPROVAL_ARGUMENT_BYTES),
+            ),
+            ("limits.pending_ttl_seconds", integer(PENDING_TTL_SECONDS)),
+            (
+                "limits.receipt_retention_seconds",
+                integer(RECEIPT_RETENTION_SECONDS),
+            ),
+        ],
     )
 }
 
@@ -87,16 +51,10 @@ async fn decide(
 
 async fn decisions(server: &TestServer, session_id: &str) -> Option<u64> {
     server
-        .pdp()
-        .get_session(authed(
-            pb::GetSessionRequest {
-                session_id: session_id.to_string(),
-            },
-            "",
-        ))
+        .get_session("", session_id)
         .await
         .ok()
-        .map(|info| info.into_inner().decisions)
+        .map(|info| info.decisions)
 }
 
 fn assert_budget_refusal(status: &tonic::Status) {
@@ -208,13 +166,8 @@ async fn dispatch(
     proposal: &pb::Proposal,
 ) -> Result<pb::DispatchResponse, tonic::Status> {
     server
-        .pdp()
-        .dispatch(pb::DispatchRequest {
-            session: Some(session("agent", "s1", "w")),
-            proposal: Some(proposal.clone()),
-        })
+        .dispatch("", &session("agent", "s1", "w"), proposal)
         .await
-        .map(tonic::Response::into_inner)
 }
 
 #[tokio::test]

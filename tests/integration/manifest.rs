@@ -1,11 +1,12 @@
 //! AssessManifest and ManifestPins over real gRPC (SPEC §7).
 
-mod common;
-
-use common::{TestServer, authed, repo_path, violation_field};
 use tonic::Code;
-use toolgate::manifest::Manifest;
-use toolgate::pb;
+
+use crate::support::policies::{docs_search_pin, policy_text, repo_path};
+use crate::support::tokens::ALICE;
+use crate::support::{
+    Manifest, Policy, TestServer, authed, pb, proposal, session, violation_field,
+};
 
 fn example_manifest() -> pb::Manifest {
     let bytes =
@@ -23,34 +24,10 @@ fn example_fingerprint() -> String {
         .to_hex()
 }
 
-/// Reviewer `alice` with token `alice-secret` (the policy stores its digest);
-/// the host API is open.
-const REVIEWER: &str = r#"
-[tools.noop]
-mode = "forbidden"
-
-[server]
-open_host_api = true
-
-[reviewers.alice]
-roles = ["manifest-reviewer"]
-workspaces = ["*"]
-
-[[credentials]]
-kind = "reviewer"
-identity = "alice"
-sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
-"#;
-const ALICE: &str = "alice-secret";
-
-const PIN: &str = r#"
-[[pins]]
-server = "docs-search"
-manifest = "examples/manifests/docs-search.json"
-"#;
-
+/// Reviewer `alice` (`manifest_reviewer.toml`) and a policy pin of the
+/// example manifest.
 fn policy_with_pin() -> String {
-    format!("{REVIEWER}{PIN}")
+    policy_text("manifest_reviewer") + &docs_search_pin()
 }
 
 async fn assess(
@@ -177,7 +154,7 @@ async fn a_hash_inside_the_manifest_is_never_trusted() {
 
 #[tokio::test]
 async fn only_a_malformed_shape_is_an_invalid_argument() {
-    let server = TestServer::start(common::OPEN_POLICY).await;
+    let server = TestServer::start(&policy_text("open")).await;
     let mut oversize = example_manifest();
     oversize.tools = (0..600)
         .map(|index| pb::ManifestTool {
@@ -280,7 +257,7 @@ const WORKED_EXAMPLE_FINGERPRINT: &str =
 
 #[tokio::test]
 async fn worked_example_through_assess_and_pin() {
-    let server = TestServer::start(REVIEWER).await;
+    let server = TestServer::start(&policy_text("manifest_reviewer")).await;
     let answer = assess(&server, worked_example()).await.expect("assess");
     assert_eq!(answer.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
     assert_eq!(answer.reason(), pb::AssessReason::Unpinned);
@@ -319,7 +296,7 @@ async fn worked_example_through_assess_and_pin() {
 
 #[tokio::test]
 async fn content_the_reference_fingerprints_is_never_invalid() {
-    let server = TestServer::start(REVIEWER).await;
+    let server = TestServer::start(&policy_text("manifest_reviewer")).await;
     let tool = |name: &str, scopes: Vec<String>| pb::ManifestTool {
         name: name.into(),
         description: "ünïcödé ✓ \u{1F600}".into(),
@@ -457,7 +434,8 @@ async fn a_fingerprint_only_pin_of_an_unsafe_manifest_still_gates_decide() {
         .fingerprint()
         .to_hex();
     let server = TestServer::start(&format!(
-        "{GATED}[[pins]]\nserver = \"docs-search\"\nfingerprint = \"{fingerprint}\"\n"
+        "{}\n[[pins]]\nserver = \"docs-search\"\nfingerprint = \"{fingerprint}\"\n",
+        policy_text("manifest_gated")
     ))
     .await;
     let answer = assess(&server, unsafe_manifest).await.expect("assess");
@@ -470,39 +448,19 @@ async fn a_fingerprint_only_pin_of_an_unsafe_manifest_still_gates_decide() {
     server.stop().await;
 }
 
-/// A tool gated on the `docs-search` manifest server, and an actor that may call it.
-const GATED: &str = r#"
-[server]
-open_host_api = true
-
-[profiles.reader]
-roles = ["reader"]
-max_decisions = 100
-max_tool_calls = 10
-max_session_seconds = 3600
-
-[actors.agent]
-profile = "reader"
-
-[tools.search_docs]
-mode = "read"
-roles = ["reader"]
-server = "docs-search"
-"#;
-
 async fn search(server: &TestServer, call_id: &str) -> pb::DecideResponse {
     server
         .decide_ok(
             "",
-            &common::session("agent", "s1", "w"),
-            &common::proposal(call_id, "agent", "search_docs", 0, "{}"),
+            &session("agent", "s1", "w"),
+            &proposal(call_id, "agent", "search_docs", 0, "{}"),
         )
         .await
 }
 
 #[tokio::test]
 async fn manifest_unverified_says_never_assessed_or_differed() {
-    let server = TestServer::start(&format!("{GATED}{PIN}")).await;
+    let server = TestServer::start(&(policy_text("manifest_gated") + &docs_search_pin())).await;
     let never = search(&server, "c1").await;
     assert_eq!(never.reason, "manifest-unverified");
     assert_eq!(
@@ -529,7 +487,7 @@ async fn manifest_unverified_says_never_assessed_or_differed() {
     assert_eq!(search(&server, "c3").await.reason, "allowed");
     server.stop().await;
 
-    let unpinned = TestServer::start(GATED).await;
+    let unpinned = TestServer::start(&policy_text("manifest_gated")).await;
     let answer = search(&unpinned, "c1").await;
     assert_eq!(answer.reason, "manifest-unverified");
     assert!(answer.message.contains("has no pin"), "{answer:?}");
@@ -538,7 +496,7 @@ async fn manifest_unverified_says_never_assessed_or_differed() {
 
 #[tokio::test]
 async fn mcp_fields_are_hashed_and_diffed_only_when_present() {
-    let server = TestServer::start(REVIEWER).await;
+    let server = TestServer::start(&policy_text("manifest_reviewer")).await;
     let base = worked_example();
     let mut with_mcp = worked_example();
     with_mcp.tools[0].title = Some("Read".into());
@@ -688,7 +646,7 @@ async fn api_pins_are_made_listed_and_removed() {
 
 #[tokio::test]
 async fn api_pins_survive_a_policy_reload() {
-    let server = TestServer::start(REVIEWER).await;
+    let server = TestServer::start(&policy_text("manifest_reviewer")).await;
     let manifest = example_manifest();
     server
         .pins()
@@ -701,9 +659,12 @@ async fn api_pins_survive_a_policy_reload() {
         ))
         .await
         .expect("pin");
-    let reloaded =
-        toolgate::policy::Policy::parse(&format!("# reloaded\n{REVIEWER}"), "reloaded.toml", None)
-            .expect("policy");
+    let reloaded = Policy::parse(
+        &format!("# reloaded\n{}", policy_text("manifest_reviewer")),
+        "reloaded.toml",
+        None,
+    )
+    .expect("policy");
     server.engine.replace_policy(reloaded);
     let answer = assess(&server, manifest).await.expect("assess");
     assert_eq!(answer.reason(), pb::AssessReason::Matched);

@@ -1,8 +1,5 @@
 //! Health, reflection and the RPCs that later issues implement.
 
-mod common;
-
-use common::TestServer;
 use tokio_stream::StreamExt;
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
@@ -13,9 +10,12 @@ use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
+use crate::support::TestServer;
+use crate::support::policies::policy_text;
+
 #[tokio::test]
 async fn health_answers_serving_for_the_server_and_each_service() {
-    let server = TestServer::start(common::OPEN_POLICY).await;
+    let server = TestServer::start(&policy_text("open")).await;
     let mut health = HealthClient::new(server.channel.clone());
     for service in [
         "",
@@ -44,7 +44,7 @@ async fn health_answers_serving_for_the_server_and_each_service() {
 
 #[tokio::test]
 async fn reflection_lists_every_service() {
-    let server = TestServer::start(common::OPEN_POLICY).await;
+    let server = TestServer::start(&policy_text("open")).await;
     let mut reflection = ServerReflectionClient::new(server.channel.clone());
     let request = ServerReflectionRequest {
         host: String::new(),

@@ -8,30 +8,22 @@
 //! thread-local subscriber: `#[tokio::test]` runs the server, its handlers
 //! and the client on the test's one thread, so a test sees only its lines.
 
-mod common;
-
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestServer, authed, proposal, repo_path, session, violation_field};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
-use tonic_types::StatusExt;
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 
-use toolgate::audit::{AuditFormat, AuditLayer, REJECTION_BURST, REJECTION_LINES_PER_SECOND};
-use toolgate::pb;
-use toolgate::policy::Policy;
-
-const HOST: &str = "host-secret";
-const ALICE: &str = "alice-secret";
-const BOB: &str = "bob-secret";
+use crate::support::policies::{self, DECIDE, portable};
+use crate::support::spawn::{self, Serve};
+use crate::support::tokens::{ALICE, BOB, HOST};
+use crate::support::{
+    AuditFormat, AuditLayer, Policy, REJECTION_BURST, REJECTION_LINES_PER_SECOND, TestServer,
+    authed, pb, proposal, session, violation_field, violation_rule,
+};
 
 // ----- capture ----------------------------------------------------------------
 
@@ -100,10 +92,7 @@ impl AuditLog {
 }
 
 fn decide_policy() -> Policy {
-    let text = std::fs::read_to_string(repo_path("tests/fixtures/decide.toml"))
-        .expect("fixture")
-        .replace("manifest = \"../../examples", "manifest = \"examples");
-    Policy::parse(&text, "decide.toml", Some(&repo_path(""))).expect("policy")
+    policies::decide_policy("")
 }
 
 fn payment(call_id: &str, arguments: &str) -> pb::Proposal {
@@ -115,19 +104,6 @@ fn decide_request(session: pb::Session, proposal: Option<pb::Proposal>) -> pb::D
         session: Some(session),
         proposal,
     }
-}
-
-/// The rule of an INVALID_ARGUMENT's first bad-request violation.
-fn violation_rule(status: &tonic::Status) -> String {
-    status
-        .get_details_bad_request()
-        .and_then(|bad_request| {
-            bad_request
-                .field_violations
-                .first()
-                .map(|violation| violation.description.clone())
-        })
-        .unwrap_or_default()
 }
 
 // ----- request_rejected -------------------------------------------------------
@@ -228,14 +204,7 @@ async fn every_invalid_argument_on_every_rpc_leaves_a_request_rejected_line() {
         .await,
     ));
     let dispatched = server
-        .pdp()
-        .dispatch(authed(
-            pb::DispatchRequest {
-                session: Some(payer.clone()),
-                proposal: Some(payment("d1", &approved)),
-            },
-            HOST,
-        ))
+        .dispatch(HOST, &payer, &payment("d1", &approved))
         .await
         .expect_err("INVALID_ARGUMENT");
     cases.push((
@@ -258,13 +227,7 @@ async fn every_invalid_argument_on_every_rpc_leaves_a_request_rejected_line() {
         assessed,
     ));
     let got_session = server
-        .pdp()
-        .get_session(authed(
-            pb::GetSessionRequest {
-                session_id: String::new(),
-            },
-            HOST,
-        ))
+        .get_session(HOST, "")
         .await
         .expect_err("INVALID_ARGUMENT");
     cases.push((
@@ -355,7 +318,8 @@ async fn every_invalid_argument_on_every_rpc_leaves_a_request_rejected_line() {
         reviewer("toolgate.v1.ManifestPins/RemovePin"),
         removed,
     ));
-    let resource = pb::resources_client::ResourcesClient::new(server.channel.clone())
+    let resource = server
+        .resources()
         .get_resource(authed(
             pb::GetResourceRequest {
                 name: String::new(),
@@ -510,21 +474,11 @@ async fn a_flood_of_rejections_is_coalesced_counted_and_never_stalls_the_server(
 
 /// One sample of the server's `/metrics` exposition.
 async fn scrape_sample(server: &TestServer, series: &str) -> f64 {
-    let addr: SocketAddr = server.metrics_addr.expect("metrics listener");
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response");
-    response
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{series} missing:\n{response}"))
+    let samples = server.metrics().await;
+    samples
+        .get(series)
+        .copied()
+        .unwrap_or_else(|| panic!("{series} missing:\n{samples:?}"))
 }
 
 // ----- review_refused ---------------------------------------------------------
@@ -758,17 +712,9 @@ async fn a_deny_reason_reaches_the_host_and_the_approval_denied_line() {
         format!("a reviewer denied this exact proposal: {reason}")
     );
     let dispatched = server
-        .pdp()
-        .dispatch(authed(
-            pb::DispatchRequest {
-                session: Some(payer.clone()),
-                proposal: Some(pay.clone()),
-            },
-            HOST,
-        ))
+        .dispatch(HOST, &payer, &pay)
         .await
-        .expect("dispatch answers")
-        .into_inner();
+        .expect("dispatch answers");
     assert_eq!(dispatched.status(), pb::DispatchStatus::ApprovalRequired);
     assert_eq!(dispatched.reason, "approval-denied");
     assert_eq!(dispatched.message, decided.message);
@@ -862,12 +808,6 @@ async fn absent_values_are_empty_in_text_lines_never_a_rust_none() {
 
 // ----- the binary -------------------------------------------------------------
 
-fn toolgate() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
-    command.env_remove("RUST_LOG");
-    command
-}
-
 /// A port that something else is listening on.
 fn busy_port() -> std::net::TcpListener {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback")
@@ -879,7 +819,7 @@ fn a_busy_port_prints_nothing_before_cannot_bind() {
     let address = busy.local_addr().expect("address").to_string();
     // The embedded default would print a reviewer token: not for a server
     // that cannot start.
-    let output = toolgate()
+    let output = spawn::command()
         .args(["serve", "--listen", &address])
         .output()
         .expect("run toolgate");
@@ -891,7 +831,7 @@ fn a_busy_port_prints_nothing_before_cannot_bind() {
     assert!(!stderr.contains("reviewer token"), "{stderr}");
 
     // A busy metrics port: no `listening on` for the gRPC port either.
-    let output = toolgate()
+    let output = spawn::command()
         .args([
             "serve",
             "--listen",
@@ -916,51 +856,12 @@ fn a_busy_port_prints_nothing_before_cannot_bind() {
 
 #[test]
 fn a_failed_reload_is_logged_at_warn() {
-    let directory = tempfile::tempdir().expect("tempdir");
-    let policy_path = directory.path().join("policy.toml");
-    let text = std::fs::read_to_string(repo_path("tests/fixtures/decide.toml"))
-        .expect("fixture")
-        .replace(
-            "manifest = \"../../examples",
-            &format!("manifest = \"{}", repo_path("examples").display()),
-        );
-    std::fs::write(&policy_path, &text).expect("write policy");
-    let mut child = toolgate()
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&policy_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start toolgate");
-    let mut listening = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut listening)
-        .expect("listening line");
-    assert!(
-        listening.starts_with("toolgate listening on "),
-        "{listening}"
-    );
+    let text = portable(DECIDE);
+    let mut server = Serve::new(&text).pipe_stderr().start();
     // Lines from stderr, read on a thread so that the test never blocks
     // on a pipe the child keeps open.
-    let (lines, received) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().expect("stderr");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    std::fs::write(
-        &policy_path,
-        format!("{text}\n[tools.broken]\nmode = \"sideways\"\n"),
-    )
-    .expect("write bad policy");
-    let hangup = Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
-        .status()
-        .expect("kill -HUP");
-    assert!(hangup.success());
+    let received = server.stderr_lines();
+    server.reload(&format!("{text}\n[tools.broken]\nmode = \"sideways\"\n"));
     // A guard against a hang, not a timed assertion: the line comes at once.
     let failed = loop {
         match received.recv_timeout(Duration::from_secs(60)) {
@@ -969,8 +870,7 @@ fn a_failed_reload_is_logged_at_warn() {
             Err(error) => panic!("no policy_reload_failed line: {error}"),
         }
     };
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
     assert!(
         failed.contains(" WARN toolgate::audit: event=\"policy_reload_failed\""),
         "{failed}"
@@ -981,9 +881,7 @@ fn a_failed_reload_is_logged_at_warn() {
 #[tokio::test]
 async fn a_closed_reviewer_api_says_so_in_its_auth_failed_line() {
     let audit = AuditLog::capture(AuditFormat::Json);
-    let text = std::fs::read_to_string(repo_path("tests/fixtures/decide.toml"))
-        .expect("fixture")
-        .replace("manifest = \"../../examples", "manifest = \"examples");
+    let text = portable(DECIDE);
     // The same policy without its reviewer credentials.
     let mut blocks = text.split("[[credentials]]");
     let mut without_reviewers = blocks.next().expect("head").to_string();
@@ -993,9 +891,7 @@ async fn a_closed_reviewer_api_says_so_in_its_auth_failed_line() {
             without_reviewers.push_str(block);
         }
     }
-    let policy =
-        Policy::parse(&without_reviewers, "decide.toml", Some(&repo_path(""))).expect("policy");
-    let server = TestServer::start_with(policy).await;
+    let server = TestServer::start(&without_reviewers).await;
     let status = server
         .approvals()
         .list_approvals(pb::ListApprovalsRequest::default())

@@ -12,70 +12,38 @@
 //! in `/metrics`), with a generous guard so that a regression fails instead
 //! of hanging.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TestServer, authed, proposal, repo_path, session};
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-use toolgate::pb;
-use toolgate::policy::Policy;
 
-const HOST: &str = "host-secret";
+use crate::support::policies::decide_policy;
+use crate::support::raw::{
+    self, GUARD, HeldCall, RawAnswer, closed_by_server, framed, grpc_request, grpc_status,
+    read_answer,
+};
+use crate::support::tokens::HOST;
+use crate::support::{TestServer, authed, pb, proposal, read_balance, session};
+
 const DECIDE: &str = "/toolgate.v1.PolicyDecisionPoint/Decide";
 const GET_RESOURCE: &str = "/toolgate.v1.Resources/GetResource";
 /// The size of the `big` resource: a GetResource answer of ~800 KB.
 const BIG: usize = 800_000;
-/// How long a wait for a condition may take before the test fails.
-const GUARD: Duration = Duration::from_secs(60);
 
 /// `tests/fixtures/decide.toml` with a `[server]` section and a `big`
 /// resource of [`BIG`] bytes.
-fn policy(server_section: &str) -> Policy {
-    let text = std::fs::read_to_string(repo_path("tests/fixtures/decide.toml"))
-        .expect("fixture")
-        .replace("manifest = \"../../examples", "manifest = \"examples");
-    let big = "x".repeat(BIG);
-    Policy::parse(
-        &format!("{text}\n[server]\n{server_section}\n[state.resources]\nbig = \"{big}\"\nsmall = \"s\"\n"),
-        "transport.toml",
-        Some(&repo_path("")),
-    )
-    .expect("policy")
-}
-
 async fn start(server_section: &str) -> TestServer {
-    TestServer::start_with_options(policy(server_section), true).await
-}
-
-/// GET /metrics over plain HTTP/1.1; the samples by `name{labels}`.
-async fn metrics(server: &TestServer) -> HashMap<String, f64> {
-    let addr = server.metrics_addr.expect("metrics listener");
-    let mut stream = TcpStream::connect(addr).await.expect("connect metrics");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response");
-    let (_, body) = response.split_once("\r\n\r\n").expect("http response");
-    body.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
+    let big = "x".repeat(BIG);
+    let policy = decide_policy(&format!(
+        "[server]\n{server_section}\n[state.resources]\nbig = \"{big}\"\nsmall = \"s\"\n"
+    ));
+    TestServer::start_with_options(policy, true).await
 }
 
 fn sample(samples: &HashMap<String, f64>, series: &str) -> f64 {
@@ -86,7 +54,7 @@ fn sample(samples: &HashMap<String, f64>, series: &str) -> f64 {
 async fn wait_for_metric(server: &TestServer, series: &str, value: f64) {
     let waited = tokio::time::timeout(GUARD, async {
         loop {
-            if sample(&metrics(server).await, series) >= value {
+            if sample(&server.metrics().await, series) >= value {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -104,35 +72,8 @@ fn refused(reason: &str) -> String {
     format!(r#"toolgate_transport_refused_total{{reason="{reason}"}}"#)
 }
 
-/// Waits until the peer closes `stream`; true for a close (EOF or reset).
-async fn closed_by_server(stream: &mut TcpStream) -> bool {
-    let mut byte = [0u8; 1024];
-    tokio::time::timeout(GUARD, async {
-        loop {
-            match stream.read(&mut byte).await {
-                Ok(0) | Err(_) => return true,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .unwrap_or(false)
-}
-
-/// A gRPC message frame.
-fn framed(flag: u8, message: &[u8]) -> Bytes {
-    let mut out = vec![flag];
-    out.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-    out.extend_from_slice(message);
-    Bytes::from(out)
-}
-
 fn decide_message(call_id: &str) -> Vec<u8> {
-    pb::DecideRequest {
-        session: Some(session("payer", "s1", "acme")),
-        proposal: Some(proposal(call_id, "payer", "read_balance", 0, "{}")),
-    }
-    .encode_to_vec()
+    read_balance(call_id).encode_to_vec()
 }
 
 fn resource_message(name: &str) -> Vec<u8> {
@@ -143,90 +84,11 @@ fn resource_message(name: &str) -> Vec<u8> {
     .encode_to_vec()
 }
 
-/// An HTTP/2 connection made with `builder`, driven in the background.
-async fn h2_connect(
-    addr: SocketAddr,
-    builder: &h2::client::Builder,
-) -> (
-    h2::client::SendRequest<Bytes>,
-    tokio::task::JoinHandle<Result<(), h2::Error>>,
-) {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    let (client, connection) = builder.handshake(tcp).await.expect("h2 handshake");
-    let driver = tokio::spawn(connection);
-    (client.ready().await.expect("ready"), driver)
-}
-
-fn grpc_request(addr: SocketAddr, path: &str, content_type: &str) -> http::Request<()> {
-    http::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", content_type)
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {HOST}"))
-        .body(())
-        .expect("request")
-}
-
-/// What a raw call answered: the HTTP status, grpc-status and grpc-message
-/// (from the headers of a trailers-only answer, else from the trailers),
-/// and the message bytes received.
-#[derive(Debug)]
-struct RawAnswer {
-    http: u16,
-    code: Option<i32>,
-    message: String,
-    received: usize,
-}
-
-fn grpc_status(headers: &http::HeaderMap) -> (Option<i32>, String) {
-    let code = headers
-        .get("grpc-status")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.parse().ok());
-    let message = headers
-        .get("grpc-message")
-        .map(|value| {
-            percent_encoding::percent_decode(value.as_bytes())
-                .decode_utf8_lossy()
-                .into_owned()
-        })
-        .unwrap_or_default();
-    (code, message)
-}
-
-async fn read_answer(response: h2::client::ResponseFuture) -> RawAnswer {
-    let response = response.await.expect("response headers");
-    let http = response.status().as_u16();
-    let (code, message) = grpc_status(response.headers());
-    if code.is_some() {
-        return RawAnswer {
-            http,
-            code,
-            message,
-            received: 0,
-        };
-    }
-    let mut body = response.into_body();
-    let mut received = 0;
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk.expect("data");
-        received += chunk.len();
-        let _ = body.flow_control().release_capacity(chunk.len());
-    }
-    let trailers = body.trailers().await.expect("trailers").unwrap_or_default();
-    let (code, message) = grpc_status(&trailers);
-    RawAnswer {
-        http,
-        code,
-        message,
-        received,
-    }
-}
-
 /// One call on its own connection: headers, then `body` in one DATA frame.
 async fn raw_call(addr: SocketAddr, path: &str, content_type: &str, body: Bytes) -> RawAnswer {
-    let (mut client, _driver) = h2_connect(addr, &h2::client::Builder::new()).await;
+    let (mut client, _driver) = raw::connect(addr, &h2::client::Builder::new()).await;
     let (response, mut stream) = client
-        .send_request(grpc_request(addr, path, content_type), false)
+        .send_request(grpc_request(addr, path, content_type, HOST), false)
         .expect("send headers");
     stream.send_data(body, true).expect("send body");
     read_answer(response).await
@@ -244,7 +106,7 @@ async fn connections_that_never_speak_are_closed() {
     // A TCP connection that sends nothing at all.
     let mut silent = TcpStream::connect(server.addr).await.expect("connect");
     // A connection that completes the HTTP/2 handshake and makes no request.
-    let (client, driver) = h2_connect(server.addr, &h2::client::Builder::new()).await;
+    let (client, driver) = raw::connect(server.addr, &h2::client::Builder::new()).await;
     assert!(closed_by_server(&mut silent).await, "silent TCP stays open");
     let ended = tokio::time::timeout(GUARD, driver).await;
     assert!(
@@ -252,7 +114,7 @@ async fn connections_that_never_speak_are_closed() {
         "an HTTP/2 connection without requests stays open"
     );
     drop(client);
-    let samples = metrics(&server).await;
+    let samples = server.metrics().await;
     assert_eq!(sample(&samples, &closed("handshake-timeout")), 2.0);
     assert_eq!(server.health().await, ServingStatus::Serving);
     server.stop().await;
@@ -291,7 +153,7 @@ async fn at_the_caps_silent_connections_make_room_and_health_answers() {
         .into_inner()
         .status();
     assert_eq!(status, ServingStatus::Serving);
-    let samples = metrics(&server).await;
+    let samples = server.metrics().await;
     assert_eq!(sample(&samples, &closed("evicted")), 42.0);
     assert_eq!(sample(&samples, &closed("refused")), 0.0);
     assert_eq!(sample(&samples, "toolgate_connections_open"), 10.0);
@@ -300,54 +162,24 @@ async fn at_the_caps_silent_connections_make_room_and_health_answers() {
     server.stop().await;
 }
 
-/// A call in flight on its own connection: headers sent, body held back.
-/// The PING answered after the HEADERS means the server has seen the call.
-struct Held {
-    _client: h2::client::SendRequest<Bytes>,
-    response: h2::client::ResponseFuture,
-    stream: h2::SendStream<Bytes>,
-    _driver: tokio::task::JoinHandle<Result<(), h2::Error>>,
-}
-
-async fn held_call(addr: SocketAddr, path: &str) -> Held {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    let (client, mut connection) = h2::client::handshake(tcp).await.expect("handshake");
-    let mut ping_pong = connection.ping_pong().expect("ping pong");
-    let driver = tokio::spawn(connection);
-    let mut client = client.ready().await.expect("ready");
-    let (response, stream) = client
-        .send_request(grpc_request(addr, path, "application/grpc"), false)
-        .expect("send headers");
-    ping_pong.ping(h2::Ping::opaque()).await.expect("ping");
-    Held {
-        _client: client,
-        response,
-        stream,
-        _driver: driver,
-    }
-}
-
 #[tokio::test]
 async fn at_the_cap_a_connection_is_refused_when_every_other_is_busy() {
     let server = start("max_connections_per_peer = 2\nread_timeout_ms = 600000").await;
     // The harness's connection has spoken and is idle.
     assert_eq!(server.health().await, ServingStatus::Serving);
-    let first = held_call(server.addr, DECIDE).await;
+    let first = HeldCall::start(server.addr, DECIDE, HOST).await;
     // At the cap of two: the idle harness connection makes room.
-    let second = held_call(server.addr, DECIDE).await;
+    let second = HeldCall::start(server.addr, DECIDE, HOST).await;
     // Both open connections are busy: a new one is refused.
     let mut third = TcpStream::connect(server.addr).await.expect("connect");
     assert!(closed_by_server(&mut third).await);
-    let samples = metrics(&server).await;
+    let samples = server.metrics().await;
     assert_eq!(sample(&samples, &closed("evicted")), 1.0);
     assert_eq!(sample(&samples, &closed("refused")), 1.0);
     assert_eq!(sample(&samples, "toolgate_connections_open"), 2.0);
     // The busy calls were never disturbed: they finish normally.
-    for (index, mut held) in [first, second].into_iter().enumerate() {
-        held.stream
-            .send_data(framed(0, &decide_message(&format!("busy{index}"))), true)
-            .expect("send body");
-        let answer = read_answer(held.response).await;
+    for (index, held) in [first, second].into_iter().enumerate() {
+        let answer = held.finish(&decide_message(&format!("busy{index}"))).await;
         assert_eq!(answer.code, Some(0), "{answer:?}");
     }
     server.stop().await;
@@ -372,7 +204,10 @@ async fn one_connection_of_bodiless_calls_cannot_take_every_permit() {
     let mut held = Vec::new();
     for _ in 0..100 {
         let (response, stream) = client
-            .send_request(grpc_request(server.addr, DECIDE, "application/grpc"), false)
+            .send_request(
+                grpc_request(server.addr, DECIDE, "application/grpc", HOST),
+                false,
+            )
             .expect("send headers");
         held.push((response, stream));
     }
@@ -392,7 +227,7 @@ async fn one_connection_of_bodiless_calls_cannot_take_every_permit() {
         assert_eq!(answer.reason, "allowed");
     }
     assert_eq!(
-        sample(&metrics(&server).await, "toolgate_load_shed_total"),
+        sample(&server.metrics().await, "toolgate_load_shed_total"),
         0.0
     );
     server.stop().await;
@@ -401,9 +236,12 @@ async fn one_connection_of_bodiless_calls_cannot_take_every_permit() {
 #[tokio::test]
 async fn a_message_that_does_not_arrive_in_time_is_deadline_exceeded() {
     let server = start("read_timeout_ms = 200").await;
-    let (mut client, _driver) = h2_connect(server.addr, &h2::client::Builder::new()).await;
+    let (mut client, _driver) = raw::connect(server.addr, &h2::client::Builder::new()).await;
     let (response, mut stream) = client
-        .send_request(grpc_request(server.addr, DECIDE, "application/grpc"), false)
+        .send_request(
+            grpc_request(server.addr, DECIDE, "application/grpc", HOST),
+            false,
+        )
         .expect("send headers");
     // Half a message, then nothing.
     let whole = framed(0, &decide_message("late"));
@@ -421,7 +259,7 @@ async fn a_message_that_does_not_arrive_in_time_is_deadline_exceeded() {
         "the request message did not arrive within the server's 200 ms read timeout"
     );
     assert_eq!(
-        sample(&metrics(&server).await, &refused("read-timeout")),
+        sample(&server.metrics().await, &refused("read-timeout")),
         1.0
     );
     server.stop().await;
@@ -430,9 +268,12 @@ async fn a_message_that_does_not_arrive_in_time_is_deadline_exceeded() {
 #[tokio::test]
 async fn a_message_over_the_limit_is_refused_from_its_length_prefix() {
     let server = start("").await;
-    let (mut client, _driver) = h2_connect(server.addr, &h2::client::Builder::new()).await;
+    let (mut client, _driver) = raw::connect(server.addr, &h2::client::Builder::new()).await;
     let (response, mut stream) = client
-        .send_request(grpc_request(server.addr, DECIDE, "application/grpc"), false)
+        .send_request(
+            grpc_request(server.addr, DECIDE, "application/grpc", HOST),
+            false,
+        )
         .expect("send headers");
     // Only the header of a 2 MiB message: the answer needs no more.
     let mut header = vec![0u8];
@@ -471,7 +312,7 @@ async fn a_response_that_cannot_be_sent_is_cancelled_after_the_write_timeout() {
     let mut client = client.ready().await.expect("ready");
     let (response, mut stream) = client
         .send_request(
-            grpc_request(server.addr, GET_RESOURCE, "application/grpc"),
+            grpc_request(server.addr, GET_RESOURCE, "application/grpc", HOST),
             false,
         )
         .expect("send headers");
@@ -510,12 +351,12 @@ async fn a_response_that_cannot_be_sent_is_cancelled_after_the_write_timeout() {
 async fn bytes_waiting_to_be_sent_are_bounded() {
     // Room for two ~800 KB answers waiting, not three.
     let server = start("max_buffered_response_bytes = 1700000\nwrite_timeout_ms = 600000").await;
-    let (mut client, driver) = h2_connect(server.addr, &closed_windows()).await;
+    let (mut client, driver) = raw::connect(server.addr, &closed_windows()).await;
     let mut calls = Vec::new();
     for _ in 0..4 {
         let (response, mut stream) = client
             .send_request(
-                grpc_request(server.addr, GET_RESOURCE, "application/grpc"),
+                grpc_request(server.addr, GET_RESOURCE, "application/grpc", HOST),
                 false,
             )
             .expect("send headers");
@@ -553,7 +394,8 @@ async fn bytes_waiting_to_be_sent_are_bounded() {
     driver.abort();
     let waited = tokio::time::timeout(GUARD, async {
         loop {
-            let read = pb::resources_client::ResourcesClient::new(server.channel.clone())
+            let read = server
+                .resources()
                 .get_resource(authed(
                     pb::GetResourceRequest {
                         name: "big".into(),
@@ -730,7 +572,7 @@ async fn requests_that_are_not_one_grpc_message_are_invalid_argument() {
     let answer = raw_call(addr, DECIDE, "application/grpc", framed(0, &message)).await;
     assert_eq!(answer.code, Some(0), "{answer:?}");
     assert!(answer.received > 0);
-    let samples = metrics(&server).await;
+    let samples = server.metrics().await;
     assert_eq!(
         sample(
             &samples,

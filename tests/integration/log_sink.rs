@@ -4,41 +4,20 @@
 //! drains, with not one audit line lost), and the file sink rotates by size
 //! without losing or splitting lines.
 
-mod spawned;
-
 use std::collections::HashMap;
 use std::io::Read;
-use std::time::Duration;
 
-use spawned::{HOST, Spawned, decide_policy_text};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
-use toolgate::pb;
-use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
-/// How long a wait for a condition may take before the test fails.
-const GUARD: Duration = Duration::from_secs(120);
+use crate::support::policies::decide_text;
+use crate::support::raw::until;
+use crate::support::spawn::Serve;
+use crate::support::tokens::HOST;
+use crate::support::{authed, pb, read_balance};
 
 fn decide_request(call_id: &str) -> tonic::Request<pb::DecideRequest> {
-    let mut request = tonic::Request::new(pb::DecideRequest {
-        session: Some(pb::Session {
-            actor: "payer".into(),
-            session_id: "s1".into(),
-            workspace: "acme".into(),
-        }),
-        proposal: Some(pb::Proposal {
-            call_id: call_id.into(),
-            actor: "payer".into(),
-            name: "read_balance".into(),
-            version: 0,
-            arguments_json: "{}".into(),
-        }),
-    });
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {HOST}").parse().expect("ascii"),
-    );
-    request
+    authed(read_balance(call_id), HOST)
 }
 
 /// The call ids of the `decision` audit lines (JSON log format), counted.
@@ -56,28 +35,14 @@ fn decisions(text: &str) -> HashMap<String, usize> {
     counted
 }
 
-async fn until<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(GUARD, async {
-        while !condition().await {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "never: {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stderr_nobody_reads_turns_health_off_fails_calls_fast_and_loses_nothing() {
-    let mut server = Spawned::start(
-        &decide_policy_text(""),
-        &["--log-format", "json", "--log-stall-seconds", "1"],
-        true,
-    );
-    let mut pdp = PolicyDecisionPointClient::new(server.channel().await);
+    let mut server = Serve::new(&decide_text(""))
+        .with_metrics()
+        .args(&["--log-format", "json", "--log-stall-seconds", "1"])
+        .pipe_stderr()
+        .start();
+    let mut pdp = server.pdp().await;
     // Decide until the pipe (64 KiB) is full and the sink has been stuck
     // for a second: then calls fail fast instead of hanging.
     let mut answered = 0;
@@ -142,9 +107,9 @@ async fn the_file_sink_rotates_by_size_and_keeps_every_line() {
     let directory = tempfile::tempdir().expect("temp dir");
     let path = directory.path().join("toolgate.log");
     let path_text = path.display().to_string();
-    let server = Spawned::start(
-        &decide_policy_text(""),
-        &[
+    let server = Serve::new(&decide_text(""))
+        .with_metrics()
+        .args(&[
             "--log-format",
             "json",
             "--log-file",
@@ -153,10 +118,9 @@ async fn the_file_sink_rotates_by_size_and_keeps_every_line() {
             "20000",
             "--log-max-files",
             "1000",
-        ],
-        false,
-    );
-    let mut pdp = PolicyDecisionPointClient::new(server.channel().await);
+        ])
+        .start();
+    let mut pdp = server.pdp().await;
     for index in 0..300 {
         pdp.decide(decide_request(&format!("f{index}")))
             .await

@@ -8,8 +8,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use prost::Message;
-use toolgate::fuzzing;
-use toolgate::pb;
+
+use crate::support::policies::repo_path;
+use crate::support::{Manifest, decide_request, dispatch_request, fuzzing, pb};
 
 type Harness = fn(&[u8]);
 
@@ -26,10 +27,7 @@ const TARGETS: [(&str, Harness); 3] = [
 const OPEN_BUGS: &[&str] = &[];
 
 fn fuzz_dir(kind: &str, target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fuzz")
-        .join(kind)
-        .join(target)
+    repo_path("tests/fuzz").join(kind).join(target)
 }
 
 fn harness(target: &str) -> Harness {
@@ -127,7 +125,7 @@ fn seeds_pass_their_harness() {
 /// harness too (the fuzzer's corpus starts from them; they are not copied).
 #[test]
 fn canonical_vectors_pass_the_round_trip_harness() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/canonical_json.jsonl");
+    let path = repo_path("tests/fixtures/canonical_json.jsonl");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
     let mut ran = 0;
@@ -194,25 +192,17 @@ fn request_seeds() -> Vec<(String, Vec<u8>)> {
     ];
     let mut seeds = Vec::new();
     for (what, session, proposal) in proposals {
-        let decide = pb::DecideRequest {
-            session: Some(session.clone()),
-            proposal: Some(proposal.clone()),
-        };
+        let decide = decide_request(session.clone(), proposal.clone());
         seeds.push((format!("DecideRequest-{what}.pb"), decide.encode_to_vec()));
-        let dispatch = pb::DispatchRequest {
-            session: Some(session),
-            proposal: Some(proposal),
-        };
+        let dispatch = dispatch_request(session, proposal);
         seeds.push((
             format!("DispatchRequest-{what}.pb"),
             dispatch.encode_to_vec(),
         ));
     }
-    let manifest_json = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/manifests/docs-search.json"),
-    )
-    .expect("example manifest");
-    let manifest = toolgate::manifest::Manifest::from_json(&manifest_json).expect("manifest");
+    let manifest_json =
+        std::fs::read(repo_path("examples/manifests/docs-search.json")).expect("example manifest");
+    let manifest = Manifest::from_json(&manifest_json).expect("manifest");
     let mut message = pb::Manifest::from(&manifest);
     if let Some(tool) = message.tools.first_mut() {
         tool.input_schema_json = r#"{"type":"object","properties":{"q":{"type":"string"}}}"#.into();
@@ -303,7 +293,7 @@ fn request_seeds() -> Vec<(String, Vec<u8>)> {
 
 /// The committed request seeds are exactly what `request_seeds` makes, so
 /// they stay valid messages as the proto evolves. After a proto change run
-/// `cargo test --test fuzz_regressions regenerate_request_seeds -- --ignored`.
+/// `cargo test --test integration fuzz_regressions::regenerate_request_seeds -- --ignored`.
 #[test]
 fn request_seeds_are_current() {
     for (name, bytes) in request_seeds() {

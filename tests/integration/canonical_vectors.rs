@@ -2,13 +2,12 @@
 //! from Python's `json` module by `tests/fixtures/make_canonical_vectors.py`)
 //! against `canonical`: exact canonical bytes, SHA-256, or exact error kind.
 
-use std::path::Path;
-
-use toolgate::canonical::{Fingerprint, canonicalize, fingerprint, parse, to_canonical};
+use crate::support::canonical::{Fingerprint, canonicalize, fingerprint, parse, to_canonical};
+use crate::support::policies::repo_path;
 
 #[test]
 fn canonical_json_vectors() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/canonical_json.jsonl");
+    let path = repo_path("tests/fixtures/canonical_json.jsonl");
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) => panic!(

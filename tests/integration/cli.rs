@@ -2,23 +2,22 @@
 //! real server on `127.0.0.1:0`: approvals, pins, resources, check-config,
 //! output formats, exit codes and error lines.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::{TestServer, proposal, repo_path, session};
 use serde_json::{Value, json};
-use toolgate::pb;
 
-const POLICY: &str = "tests/fixtures/decide.toml";
-const TICKETS: &str = "examples/tickets.toml";
-const HOST: &str = "host-secret";
-const ALICE: &str = "alice-secret";
-const BOB: &str = "bob-secret";
-/// Every test clock starts at `common::EPOCH`; pending requests live 300 s.
+use crate::support::policies::{
+    self, DECIDE as POLICY, DECIDE_ALICE_CREDENTIAL, HOSTILE, TICKETS, policy_text, portable,
+    repo_path, section_cuts,
+};
+use crate::support::spawn::{self, Serve, Spawned};
+use crate::support::tokens::{ALICE, BOB, EXAMPLE_REVIEWER, HOST};
+use crate::support::{Manifest, Policy, TestServer, authed, decide_request, pb, proposal, session};
+
+/// Every test clock starts at `support::EPOCH`; pending requests live 300 s.
 const REQUESTED_AT: &str = "2026-11-29T00:00:00Z";
 const PENDING_EXPIRES_AT: &str = "2026-11-29T00:05:00Z";
 /// Bound on every wait for the child process, so a bug fails instead of hanging.
@@ -70,11 +69,8 @@ fn parse_proto<M: prost::Message + Default>(text: &str, full_name: &str) -> M {
 }
 
 fn toolgate_command(args: &[String], token: Option<&str>) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
-    command
-        .args(args)
-        .env_remove("TOOLGATE_TOKEN")
-        .stdin(Stdio::null());
+    let mut command = spawn::command();
+    command.args(args);
     if let Some(token) = token {
         command.env("TOOLGATE_TOKEN", token);
     }
@@ -710,11 +706,10 @@ async fn pins_add_list_and_remove() {
     let file = tempfile::NamedTempFile::new().expect("temp file");
     std::fs::write(file.path(), serde_json::to_vec(&copy).expect("json")).expect("write");
     let path = file.path().to_str().expect("utf-8 path");
-    let fingerprint =
-        toolgate::manifest::Manifest::from_json(&std::fs::read(file.path()).expect("read"))
-            .expect("valid manifest")
-            .fingerprint()
-            .to_hex();
+    let fingerprint = Manifest::from_json(&std::fs::read(file.path()).expect("read"))
+        .expect("valid manifest")
+        .fingerprint()
+        .to_hex();
 
     // The wrong expected fingerprint refuses the pin.
     let refused = toolgate(
@@ -869,7 +864,7 @@ async fn pins_add_list_and_remove() {
 #[tokio::test]
 async fn resource_get_shows_value_and_version() {
     let server = TestServer::start_file(TICKETS).await;
-    let token = Some("example-reviewer-token");
+    let token = Some(EXAMPLE_REVIEWER);
     let addr = server.addr.to_string();
 
     let table = toolgate(&["resource", "get", "lamp", "--server", &addr], token).await;
@@ -916,7 +911,7 @@ async fn resource_get_shows_value_and_version() {
 async fn check_config_prints_what_a_policy_defines() {
     let path = repo_path("examples/policy.toml");
     let path = path.to_str().expect("utf-8 path");
-    let revision = toolgate::policy::Policy::load(&repo_path("examples/policy.toml"))
+    let revision = Policy::load(&repo_path("examples/policy.toml"))
         .expect("valid")
         .revision;
 
@@ -1214,10 +1209,8 @@ async fn manifest_fingerprint_of_an_unsafe_manifest_warns() {
 
 #[tokio::test]
 async fn manifest_assess_sends_the_readme_example_to_the_default_policy() {
-    let server = TestServer::start_with(
-        toolgate::policy::Policy::embedded_default().expect("embedded default"),
-    )
-    .await;
+    let server =
+        TestServer::start_with(Policy::embedded_default().expect("embedded default")).await;
     let addr = url(&server);
     let example = repo_path("examples/manifests/docs-search.json");
     let example = example.to_str().expect("utf-8 path");
@@ -1389,39 +1382,6 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
     server.stop().await;
 }
 
-/// A policy with room for many pending requests of one tool (`t`, approved
-/// by alice everywhere); host token `host-secret`, reviewer `alice-secret`.
-const ROOMY_POLICY: &str = r#"
-[limits]
-max_approval_argument_bytes = 262144
-max_pending_per_actor = 600
-max_pending_total = 600
-max_approval_records = 1000
-[profiles.p]
-roles = ["r"]
-max_decisions = 1000
-[actors.a]
-profile = "p"
-[tools.t]
-mode = "execute"
-roles = ["r"]
-approval = "always"
-approvers = ["x"]
-sensitive = ["secret"]
-[reviewers.alice]
-roles = ["x"]
-workspaces = ["*"]
-[[credentials]]
-kind = "host"
-identity = "h"
-actors = ["a"]
-sha256 = "736340e6842adca333b34d6beca003ab19f13a13ccc70573114996ae6627b2f2"
-[[credentials]]
-kind = "reviewer"
-identity = "alice"
-sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
-"#;
-
 /// A pending request for tool `t` with these arguments; its approval id.
 async fn roomy_pending(server: &TestServer, call_id: &str, arguments: &str) -> String {
     let answer = server
@@ -1492,7 +1452,7 @@ async fn list_and_watch_cut_long_arguments_and_hide_sensitive_values() {
 
 #[tokio::test]
 async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
-    let server = TestServer::start(ROOMY_POLICY).await;
+    let server = TestServer::start(&policy_text("roomy")).await;
     let addr = url(&server);
     // 17 ids over 16 possible first digits: two of them share one.
     let mut ids = Vec::new();
@@ -1619,7 +1579,7 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
 #[tokio::test]
 async fn resource_list_shows_every_resource() {
     let server = TestServer::start_file(TICKETS).await;
-    let token = Some("example-reviewer-token");
+    let token = Some(EXAMPLE_REVIEWER);
     let addr = server.addr.to_string();
     let table = toolgate(&["resource", "list", "--server", &addr], token).await;
     assert_eq!(table.code, Some(0), "{table:?}");
@@ -1646,7 +1606,7 @@ async fn resource_list_shows_every_resource() {
     );
     let mut expected = Vec::new();
     for name in ["lamp", "outbox", "sensor"] {
-        expected.push(server.resource("example-reviewer-token", name).await);
+        expected.push(server.resource(EXAMPLE_REVIEWER, name).await);
     }
     assert_eq!(parsed.resources, expected);
     server.stop().await;
@@ -1654,7 +1614,7 @@ async fn resource_list_shows_every_resource() {
 
 #[tokio::test]
 async fn approvals_list_pages_by_bytes_through_500_large_requests() {
-    let server = TestServer::start(ROOMY_POLICY).await;
+    let server = TestServer::start(&policy_text("roomy")).await;
     // As large as arguments may be (256 KiB in all).
     let blob = "b".repeat(256 * 1024 - 64);
     let mut ids = Vec::new();
@@ -1668,7 +1628,7 @@ async fn approvals_list_pages_by_bytes_through_500_large_requests() {
     // under the 4 MiB a client accepts, and says where to go on.
     let page = server
         .approvals()
-        .list_approvals(common::authed(
+        .list_approvals(authed(
             pb::ListApprovalsRequest {
                 page_size: 500,
                 ..Default::default()
@@ -1703,55 +1663,9 @@ async fn approvals_list_pages_by_bytes_through_500_large_requests() {
     server.stop().await;
 }
 
-/// A `toolgate serve` child process, killed when dropped.
-struct ServeProcess {
-    child: Child,
-    addr: String,
-}
-
-impl ServeProcess {
-    /// Starts the binary on `listen` and waits for its `listening on` line.
-    async fn start(listen: &str) -> ServeProcess {
-        let args: Vec<String> = [
-            "serve",
-            "--config",
-            repo_path(POLICY).to_str().expect("utf-8"),
-            "--listen",
-            listen,
-        ]
-        .iter()
-        .map(|arg| arg.to_string())
-        .collect();
-        let mut child = toolgate_command(&args, None)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn serve");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let (stdout, line) = read_line(stdout).await;
-        let addr = line
-            .trim()
-            .strip_prefix("toolgate listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        // Keep draining stdout so the server never blocks on it.
-        std::thread::spawn(move || {
-            let mut rest = stdout;
-            let _ = std::io::copy(&mut rest, &mut std::io::sink());
-        });
-        ServeProcess { child, addr }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// `toolgate serve` on `decide.toml` as a child process on `listen`.
+fn serve(listen: &str) -> Spawned {
+    Serve::new(&portable(POLICY)).listen(listen).start()
 }
 
 /// A wire transfer decided on the server at `addr`; its approval id.
@@ -1761,12 +1675,12 @@ async fn request_on(addr: &str) -> String {
         .connect()
         .await
         .expect("connect");
-    let request = pb::DecideRequest {
-        session: Some(session("payer", "s1", "acme")),
-        proposal: Some(proposal("w1", "payer", "wire_transfer", 0, r#"{"to":"x"}"#)),
-    };
+    let request = decide_request(
+        session("payer", "s1", "acme"),
+        proposal("w1", "payer", "wire_transfer", 0, r#"{"to":"x"}"#),
+    );
     let answer = pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel)
-        .decide(common::authed(request, HOST))
+        .decide(authed(request, HOST))
         .await
         .expect("decide")
         .into_inner();
@@ -1776,8 +1690,8 @@ async fn request_on(addr: &str) -> String {
 
 #[tokio::test]
 async fn watch_follow_reconnects_after_the_server_restarts() {
-    let mut first = ServeProcess::start("127.0.0.1:0").await;
-    let addr = first.addr.clone();
+    let mut first = serve("127.0.0.1:0");
+    let addr = first.addr.to_string();
     let args: Vec<String> = ["approvals", "watch", "--follow", "--server", &addr]
         .iter()
         .map(|arg| arg.to_string())
@@ -1797,7 +1711,7 @@ async fn watch_follow_reconnects_after_the_server_restarts() {
     assert!(ended.contains("; reconnecting in 200 ms"), "{ended:?}");
 
     // The same port again; the watcher finds it on its own.
-    let _second = ServeProcess::start(&addr).await;
+    let _second = serve(&addr);
     loop {
         let line = watcher.next_error_line().await;
         if line.starts_with("toolgate: watching approvals on ") {
@@ -1823,15 +1737,9 @@ async fn watch_follow_exits_when_a_reload_revokes_its_credential() {
         .chain([url(&server)])
         .collect();
     let watcher = Watcher::start_with(args).await;
-    let alice_credential = "[[credentials]]\nkind = \"reviewer\"\nidentity = \"alice\"\nsha256 = \"0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376\"\n";
-    let text = std::fs::read_to_string(repo_path(POLICY)).expect("fixture");
-    assert!(text.contains(alice_credential));
-    let policy = toolgate::policy::Policy::parse(
-        &text.replace(alice_credential, ""),
-        "reloaded.toml",
-        Some(&repo_path("tests/fixtures")),
-    )
-    .expect("valid");
+    let text = portable(POLICY);
+    assert!(text.contains(DECIDE_ALICE_CREDENTIAL));
+    let policy = policies::parse(&text.replace(DECIDE_ALICE_CREDENTIAL, ""));
     server.engine.replace_policy(policy);
     let (rest_out, rest_err, code) = watcher.finish().await;
     assert_eq!(rest_out, "");
@@ -1862,9 +1770,6 @@ impl PolicyFile {
     }
 }
 
-/// One tool, one actor holding its role, an open host API.
-const VALID_TAIL: &str = "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\n\n[profiles.p]\nroles = [\"r\"]\n\n[actors.a]\nprofile = \"p\"\n\n[server]\nopen_host_api = true\n";
-
 #[tokio::test]
 async fn check_config_errors_name_the_key_in_plain_words() {
     let cases = [
@@ -1884,13 +1789,13 @@ async fn check_config_errors_name_the_key_in_plain_words() {
         ),
     ];
     for (text, expected) in cases {
-        let file = PolicyFile::new(&format!("{text}\n{VALID_TAIL}"));
+        let file = PolicyFile::new(&format!("{text}\n{}", policy_text("one_tool")));
         let run = toolgate(&["check-config", file.path()], None).await;
         assert_eq!(run.code, Some(1), "{run:?}");
         assert_eq!(run.stdout, "");
         assert_eq!(run.stderr, format!("error: {}: {expected}\n", file.path()));
     }
-    let closed = PolicyFile::new(&VALID_TAIL.replace("open_host_api = true", ""));
+    let closed = PolicyFile::new(&policy_text("one_tool").replace("open_host_api = true", ""));
     let run = toolgate(&["check-config", closed.path()], None).await;
     assert_eq!(run.code, Some(1), "{run:?}");
     assert_eq!(
@@ -1943,7 +1848,8 @@ async fn check_config_names_a_missing_file() {
 #[tokio::test]
 async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
     let text = format!(
-        "{VALID_TAIL}\n[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\n\n[reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n"
+        "{}\n[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\n\n[reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n",
+        policy_text("one_tool")
     );
     let file = PolicyFile::new(&text);
     let path = file.path();
@@ -2014,37 +1920,13 @@ async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
     );
 }
 
-/// Every prefix of `text` that ends before a line starting with `[`.
-fn section_cuts(text: &str) -> Vec<String> {
-    let mut cuts = Vec::new();
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        if line.starts_with('[') {
-            cuts.push(text[..offset].to_string());
-        }
-        offset += line.len();
-    }
-    cuts
-}
-
-/// A policy file's text with its manifest paths made absolute, so that a
-/// copy elsewhere still finds them.
-fn portable(relative: &str) -> String {
-    std::fs::read_to_string(repo_path(relative))
-        .expect("policy file")
-        .replace(
-            "manifest = \"../../examples/",
-            &format!("manifest = \"{}/", repo_path("examples").display()),
-        )
-}
-
 #[tokio::test]
 async fn check_config_strict_refuses_a_file_cut_at_any_section() {
     for relative in [
         "examples/policy.toml",
         "examples/tickets.toml",
         POLICY,
-        "tests/fixtures/hostile.toml",
+        HOSTILE,
     ] {
         let text = portable(relative);
         let whole = PolicyFile::new(&text);

@@ -4,58 +4,20 @@
 //! queue a page at a time, bounded in items and bytes; a commit whose answer
 //! could not be sent is refused before it applies.
 
-mod common;
-
-use common::{TestServer, authed, proposal, session, violation_field};
 use tonic::Code;
-use toolgate::pb;
 
-const ALICE: &str = "alice-secret";
+use crate::support::policies::{integer, policy_with};
+use crate::support::tokens::ALICE;
+use crate::support::{TestServer, authed, pb, proposal, session, violation_field};
 
 /// The server's message limit in these tests: small, so that a request that
 /// fits can carry arguments whose answer would not.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024;
 
 fn policy() -> String {
-    format!(
-        r#"
-[server]
-max_message_bytes = {MAX_MESSAGE_BYTES}
-open_host_api = true
-
-[profiles.agent]
-roles = ["agent"]
-
-[actors.agent]
-profile = "agent"
-
-[tools.post]
-mode = "execute"
-roles = ["agent"]
-effect = {{ kind = "append", resource = "queue" }}
-input_schema = {{ type = "object", required = ["text"], additionalProperties = false, properties = {{ text = {{ type = "string" }} }} }}
-
-[tools.replace]
-mode = "execute"
-roles = ["agent"]
-effect = {{ kind = "set", resource_argument = "target", value_argument = "value", resources = ["queue", "note"] }}
-
-[reviewers.alice]
-roles = ["rev"]
-workspaces = ["*"]
-
-[[credentials]]
-kind = "reviewer"
-identity = "alice"
-sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
-
-[state]
-version_scope = "resource"
-
-[state.resources]
-queue = []
-note = "n"
-"#
+    policy_with(
+        "append",
+        &[("server.max_message_bytes", integer(MAX_MESSAGE_BYTES))],
     )
 }
 
@@ -74,13 +36,8 @@ async fn dispatch(
     proposal: &pb::Proposal,
 ) -> Result<pb::DispatchResponse, tonic::Status> {
     server
-        .pdp()
-        .dispatch(pb::DispatchRequest {
-            session: Some(session("agent", "s1", "w")),
-            proposal: Some(proposal.clone()),
-        })
+        .dispatch("", &session("agent", "s1", "w"), proposal)
         .await
-        .map(tonic::Response::into_inner)
 }
 
 async fn page(
@@ -89,7 +46,8 @@ async fn page(
     page_token: &str,
     page_size: u32,
 ) -> Result<pb::Resource, tonic::Status> {
-    pb::resources_client::ResourcesClient::new(server.channel.clone())
+    server
+        .resources()
         .get_resource(authed(
             pb::GetResourceRequest {
                 name: name.to_string(),

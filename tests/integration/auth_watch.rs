@@ -1,16 +1,15 @@
 //! Authentication and authority for every RPC, and WatchApprovals.
 
-mod common;
-
-use common::{TestServer, authed, proposal, session};
 use tokio_stream::StreamExt;
 use tonic::Code;
-use toolgate::pb;
 
-const POLICY: &str = "tests/fixtures/decide.toml";
-const HOST: &str = "host-secret";
-const OTHER_HOST: &str = "other-host-secret";
-const ALICE: &str = "alice-secret";
+use crate::support::policies::{
+    self, DECIDE as POLICY, DECIDE_ALICE_CREDENTIAL, TICKETS, policy_text, portable,
+};
+use crate::support::tokens::{
+    ALICE, BOB, CAROL, DAVE, ERIN, EXAMPLE_REVIEWER, HOST, OTHER_HOST, digest,
+};
+use crate::support::{Policy, TestServer, authed, pb, proposal, session, violation_field};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reach {
@@ -43,7 +42,7 @@ async fn call(server: &TestServer, rpc: &str, token: &str) -> Code {
     let mut pdp = server.pdp();
     let mut approvals = server.approvals();
     let mut pins = server.pins();
-    let mut resources = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    let mut resources = server.resources();
     let result: Result<(), tonic::Status> = match rpc {
         "Decide" => pdp
             .decide(authed(pb::DecideRequest::default(), token))
@@ -182,29 +181,18 @@ async fn a_host_speaks_only_for_its_actors() {
 
 #[tokio::test]
 async fn open_host_api_opens_the_host_api_and_the_reviewer_api_stays_closed() {
-    let policy = r#"
-[profiles.p]
-roles = ["r"]
-[actors.a]
-profile = "p"
-[tools.t]
-mode = "read"
-roles = ["r"]
-[server]
-open_host_api = true
-"#;
+    let policy = policy_text("one_tool");
     // Without the explicit setting the same policy is refused: an open host
     // API is never the result of an absence.
     let closed = policy.replace("open_host_api = true", "");
-    let error = toolgate::policy::Policy::parse(&closed, "closed.toml", None)
-        .expect_err("no host access declared");
+    let error = Policy::parse(&closed, "closed.toml", None).expect_err("no host access declared");
     assert_eq!(error.key, "credentials");
     assert_eq!(
         error.message,
         "no host credential: declare one ([[credentials]] with kind = \"host\"), \
          or set [server] open_host_api = true to let any local client call the host API"
     );
-    let server = TestServer::start(policy).await;
+    let server = TestServer::start(&policy).await;
     let answer = server
         .decide_ok(
             "",
@@ -263,32 +251,8 @@ async fn a_watcher_sees_request_then_grant_in_order() {
 
 #[tokio::test]
 async fn a_stalled_watcher_does_not_hold_up_decide() {
-    let policy = r#"
-[limits]
-max_pending_per_actor = 5000
-max_pending_total = 5000
-max_approval_records = 5000
-[profiles.p]
-roles = ["r"]
-max_decisions = 10000
-[actors.a]
-profile = "p"
-[tools.t]
-mode = "execute"
-roles = ["r"]
-approval = "always"
-approvers = ["x"]
-[server]
-open_host_api = true
-[reviewers.alice]
-roles = ["x"]
-workspaces = ["*"]
-[[credentials]]
-kind = "reviewer"
-identity = "alice"
-sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
-"#;
-    let server = TestServer::start(policy).await;
+    let policy = policy_text("stalled_watcher");
+    let server = TestServer::start(&policy).await;
     // A watcher that subscribes and then never reads.
     let mut stalled = server.stalled_watcher(ALICE).await;
     let requests = 3000;
@@ -323,24 +287,9 @@ sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
     server.stop().await;
 }
 
-const CAROL: &str = "carol-secret";
-const BOB: &str = "bob-secret";
-const DAVE: &str = "dave-secret";
-/// alice's `[[credentials]]` entry in the fixture, removed by a reload.
-const ALICE_CREDENTIAL: &str = "[[credentials]]\nkind = \"reviewer\"\nidentity = \"alice\"\nsha256 = \"0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376\"\n";
-
-fn fixture_text() -> String {
-    std::fs::read_to_string(common::repo_path(POLICY)).expect("fixture")
-}
-
-/// The fixture with `edit` applied, as a policy (paths resolve as in the file).
-fn fixture_policy(edit: impl FnOnce(String) -> String) -> toolgate::policy::Policy {
-    toolgate::policy::Policy::parse(
-        &edit(fixture_text()),
-        "edited.toml",
-        Some(&common::repo_path("tests/fixtures")),
-    )
-    .expect("edited fixture is valid")
+/// The fixture with `edit` applied, as a policy.
+fn fixture_policy(edit: impl FnOnce(String) -> String) -> Policy {
+    policies::parse(&edit(portable(POLICY)))
 }
 
 async fn watch(server: &TestServer, token: &str) -> tonic::Streaming<pb::ApprovalEvent> {
@@ -385,9 +334,9 @@ async fn a_reload_that_revokes_a_watchers_credential_ends_its_stream() {
     assert_eq!(next_id(&mut alice).await, before);
     assert_eq!(next_id(&mut carol).await, before);
 
-    server
-        .engine
-        .replace_policy(fixture_policy(|text| text.replace(ALICE_CREDENTIAL, "")));
+    server.engine.replace_policy(fixture_policy(|text| {
+        text.replace(DECIDE_ALICE_CREDENTIAL, "")
+    }));
 
     let ended = alice
         .next()
@@ -489,7 +438,7 @@ async fn reviewers_list_get_and_watch_only_what_they_could_review() {
 
 #[tokio::test]
 async fn a_see_all_reviewer_sees_every_approval() {
-    let erin_digest = toolgate::canonical::Fingerprint::of_bytes(b"erin-secret").to_hex();
+    let erin_digest = digest(ERIN);
     let erin = format!(
         "\n[reviewers.erin]\nroles = []\nworkspaces = [\"acme\"]\nsee_all = true\n\n\
          [[credentials]]\nkind = \"reviewer\"\nidentity = \"erin\"\nsha256 = \"{erin_digest}\"\n"
@@ -498,17 +447,17 @@ async fn a_see_all_reviewer_sees_every_approval() {
     assert!(policy.reviewers["erin"].see_all);
     assert!(!policy.reviewers["alice"].see_all, "off unless set");
     let server = TestServer::start_with(policy).await;
-    let mut watcher = watch(&server, "erin-secret").await;
+    let mut watcher = watch(&server, ERIN).await;
     let acme = pending_payment(&server, "c1", "acme").await;
     let globex = pending_payment(&server, "c2", "globex").await;
     let mut all_ids = vec![acme.clone(), globex.clone()];
     all_ids.sort();
-    assert_eq!(listed_ids(&server, "erin-secret").await, all_ids);
+    assert_eq!(listed_ids(&server, ERIN).await, all_ids);
     assert_eq!(next_id(&mut watcher).await, acme);
     assert_eq!(next_id(&mut watcher).await, globex);
     assert_eq!(
         server
-            .get_approval("erin-secret", &globex)
+            .get_approval(ERIN, &globex)
             .await
             .expect("visible")
             .approval_id,
@@ -516,18 +465,18 @@ async fn a_see_all_reviewer_sees_every_approval() {
     );
     // Seeing is not deciding: erin holds no approver role.
     let refused = server
-        .grant("erin-secret", &globex)
+        .grant(ERIN, &globex)
         .await
         .expect_err("no approver role");
     assert_eq!(refused.code(), Code::PermissionDenied);
     server.stop().await;
 
     // The setting is a boolean, checked at load.
-    let error = toolgate::policy::Policy::parse(
-        &(fixture_text()
+    let error = Policy::parse(
+        &(portable(POLICY)
             + "\n[reviewers.erin]\nroles = []\nworkspaces = [\"*\"]\nsee_all = \"yes\"\n"),
         "bad.toml",
-        Some(&common::repo_path("tests/fixtures")),
+        None,
     )
     .expect_err("see_all must be a boolean");
     assert!(
@@ -573,16 +522,16 @@ async fn list_filters_by_id_prefix_and_refuses_a_bad_one() {
     for bad in ["xyz", &"a".repeat(37)] {
         let refused = list(bad.to_string()).await.expect_err("not a UUID prefix");
         assert_eq!(refused.code(), Code::InvalidArgument, "{bad}");
-        assert_eq!(common::violation_field(&refused), "approval_id_prefix");
+        assert_eq!(violation_field(&refused), "approval_id_prefix");
     }
     server.stop().await;
 }
 
 #[tokio::test]
 async fn list_resources_pages_in_name_order() {
-    let server = TestServer::start_file("examples/tickets.toml").await;
-    let token = "example-reviewer-token";
-    let mut client = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    let server = TestServer::start_file(TICKETS).await;
+    let token = EXAMPLE_REVIEWER;
+    let mut client = server.resources();
     let mut names = Vec::new();
     let mut page_token = String::new();
     loop {
@@ -618,6 +567,6 @@ async fn list_resources_pages_in_name_order() {
         .await
         .expect_err("too large");
     assert_eq!(refused.code(), Code::InvalidArgument);
-    assert_eq!(common::violation_field(&refused), "page_size");
+    assert_eq!(violation_field(&refused), "page_size");
     server.stop().await;
 }

@@ -1,21 +1,16 @@
 //! Decide, sessions and budgets, the approval ledger and the reviewer API
 //! over real gRPC (SPEC §4, §5), on `tests/fixtures/decide.toml`.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{TestServer, authed, proposal, session, violation_field};
 use tonic::Code;
-use toolgate::pb;
 
-const POLICY: &str = "tests/fixtures/decide.toml";
-const HOST: &str = "host-secret";
-const ALICE: &str = "alice-secret";
-const BOB: &str = "bob-secret";
-const CAROL: &str = "carol-secret";
-const DAVE: &str = "dave-secret";
+use crate::support::policies::{DECIDE as POLICY, integer, policy_text, policy_with, repo_path};
+use crate::support::tokens::{ALICE, BOB, BUDGET_REVIEWER, CAROL, DAVE, HOST, HOST_A, HOST_B};
+use crate::support::{
+    Manifest, Policy, TestServer, authed, pb, proposal, session, violation_field,
+};
 
 fn payment(call_id: &str, actor: &str, amount: u64) -> pb::Proposal {
     proposal(
@@ -363,17 +358,7 @@ async fn budgets_bound_the_agent_loop() {
         "decision-budget"
     );
 
-    let info = server
-        .pdp()
-        .get_session(authed(
-            pb::GetSessionRequest {
-                session_id: "s-tight".into(),
-            },
-            HOST,
-        ))
-        .await
-        .expect("session")
-        .into_inner();
+    let info = server.get_session(HOST, "s-tight").await.expect("session");
     assert_eq!(info.decisions, 3);
     assert_eq!(info.tool_attempts, 1);
     assert_eq!(info.executed_tools, 0);
@@ -500,17 +485,7 @@ async fn modes_roles_and_claims() {
         );
     }
     assert!(server.all_approvals(ALICE).await.is_empty());
-    let info = server
-        .pdp()
-        .get_session(authed(
-            pb::GetSessionRequest {
-                session_id: "s1".into(),
-            },
-            HOST,
-        ))
-        .await
-        .expect("session")
-        .into_inner();
+    let info = server.get_session(HOST, "s1").await.expect("session");
     // Every answered call id was charged, refusals included; only the
     // unknown tool is a tool attempt (none of the others is `execute`).
     assert_eq!(info.decisions, 6, "every answer costs a decision");
@@ -581,9 +556,8 @@ async fn the_manifest_gate_opens_only_after_a_matching_assessment() {
         server.decide_ok(HOST, &payer, &search).await.reason,
         "manifest-unverified"
     );
-    let bytes =
-        std::fs::read(common::repo_path("examples/manifests/docs-search.json")).expect("manifest");
-    let manifest = toolgate::manifest::Manifest::from_json(&bytes).expect("valid");
+    let bytes = std::fs::read(repo_path("examples/manifests/docs-search.json")).expect("manifest");
+    let manifest = Manifest::from_json(&bytes).expect("valid");
     let assess = |manifest: pb::Manifest| {
         let mut pdp = server.pdp();
         async move {
@@ -624,8 +598,7 @@ async fn concurrent_decides_of_one_new_proposal_create_one_approval() {
         let channel = server.channel.clone();
         let (payer, large) = (payer.clone(), large.clone());
         tasks.push(tokio::spawn(async move {
-            let mut pdp =
-                toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel);
+            let mut pdp = pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel);
             let request = pb::DecideRequest {
                 session: Some(payer),
                 proposal: Some(large),
@@ -665,17 +638,7 @@ async fn pending_requests_are_capped_per_actor() {
         .expect_err("cap");
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(server.all_approvals(ALICE).await.len(), 6);
-    let info = server
-        .pdp()
-        .get_session(authed(
-            pb::GetSessionRequest {
-                session_id: "s1".into(),
-            },
-            HOST,
-        ))
-        .await
-        .expect("session")
-        .into_inner();
+    let info = server.get_session(HOST, "s1").await.expect("session");
     assert_eq!(info.decisions, 6, "the refused call was not charged");
     // Deciding one frees a slot.
     let first = &server.all_approvals(ALICE).await[0];
@@ -789,7 +752,7 @@ async fn approvals_survive_a_policy_reload() {
     let answer = server
         .decide_ok(HOST, &payer, &payment("c1", "payer", 20000))
         .await;
-    let reloaded = toolgate::policy::Policy::load(&common::repo_path(POLICY)).expect("policy");
+    let reloaded = Policy::load(&repo_path(POLICY)).expect("policy");
     server.engine.replace_policy(reloaded);
     server
         .grant(ALICE, &answer.approval_id)
@@ -853,74 +816,26 @@ struct BudgetCases {
     case: Vec<BudgetCase>,
 }
 
-const BUDGET_REVIEWER: &str = "budget-reviewer-secret";
-
+/// `budget.toml` with the case's costs and budgets.
 fn budget_policy(case: &BudgetCase) -> String {
-    let mut budgets = String::new();
+    let mut values = vec![
+        ("limits.decision_cost", integer(case.decision_cost)),
+        ("tools.work.cost", integer(case.tool_cost)),
+        ("tools.gated.cost", integer(case.tool_cost)),
+    ];
     for (key, value) in [
-        ("max_decisions", case.max_decisions),
-        ("max_tool_calls", case.max_tool_calls),
-        ("max_session_seconds", case.max_session_seconds),
+        ("profiles.agent.max_decisions", case.max_decisions),
+        ("profiles.agent.max_tool_calls", case.max_tool_calls),
+        (
+            "profiles.agent.max_session_seconds",
+            case.max_session_seconds,
+        ),
     ] {
         if let Some(value) = value {
-            budgets.push_str(&format!("{key} = {value}\n"));
+            values.push((key, integer(value)));
         }
     }
-    let reviewer_digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(BUDGET_REVIEWER));
-    format!(
-        r#"
-[server]
-open_host_api = true
-
-[limits]
-decision_cost = {decision_cost}
-
-[profiles.agent]
-roles = ["agent"]
-{budgets}
-[actors.agent]
-profile = "agent"
-
-[tools.work]
-mode = "execute"
-roles = ["agent"]
-cost = {tool_cost}
-
-[tools.gated]
-mode = "execute"
-roles = ["agent"]
-approvers = ["lead"]
-approval = "always"
-cost = {tool_cost}
-
-[tools.look]
-mode = "read"
-roles = ["agent"]
-
-[tools.nuke]
-mode = "forbidden"
-
-[tools.vault]
-mode = "execute"
-roles = ["vault-keeper"]
-
-[tools.strict]
-mode = "execute"
-roles = ["agent"]
-input_schema = {{ type = "object", additionalProperties = false }}
-
-[reviewers.lead]
-roles = ["lead"]
-workspaces = ["*"]
-
-[[credentials]]
-kind = "reviewer"
-identity = "lead"
-sha256 = "{reviewer_digest}"
-"#,
-        decision_cost = case.decision_cost,
-        tool_cost = case.tool_cost,
-    )
+    policy_with("budget", &values)
 }
 
 /// The dispatch status as the fixture spells it (`call-id-conflict`).
@@ -974,14 +889,7 @@ async fn run_budget_case(case: &BudgetCase) {
         if let Some(code) = &step.error {
             let status = match step.decide.is_some() {
                 true => server.decide("", &agent, &call).await.map(drop),
-                false => server
-                    .pdp()
-                    .dispatch(pb::DispatchRequest {
-                        session: Some(agent.clone()),
-                        proposal: Some(call),
-                    })
-                    .await
-                    .map(drop),
+                false => server.dispatch("", &agent, &call).await.map(drop),
             }
             .expect_err(&at);
             assert_eq!(format!("{:?}", status.code()), *code, "{at}: {status:?}");
@@ -1000,14 +908,9 @@ async fn run_budget_case(case: &BudgetCase) {
             }
         } else {
             let answer = server
-                .pdp()
-                .dispatch(pb::DispatchRequest {
-                    session: Some(agent.clone()),
-                    proposal: Some(call),
-                })
+                .dispatch("", &agent, &call)
                 .await
-                .unwrap_or_else(|status| panic!("{at}: {status:?}"))
-                .into_inner();
+                .unwrap_or_else(|status| panic!("{at}: {status:?}"));
             assert_eq!(
                 (status_name(answer.status()), answer.reason.as_str()),
                 (step.status.clone().expect("a status"), expect),
@@ -1018,13 +921,7 @@ async fn run_budget_case(case: &BudgetCase) {
             }
         }
     }
-    let info = server
-        .pdp()
-        .get_session(pb::GetSessionRequest {
-            session_id: "s1".into(),
-        })
-        .await
-        .map(tonic::Response::into_inner);
+    let info = server.get_session("", "s1").await;
     match (&case.session, info) {
         (Some(expected), Ok(info)) => {
             let got = ExpectedSession {
@@ -1046,83 +943,13 @@ async fn run_budget_case(case: &BudgetCase) {
 
 #[tokio::test]
 async fn budget_cases_replay_the_reference_loop() {
-    let path = common::repo_path("tests/fixtures/budget_cases.toml");
+    let path = repo_path("tests/fixtures/budget_cases.toml");
     let text = std::fs::read_to_string(path).expect("budget cases");
     let cases: BudgetCases = toml::from_str(&text).expect("budget cases parse");
     assert!(cases.case.len() >= 10, "{} cases", cases.case.len());
     for case in &cases.case {
         run_budget_case(case).await;
     }
-}
-
-/// Two host credentials that may both assert actor `agent` (tokens
-/// `host-a-secret`, `host-b-secret`), a small session table and ledger.
-fn two_hosts_policy() -> String {
-    let digest = |token: &str| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token));
-    format!(
-        r#"
-[limits]
-max_sessions = 4
-max_pending_total = 4
-max_pending_per_actor = 4
-
-[profiles.agent]
-roles = ["agent"]
-max_decisions = 4
-
-[actors.agent]
-profile = "agent"
-
-[tools.work]
-mode = "execute"
-roles = ["agent"]
-cost = 5
-
-[tools.gated]
-mode = "execute"
-roles = ["agent"]
-approvers = ["lead"]
-approval = "always"
-
-[reviewers.lead]
-roles = ["lead"]
-workspaces = ["*"]
-
-[[credentials]]
-kind = "host"
-identity = "host-a"
-actors = ["agent"]
-sha256 = "{a}"
-
-[[credentials]]
-kind = "host"
-identity = "host-b"
-actors = ["agent", "other"]
-sha256 = "{b}"
-"#,
-        a = digest(HOST_A),
-        b = digest(HOST_B),
-    )
-}
-
-const HOST_A: &str = "host-a-secret";
-const HOST_B: &str = "host-b-secret";
-
-async fn session_info(
-    server: &TestServer,
-    token: &str,
-    session_id: &str,
-) -> Result<pb::SessionInfo, tonic::Status> {
-    server
-        .pdp()
-        .get_session(authed(
-            pb::GetSessionRequest {
-                session_id: session_id.into(),
-            },
-            token,
-        ))
-        .await
-        .map(tonic::Response::into_inner)
 }
 
 async fn dispatch_as(
@@ -1132,22 +959,14 @@ async fn dispatch_as(
     proposal: &pb::Proposal,
 ) -> pb::DispatchResponse {
     server
-        .pdp()
-        .dispatch(authed(
-            pb::DispatchRequest {
-                session: Some(session.clone()),
-                proposal: Some(proposal.clone()),
-            },
-            token,
-        ))
+        .dispatch(token, session, proposal)
         .await
         .expect("dispatch answers")
-        .into_inner()
 }
 
 #[tokio::test]
 async fn session_ids_are_namespaced_by_host() {
-    let server = TestServer::start(&two_hosts_policy()).await;
+    let server = TestServer::start(&policy_text("two_hosts")).await;
     // Host B uses `sid` first, as another actor and workspace.
     let taken = server
         .decide_ok(
@@ -1164,7 +983,7 @@ async fn session_ids_are_namespaced_by_host() {
         .await
         .expect("host A's own session");
     assert_eq!(answer.reason, "allowed");
-    let info_a = session_info(&server, HOST_A, "sid").await.expect("A's sid");
+    let info_a = server.get_session(HOST_A, "sid").await.expect("A's sid");
     assert_eq!(
         (
             info_a.actor.as_str(),
@@ -1173,7 +992,7 @@ async fn session_ids_are_namespaced_by_host() {
         ),
         ("agent", "w", 1)
     );
-    let info_b = session_info(&server, HOST_B, "sid").await.expect("B's sid");
+    let info_b = server.get_session(HOST_B, "sid").await.expect("B's sid");
     assert_eq!(
         (
             info_b.actor.as_str(),
@@ -1187,10 +1006,12 @@ async fn session_ids_are_namespaced_by_host() {
     server
         .decide_ok(HOST_A, &only_a, &proposal("a2", "agent", "work", 0, "{}"))
         .await;
-    let hidden = session_info(&server, HOST_B, "only-a")
+    let hidden = server
+        .get_session(HOST_B, "only-a")
         .await
         .expect_err("another host's session");
-    let missing = session_info(&server, HOST_B, "never-made")
+    let missing = server
+        .get_session(HOST_B, "never-made")
         .await
         .expect_err("no session");
     assert_eq!(hidden.code(), Code::NotFound);
@@ -1201,7 +1022,8 @@ async fn session_ids_are_namespaced_by_host() {
     );
     // Budgets are per host's session: B's Decide charged only B's `sid`.
     assert_eq!(
-        session_info(&server, HOST_A, "sid")
+        server
+            .get_session(HOST_A, "sid")
             .await
             .expect("sid")
             .decisions,
@@ -1212,7 +1034,7 @@ async fn session_ids_are_namespaced_by_host() {
 
 #[tokio::test]
 async fn receipts_are_keyed_by_host_actor_and_call_id() {
-    let server = TestServer::start(&two_hosts_policy()).await;
+    let server = TestServer::start(&policy_text("two_hosts")).await;
     let in_a = session("agent", "s1", "w");
     let in_b = session("agent", "s1", "w");
     let work = proposal("c1", "agent", "work", 0, "{}");
@@ -1248,7 +1070,7 @@ async fn receipts_are_keyed_by_host_actor_and_call_id() {
 
 #[tokio::test]
 async fn one_host_cannot_fill_the_session_table_or_the_ledger_for_another() {
-    let server = TestServer::start(&two_hosts_policy()).await;
+    let server = TestServer::start(&policy_text("two_hosts")).await;
     // max_sessions = 4 with two host credentials: two each by default.
     for index in 0..2 {
         let answer = server
@@ -1275,7 +1097,7 @@ async fn one_host_cannot_fill_the_session_table_or_the_ledger_for_another() {
         refused.message()
     );
     assert!(matches!(
-        session_info(&server, HOST_A, "a2").await,
+        server.get_session(HOST_A, "a2").await,
         Err(status) if status.code() == Code::NotFound
     ));
     let answer = server
@@ -1320,10 +1142,10 @@ async fn one_host_cannot_fill_the_session_table_or_the_ledger_for_another() {
 
 #[test]
 fn per_host_shares_are_validated_and_default_to_half_with_two_hosts() {
-    let base = two_hosts_policy();
+    let base = policy_text("two_hosts");
     let parse = |extra: &str| {
         let text = base.replace("[limits]\n", &format!("[limits]\n{extra}\n"));
-        toolgate::policy::Policy::parse(&text, "two-hosts.toml", None)
+        Policy::parse(&text, "two-hosts.toml", None)
     };
     let defaults = parse("").expect("valid").limits;
     assert_eq!(
@@ -1364,7 +1186,7 @@ fn per_host_shares_are_validated_and_default_to_half_with_two_hosts() {
         );
     }
     // One host credential (or the open host API) keeps the whole table.
-    let one_host = toolgate::policy::Policy::parse(POLICY_ONE_HOST, "one-host.toml", None)
+    let one_host = Policy::parse(&policy_text("one_host"), "one-host.toml", None)
         .expect("valid")
         .limits;
     assert_eq!(
@@ -1375,15 +1197,3 @@ fn per_host_shares_are_validated_and_default_to_half_with_two_hosts() {
         (one_host.max_sessions, one_host.max_pending_total)
     );
 }
-
-const POLICY_ONE_HOST: &str = r#"
-[server]
-open_host_api = true
-
-[limits]
-max_sessions = 10
-
-[tools.look]
-mode = "read"
-roles = ["agent"]
-"#;

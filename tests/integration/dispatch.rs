@@ -2,24 +2,19 @@
 //! two-ticket exercise, approvals bound to what the reviewer saw, exactly
 //! once under contention.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{TestServer, proposal, session};
-use toolgate::pb;
-use toolgate::policy::Policy;
-
-const TICKETS: &str = "examples/tickets.toml";
-const REVIEWER: &str = "example-reviewer-token";
+use crate::support::policies::{TICKETS, repo_path};
+use crate::support::tokens::EXAMPLE_REVIEWER as REVIEWER;
+use crate::support::{Policy, Stats, TestServer, dispatch_request, pb, proposal, session};
 
 /// Everything a refusal must leave alone.
 #[derive(Debug, PartialEq)]
 struct Snapshot {
     resources: Vec<(String, String, u64)>,
     approvals: Vec<(String, i32)>,
-    stats: toolgate::state::Stats,
+    stats: Stats,
 }
 
 async fn snapshot(server: &TestServer) -> Snapshot {
@@ -54,14 +49,9 @@ async fn dispatch(
     proposal: &pb::Proposal,
 ) -> pb::DispatchResponse {
     server
-        .pdp()
-        .dispatch(pb::DispatchRequest {
-            session: Some(session.clone()),
-            proposal: Some(proposal.clone()),
-        })
+        .dispatch("", session, proposal)
         .await
         .expect("Dispatch answers")
-        .into_inner()
 }
 
 fn set_ticket(
@@ -228,7 +218,7 @@ async fn the_two_ticket_exercise() {
 
 #[tokio::test]
 async fn a_full_receipt_log_refuses_rather_than_forgets() {
-    let text = std::fs::read_to_string(common::repo_path(TICKETS))
+    let text = std::fs::read_to_string(repo_path(TICKETS))
         .expect("tickets")
         .replace("receipt_capacity = 1000", "receipt_capacity = 1")
         .replace(
@@ -284,11 +274,7 @@ async fn approval_is_bound_to_what_the_reviewer_saw() {
         r#"{"recipient":"customer-42","text":"hi","approved":true}"#,
     );
     let status = server
-        .pdp()
-        .dispatch(pb::DispatchRequest {
-            session: Some(learner.clone()),
-            proposal: Some(claimed),
-        })
+        .dispatch("", &learner, &claimed)
         .await
         .expect_err("schema refuses the claim");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
@@ -357,10 +343,7 @@ async fn exactly_once_under_contention() {
         let (channel, learner, c1) = (server.channel.clone(), learner.clone(), c1.clone());
         tasks.push(tokio::spawn(async move {
             pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel)
-                .dispatch(pb::DispatchRequest {
-                    session: Some(learner),
-                    proposal: Some(c1),
-                })
+                .dispatch(dispatch_request(learner, c1))
                 .await
                 .expect("dispatch")
                 .into_inner()
@@ -401,10 +384,7 @@ async fn exactly_once_under_contention() {
         let (channel, learner) = (server.channel.clone(), learner.clone());
         tasks.push(tokio::spawn(async move {
             pb::policy_decision_point_client::PolicyDecisionPointClient::new(channel)
-                .dispatch(pb::DispatchRequest {
-                    session: Some(learner),
-                    proposal: Some(proposal),
-                })
+                .dispatch(dispatch_request(learner, proposal))
                 .await
                 .expect("dispatch")
                 .into_inner()
@@ -444,14 +424,7 @@ async fn work_units_count_executed_tools() {
     approve(&server, &learner, &c1).await;
     dispatch(&server, &learner, &c1).await;
     dispatch(&server, &learner, &c1).await; // a replay executes nothing
-    let info = server
-        .pdp()
-        .get_session(pb::GetSessionRequest {
-            session_id: "s1".into(),
-        })
-        .await
-        .expect("session")
-        .into_inner();
+    let info = server.get_session("", "s1").await.expect("session");
     assert_eq!(
         (info.decisions, info.executed_tools, info.work_units),
         (1, 1, 2)
