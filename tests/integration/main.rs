@@ -21,6 +21,7 @@ mod decide;
 mod dispatch;
 mod fixtures;
 mod fuzz_regressions;
+mod hostile;
 mod log_sink;
 mod manifest;
 mod operations;

@@ -35,5 +35,6 @@ pub use toolgate::fuzzing;
 pub use toolgate::manifest::Manifest;
 pub use toolgate::pb;
 pub use toolgate::policy::Policy;
+pub use toolgate::proposal::MAX_ARGUMENTS_BYTES;
 pub use toolgate::server::{Listeners, serve_with};
 pub use toolgate::state::Stats;
