@@ -36,14 +36,14 @@ use rand::{Rng, SeedableRng};
 use tokio_stream::StreamExt;
 use tonic::Code;
 use toolgate::audit::TARGET;
-use toolgate::ledger::{ApprovalStatus, ListQuery};
+use toolgate::ledger::ListQuery;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::Registry;
 
 use support::policies::policy_with;
 use support::tokens::EXAMPLE_REVIEWER as REVIEWER;
-use support::{TestServer, authed, dispatch_request, pb, proposal, session};
+use support::{ApprovalStatus, TestServer, authed, dispatch_request, pb, proposal, session};
 
 const RESOURCES: usize = 16;
 const RUN_FOR: Duration = Duration::from_secs(4);

@@ -1,13 +1,15 @@
 //! The one support module of the Rust tests: a server in the test process
 //! ([`TestServer`]), `toolgate` as a process of its own ([`spawn`]), the
 //! tokens ([`tokens`]), request builders ([`requests`]), policy fixtures
-//! ([`policies`]), raw HTTP/2 calls ([`raw`]) and `/metrics` ([`metrics`]).
+//! ([`policies`]), raw HTTP/2 calls ([`raw`]), `/metrics` ([`metrics`]) and
+//! the one model of SPEC §4–§6 ([`model`]).
 //!
 //! `tests/integration/` uses every item of it (the dead-code lint checks
 //! that there); `tests/floods.rs` and `tests/torture.rs`, which need a
 //! process of their own, use a part.
 
 pub mod metrics;
+pub mod model;
 pub mod policies;
 pub mod raw;
 pub mod requests;
@@ -19,7 +21,7 @@ pub use requests::{
     authed, decide_request, dispatch_request, proposal, read_balance, session, violation_field,
     violation_rule,
 };
-pub use server::TestServer;
+pub use server::{EPOCH, TestServer};
 
 // ----- the library ----------------------------------------------------------
 // Every `toolgate::` path the integration tests use, imported once: the
@@ -30,11 +32,14 @@ pub use server::TestServer;
 pub use toolgate::audit::{AuditFormat, AuditLayer, REJECTION_BURST, REJECTION_LINES_PER_SECOND};
 pub use toolgate::canonical;
 pub use toolgate::clock::{ManualClock, Timestamp};
+pub use toolgate::dispatch::DispatchStatus;
 pub use toolgate::engine::Engine;
+pub use toolgate::error::Error;
 pub use toolgate::fuzzing;
+pub use toolgate::ledger::{ApprovalEvent, ApprovalStatus, EventKind, Verdict};
 pub use toolgate::manifest::Manifest;
 pub use toolgate::pb;
 pub use toolgate::policy::Policy;
-pub use toolgate::proposal::MAX_ARGUMENTS_BYTES;
+pub use toolgate::proposal::{MAX_ARGUMENTS_BYTES, Proposal, SessionRef};
 pub use toolgate::server::{Listeners, serve_with};
-pub use toolgate::state::Stats;
+pub use toolgate::state::{Outcome, Stats};

@@ -2,30 +2,27 @@
 //! `examples/tickets.toml`. Thousands of random proposals — approved and
 //! fresh, stale, replayed, conflicting, unapproved, denied, revoked, expired,
 //! from the wrong actor or workspace, for unknown tools or with bad
-//! arguments — go to a real server and to a small model of SPEC §4–§6
-//! written here. Every answer must match the model exactly (status, reason,
-//! `replayed`, version, resource, value, approval id, receipt id,
-//! fingerprint), and so must the resources, the receipt log, the pending
-//! requests, the approvals and each session's charges (SPEC §4 "Charging":
-//! every answered call id new to a session costs a decision and a tool
-//! attempt, Dispatch included, refusals included) at checkpoints and at the
-//! end. Failures name
-//! the seed and the step.
+//! arguments — go to a real server and to the model of SPEC §4–§6
+//! (`support::model`, which the property test shares). Every answer must
+//! match the model exactly (status, reason, `replayed`, version, resource,
+//! value, approval id, receipt id, fingerprint), and so must the resources,
+//! the receipt log, the pending requests, the approvals and each session's
+//! charges (SPEC §4 "Charging": every answered call id new to a session
+//! costs a decision and a tool attempt, Dispatch included, refusals
+//! included) at checkpoints and at the end. Failures name the seed and the
+//! step.
 
-mod common;
-
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tonic::Code;
 
-use common::{EPOCH, TestServer, authed, session};
-use toolgate::pb;
-use toolgate::policy::Policy;
-
-const TICKETS: &str = "examples/tickets.toml";
-const REVIEWER: &str = "example-reviewer-token";
+use crate::support::model::{
+    self, DispatchChange, Effect, Id, Model, Review, Rules, Standing, Tool, Value,
+};
+use crate::support::policies::{self, TICKETS};
+use crate::support::tokens::EXAMPLE_REVIEWER as REVIEWER;
+use crate::support::{EPOCH, TestServer, authed, pb, session};
 
 /// `[limits]` of tickets.toml, and the defaults it does not override.
 const PENDING_TTL_MS: u64 = 300_000;
@@ -38,6 +35,33 @@ const MAX_TOOL_CALLS: u64 = 1000;
 const TOOL_COST: u64 = 1;
 const DECISION_COST: u64 = 1;
 
+/// tickets.toml for the model, with a receipt log of `receipt_capacity`
+/// kept for `receipt_retention_ms`.
+fn rules(receipt_capacity: usize, receipt_retention_ms: u64) -> Rules {
+    let tool = |name| Tool {
+        name,
+        approval: true,
+        cost: TOOL_COST,
+    };
+    Rules {
+        tools: vec![tool("set_ticket"), tool("send_reply")],
+        per_resource_versions: false,
+        resources: vec![
+            ("lamp", Value::Json(r#""open""#.to_string())),
+            ("sensor", Value::Json(r#""open""#.to_string())),
+            ("outbox", Value::Queue(Vec::new())),
+        ],
+        pending_ttl_ms: PENDING_TTL_MS,
+        grant_ttl_ms: GRANT_TTL_MS,
+        approval_retention_ms: APPROVAL_RETENTION_MS,
+        max_pending_per_actor: MAX_PENDING_PER_ACTOR,
+        max_decisions: Some(MAX_DECISIONS),
+        max_tool_calls: Some(MAX_TOOL_CALLS),
+        receipt_capacity,
+        receipt_retention_ms,
+    }
+}
+
 /// The test moves to a fresh session id after this many decisions (the
 /// profile allows 1000), or when a session has been idle this long (the
 /// server evicts sessions idle for an hour, at a sweep whose time the test
@@ -47,7 +71,6 @@ const SESSION_IDLE_MS: u64 = 3_000_000;
 /// The server's `session_idle_seconds` default, in milliseconds.
 const SERVER_SESSION_IDLE_MS: u64 = 3_600_000;
 
-const TOOLS: [&str; 2] = ["set_ticket", "send_reply"];
 const UNKNOWN_TOOLS: [&str; 3] = ["delete_ticket", "set_tickets", "Send_reply"];
 const WORKSPACES: [&str; 2] = ["desk", "lab"];
 
@@ -157,17 +180,32 @@ struct Call {
 }
 
 impl Call {
-    /// SPEC §2: SHA-256 of the canonical JSON of exactly the five keys.
+    /// The call as the model sees it.
+    fn model(&self) -> model::Call {
+        let effect = match &self.args {
+            _ if !self.args.fit(self.tool) => None,
+            Args::Ticket { ticket, status } => Some(Effect::Set {
+                resource: ticket.to_string(),
+                value: format!("\"{status}\""),
+            }),
+            Args::Reply { .. } => Some(Effect::Append {
+                resource: "outbox".to_string(),
+                item: self.args.canonical(),
+            }),
+            Args::Invalid(_) => None,
+        };
+        model::Call {
+            call_id: self.call_id.clone(),
+            actor: self.actor.to_string(),
+            tool: self.tool.to_string(),
+            version: self.version,
+            arguments: self.args.canonical(),
+            effect,
+        }
+    }
+
     fn fingerprint(&self) -> String {
-        let canonical = format!(
-            r#"{{"actor":"{}","arguments":{},"call_id":"{}","name":"{}","version":{}}}"#,
-            self.actor,
-            self.args.canonical(),
-            self.call_id,
-            self.tool,
-            self.version
-        );
-        hex::encode(Sha256::digest(canonical.as_bytes()))
+        self.model().fingerprint()
     }
 
     fn proposal(&self, respell: bool) -> pb::Proposal {
@@ -176,746 +214,13 @@ impl Call {
         } else {
             self.args.canonical()
         };
-        common::proposal(
+        crate::support::proposal(
             &self.call_id,
             self.actor,
             self.tool,
             self.version,
             &arguments_json,
         )
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Standing {
-    Pending,
-    Granted,
-    Denied,
-    Consumed,
-    Revoked,
-    Expired,
-}
-
-impl Standing {
-    fn pb(self) -> pb::ApprovalStatus {
-        match self {
-            Standing::Pending => pb::ApprovalStatus::Pending,
-            Standing::Granted => pb::ApprovalStatus::Granted,
-            Standing::Denied => pb::ApprovalStatus::Denied,
-            Standing::Consumed => pb::ApprovalStatus::Consumed,
-            Standing::Revoked => pb::ApprovalStatus::Revoked,
-            Standing::Expired => pb::ApprovalStatus::Expired,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct ApprovalRecord {
-    actor: &'static str,
-    /// Never `Expired`: expiry is derived from `expires_at` and the time.
-    status: Standing,
-    expires_at: u64,
-    finished_at: Option<u64>,
-}
-
-impl ApprovalRecord {
-    fn at(&self, now: u64) -> Standing {
-        match self.status {
-            Standing::Pending | Standing::Granted if self.expires_at <= now => Standing::Expired,
-            status => status,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Receipt {
-    fingerprint: String,
-    version: u64,
-    resource: String,
-    value_json: String,
-    receipt_id: String,
-}
-
-/// SPEC §4 "Charging": what a session has been charged.
-#[derive(Debug, Default)]
-struct SessionRecord {
-    decisions: u64,
-    tool_attempts: u64,
-    executed_tools: u64,
-    executed_cost: u64,
-    /// Each charged call id: its fingerprint and the budget that refused it.
-    decided: HashMap<String, (String, Option<&'static str>)>,
-    stopped_reason: Option<&'static str>,
-    last_seen: u64,
-}
-
-/// What a session knows of a call id.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum CallStanding {
-    New,
-    Decided(Option<&'static str>),
-    Conflict,
-}
-
-/// What an answered Decide or Dispatch costs its session (an error costs
-/// nothing and makes no session).
-#[derive(Debug, Default, Clone, Copy)]
-struct Charge {
-    decision: bool,
-    tool_attempt: bool,
-    refused: Option<&'static str>,
-}
-
-impl Charge {
-    /// A call id new to the session is charged a decision and, since every
-    /// tool here (known or not) counts as a tool call, a tool attempt.
-    fn of(standing: CallStanding, refused: Option<&'static str>) -> Self {
-        let decision = standing == CallStanding::New && refused != Some("decision-budget");
-        Charge {
-            decision,
-            tool_attempt: decision && refused != Some("tool-budget"),
-            refused,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Id {
-    Empty,
-    Is(String),
-    /// A new UUID, never seen before.
-    New,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct DispatchExpect {
-    status: pb::DispatchStatus,
-    reason: &'static str,
-    replayed: bool,
-    version: u64,
-    resource: String,
-    value_json: String,
-    approval_id: Id,
-    receipt_id: Id,
-    /// For the coverage tally only: what led here.
-    note: &'static str,
-}
-
-impl DispatchExpect {
-    fn refused(status: pb::DispatchStatus, reason: &'static str) -> Self {
-        DispatchExpect {
-            status,
-            reason,
-            replayed: false,
-            version: 0,
-            resource: String::new(),
-            value_json: String::new(),
-            approval_id: Id::Empty,
-            receipt_id: Id::Empty,
-            note: "",
-        }
-    }
-
-    fn awaiting(reason: &'static str, approval_id: Id, note: &'static str) -> Self {
-        DispatchExpect {
-            approval_id,
-            note,
-            ..DispatchExpect::refused(pb::DispatchStatus::ApprovalRequired, reason)
-        }
-    }
-}
-
-/// What a Dispatch the model predicted changes once the server has answered.
-#[derive(Debug)]
-enum DispatchChange {
-    Nothing,
-    /// A pending request, with the id the server gives it.
-    Request {
-        workspace: String,
-        fingerprint: String,
-        actor: &'static str,
-    },
-    Commit {
-        grant: String,
-        call: Call,
-        fingerprint: String,
-        version: u64,
-        resource: String,
-        value_json: String,
-        outbox_item: Option<String>,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct DecideExpect {
-    outcome: pb::Outcome,
-    reason: &'static str,
-    approval_id: Id,
-    expires_at: Option<u64>,
-}
-
-impl DecideExpect {
-    fn deny(reason: &'static str) -> Self {
-        DecideExpect {
-            outcome: pb::Outcome::Deny,
-            reason,
-            approval_id: Id::Empty,
-            expires_at: None,
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct DecideChange {
-    /// What the answer costs the session (which it opens).
-    charge: Charge,
-    /// A pending request made.
-    request: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Verdict {
-    Grant,
-    Deny,
-    Revoke,
-}
-
-/// SPEC §4–§6 on the two-ticket policy, in plain data.
-struct Model {
-    /// Absolute milliseconds, as the server's clock.
-    now: u64,
-    version: u64,
-    tickets: BTreeMap<&'static str, &'static str>,
-    /// Canonical JSON of each outbox item.
-    outbox: Vec<String>,
-    receipts: HashMap<(String, String), Receipt>,
-    receipts_by_age: BTreeSet<(u64, String, String)>,
-    receipt_ids: HashSet<String>,
-    receipt_capacity: usize,
-    receipt_retention_ms: u64,
-    approvals: HashMap<String, ApprovalRecord>,
-    /// The latest approval per (workspace, fingerprint).
-    current: HashMap<(String, String), String>,
-    sessions: HashMap<String, SessionRecord>,
-}
-
-impl Model {
-    fn new(receipt_capacity: usize, receipt_retention_ms: u64) -> Self {
-        Model {
-            now: EPOCH.0,
-            version: 0,
-            tickets: BTreeMap::from([("lamp", "open"), ("sensor", "open")]),
-            outbox: Vec::new(),
-            receipts: HashMap::new(),
-            receipts_by_age: BTreeSet::new(),
-            receipt_ids: HashSet::new(),
-            receipt_capacity,
-            receipt_retention_ms,
-            approvals: HashMap::new(),
-            current: HashMap::new(),
-            sessions: HashMap::new(),
-        }
-    }
-
-    fn outbox_json(&self, extra: Option<&str>) -> String {
-        let items: Vec<&str> = self
-            .outbox
-            .iter()
-            .map(String::as_str)
-            .chain(extra)
-            .collect();
-        format!("[{}]", items.join(","))
-    }
-
-    fn resource_json(&self, name: &str) -> String {
-        match name {
-            "outbox" => self.outbox_json(None),
-            ticket => format!("\"{}\"", self.tickets[ticket]),
-        }
-    }
-
-    fn standing(&self, workspace: &str, fingerprint: &str) -> Option<(String, Standing)> {
-        let id = self
-            .current
-            .get(&(workspace.to_string(), fingerprint.to_string()))?;
-        Some((id.clone(), self.approvals[id].at(self.now)))
-    }
-
-    fn pending_of(&self, actor: &str) -> usize {
-        self.approvals
-            .values()
-            .filter(|record| record.actor == actor && record.at(self.now) == Standing::Pending)
-            .count()
-    }
-
-    fn pending_total(&self) -> usize {
-        self.approvals
-            .values()
-            .filter(|record| record.at(self.now) == Standing::Pending)
-            .count()
-    }
-
-    /// Whether the ledger still holds an approval record; `None` when that
-    /// depends on when the server happened to process its expiry.
-    fn kept(&self, id: &str) -> Option<bool> {
-        let record = &self.approvals[id];
-        let cutoff = self.now.saturating_sub(APPROVAL_RETENTION_MS);
-        match record.at(self.now) {
-            Standing::Pending | Standing::Granted | Standing::Denied => Some(true),
-            Standing::Consumed | Standing::Revoked => {
-                Some(record.finished_at.expect("finished") > cutoff)
-            }
-            Standing::Expired => (record.expires_at > cutoff).then_some(true),
-        }
-    }
-
-    /// SPEC §6 step 8: room for one more receipt (evicting only past retention).
-    fn receipt_room(&self) -> bool {
-        self.receipts.len() < self.receipt_capacity
-            || self
-                .receipts_by_age
-                .first()
-                .is_some_and(|(created_at, _, _)| {
-                    self.now - created_at >= self.receipt_retention_ms
-                })
-    }
-
-    fn create_pending(
-        &mut self,
-        id: &str,
-        workspace: &str,
-        fingerprint: &str,
-        actor: &'static str,
-    ) {
-        self.approvals.insert(
-            id.to_string(),
-            ApprovalRecord {
-                actor,
-                status: Standing::Pending,
-                expires_at: self.now + PENDING_TTL_MS,
-                finished_at: None,
-            },
-        );
-        self.current.insert(
-            (workspace.to_string(), fingerprint.to_string()),
-            id.to_string(),
-        );
-    }
-
-    /// The approval gate shared by Decide and Dispatch: the standing, or
-    /// `Err` when a new request would pass the per-actor cap.
-    fn gate(
-        &self,
-        workspace: &str,
-        fingerprint: &str,
-        actor: &str,
-    ) -> Result<Option<(String, Standing)>, Code> {
-        match self.standing(workspace, fingerprint) {
-            Some((id, standing @ (Standing::Pending | Standing::Granted | Standing::Denied))) => {
-                Ok(Some((id, standing)))
-            }
-            _ if self.pending_of(actor) >= MAX_PENDING_PER_ACTOR => Err(Code::ResourceExhausted),
-            _ => Ok(None),
-        }
-    }
-
-    /// What session `session_id` knows of this call.
-    fn call_standing(&self, session_id: &str, call: &Call) -> CallStanding {
-        let decided = self
-            .sessions
-            .get(session_id)
-            .and_then(|session| session.decided.get(&call.call_id));
-        match decided {
-            None => CallStanding::New,
-            Some((fingerprint, refused)) if *fingerprint == call.fingerprint() => {
-                CallStanding::Decided(*refused)
-            }
-            Some(_) => CallStanding::Conflict,
-        }
-    }
-
-    /// SPEC §4 "Charging": a new call id once the decisions are spent.
-    fn decisions_spent(&self, session_id: &str, standing: CallStanding) -> bool {
-        standing == CallStanding::New
-            && self
-                .sessions
-                .get(session_id)
-                .is_some_and(|session| session.decisions >= MAX_DECISIONS)
-    }
-
-    /// SPEC §4 step 6 for a call that passed steps 2–5 (tickets.toml sets
-    /// no session age).
-    fn budget_refusal(&self, session_id: &str, standing: CallStanding) -> Option<&'static str> {
-        match standing {
-            CallStanding::Conflict => Some("call-id-conflict"),
-            CallStanding::Decided(refused) => refused,
-            CallStanding::New => self
-                .sessions
-                .get(session_id)
-                .is_some_and(|session| session.tool_attempts >= MAX_TOOL_CALLS)
-                .then_some("tool-budget"),
-        }
-    }
-
-    /// Opens the session and applies what an answer cost it.
-    fn settle(&mut self, session_id: &str, call: &Call, charge: Charge) {
-        let now = self.now;
-        let session = self.sessions.entry(session_id.to_string()).or_default();
-        session.last_seen = now;
-        if charge.decision {
-            session.decisions += 1;
-            session
-                .decided
-                .insert(call.call_id.clone(), (call.fingerprint(), charge.refused));
-        }
-        if charge.tool_attempt {
-            session.tool_attempts += 1;
-        }
-        if let Some(reason) = charge.refused
-            && reason != "call-id-conflict"
-        {
-            session.stopped_reason.get_or_insert(reason);
-        }
-    }
-
-    /// SPEC §6 in its order, after the charge of a Decide of the call when
-    /// the session never decided it (SPEC §4 "Charging").
-    fn predict_dispatch(
-        &self,
-        session_id: &str,
-        session_actor: &str,
-        workspace: &str,
-        call: &Call,
-    ) -> (Result<DispatchExpect, Code>, DispatchChange, Charge) {
-        let standing = self.call_standing(session_id, call);
-        if self.decisions_spent(session_id, standing) {
-            let refused = DispatchExpect::refused(pb::DispatchStatus::Denied, "decision-budget");
-            let charge = Charge::of(standing, Some("decision-budget"));
-            return (Ok(refused), DispatchChange::Nothing, charge);
-        }
-        let (expect, change, refused) =
-            self.predict_dispatch_steps(session_id, session_actor, workspace, call, standing);
-        (expect, change, Charge::of(standing, refused))
-    }
-
-    fn predict_dispatch_steps(
-        &self,
-        session_id: &str,
-        session_actor: &str,
-        workspace: &str,
-        call: &Call,
-        standing: CallStanding,
-    ) -> (
-        Result<DispatchExpect, Code>,
-        DispatchChange,
-        Option<&'static str>,
-    ) {
-        use pb::DispatchStatus as S;
-        if call.actor != session_actor {
-            let expect = DispatchExpect::refused(S::Forbidden, "forbidden");
-            return (Ok(expect), DispatchChange::Nothing, None);
-        }
-        if !TOOLS.contains(&call.tool) {
-            let expect = DispatchExpect::refused(S::UnknownTool, "unknown-tool");
-            return (Ok(expect), DispatchChange::Nothing, None);
-        }
-        if !call.args.fit(call.tool) {
-            return (Err(Code::InvalidArgument), DispatchChange::Nothing, None);
-        }
-        if let Some(reason) = self.budget_refusal(session_id, standing) {
-            let status = match reason {
-                "call-id-conflict" => S::CallIdConflict,
-                _ => S::Denied,
-            };
-            let expect = DispatchExpect {
-                note: "in this session",
-                ..DispatchExpect::refused(status, reason)
-            };
-            return (Ok(expect), DispatchChange::Nothing, Some(reason));
-        }
-        let (expect, change) = self.predict_commit(workspace, call);
-        (expect, change, None)
-    }
-
-    /// SPEC §6 steps 4–9.
-    fn predict_commit(
-        &self,
-        workspace: &str,
-        call: &Call,
-    ) -> (Result<DispatchExpect, Code>, DispatchChange) {
-        use pb::DispatchStatus as S;
-        let nothing = DispatchChange::Nothing;
-        let fingerprint = call.fingerprint();
-        let key = (call.actor.to_string(), call.call_id.clone());
-        if let Some(receipt) = self.receipts.get(&key) {
-            if receipt.fingerprint != fingerprint {
-                return (
-                    Ok(DispatchExpect::refused(
-                        S::CallIdConflict,
-                        "call-id-conflict",
-                    )),
-                    nothing,
-                );
-            }
-            let replay = DispatchExpect {
-                status: S::Ok,
-                reason: "replayed",
-                replayed: true,
-                version: receipt.version,
-                resource: receipt.resource.clone(),
-                value_json: receipt.value_json.clone(),
-                approval_id: Id::Empty,
-                receipt_id: Id::Is(receipt.receipt_id.clone()),
-                note: "",
-            };
-            return (Ok(replay), nothing);
-        }
-        if call.version != self.version {
-            let stale = DispatchExpect {
-                version: self.version,
-                ..DispatchExpect::refused(S::StaleVersion, "stale-version")
-            };
-            return (Ok(stale), nothing);
-        }
-        let grant = match self.gate(workspace, &fingerprint, call.actor) {
-            Err(code) => return (Err(code), nothing),
-            Ok(Some((id, Standing::Granted))) => id,
-            Ok(Some((id, Standing::Denied))) => {
-                let expect = DispatchExpect::awaiting("approval-denied", Id::Is(id), "denied");
-                return (Ok(expect), nothing);
-            }
-            Ok(Some((id, _))) => {
-                let expect = DispatchExpect::awaiting("approval-required", Id::Is(id), "pending");
-                return (Ok(expect), nothing);
-            }
-            Ok(None) => {
-                let note = match self.standing(workspace, &fingerprint) {
-                    Some((_, Standing::Expired)) => "after expiry",
-                    Some((_, Standing::Revoked)) => "after revoke",
-                    Some(_) => "after consumption",
-                    None => "new request",
-                };
-                let change = DispatchChange::Request {
-                    workspace: workspace.to_string(),
-                    fingerprint,
-                    actor: call.actor,
-                };
-                let expect = DispatchExpect::awaiting("approval-required", Id::New, note);
-                return (Ok(expect), change);
-            }
-        };
-        let (resource, value_json, outbox_item) = match &call.args {
-            Args::Ticket { ticket, status } => {
-                if !self.tickets.contains_key(ticket) {
-                    return (
-                        Ok(DispatchExpect::refused(
-                            S::MissingResource,
-                            "missing-resource",
-                        )),
-                        nothing,
-                    );
-                }
-                ((*ticket).to_string(), format!("\"{status}\""), None)
-            }
-            Args::Reply { .. } => {
-                // An append answers with the item it appended, not the queue.
-                let item = call.args.canonical();
-                ("outbox".to_string(), item.clone(), Some(item))
-            }
-            Args::Invalid(_) => unreachable!("schema checked above"),
-        };
-        if !self.receipt_room() {
-            return (Ok(DispatchExpect::refused(S::LogFull, "log-full")), nothing);
-        }
-        let version = self.version + 1;
-        let expect = DispatchExpect {
-            status: S::Ok,
-            reason: "committed",
-            replayed: false,
-            version,
-            resource: resource.clone(),
-            value_json: value_json.clone(),
-            approval_id: Id::Is(grant.clone()),
-            receipt_id: Id::New,
-            note: "",
-        };
-        let change = DispatchChange::Commit {
-            grant,
-            call: call.clone(),
-            fingerprint,
-            version,
-            resource,
-            value_json,
-            outbox_item,
-        };
-        (Ok(expect), change)
-    }
-
-    fn apply_dispatch(
-        &mut self,
-        change: DispatchChange,
-        session_id: &str,
-        response: &pb::DispatchResponse,
-    ) {
-        match change {
-            DispatchChange::Nothing => {}
-            DispatchChange::Request {
-                workspace,
-                fingerprint,
-                actor,
-            } => self.create_pending(&response.approval_id, &workspace, &fingerprint, actor),
-            DispatchChange::Commit {
-                grant,
-                call,
-                fingerprint,
-                version,
-                resource,
-                value_json,
-                outbox_item,
-            } => {
-                self.version = version;
-                match (&call.args, outbox_item) {
-                    (_, Some(item)) => self.outbox.push(item),
-                    (Args::Ticket { ticket, status }, None) => {
-                        self.tickets.insert(ticket, status);
-                    }
-                    (args, None) => unreachable!("{args:?} commits nothing"),
-                }
-                let record = self.approvals.get_mut(&grant).expect("grant");
-                record.status = Standing::Consumed;
-                record.finished_at = Some(self.now);
-                while self.receipts.len() >= self.receipt_capacity {
-                    let (_, actor, call_id) = self.receipts_by_age.pop_first().expect("oldest");
-                    self.receipts.remove(&(actor, call_id));
-                }
-                let key = (call.actor.to_string(), call.call_id.clone());
-                self.receipts_by_age
-                    .insert((self.now, key.0.clone(), key.1.clone()));
-                self.receipts.insert(
-                    key,
-                    Receipt {
-                        fingerprint,
-                        version,
-                        resource,
-                        value_json,
-                        receipt_id: response.receipt_id.clone(),
-                    },
-                );
-                self.receipt_ids.insert(response.receipt_id.clone());
-                let session = self.sessions.entry(session_id.to_string()).or_default();
-                session.executed_tools += 1;
-                session.executed_cost += TOOL_COST;
-            }
-        }
-    }
-
-    /// SPEC §4, in its order (for proposals of execute tools that always
-    /// need approval, as every tool of tickets.toml does).
-    fn predict_decide(
-        &self,
-        session_id: &str,
-        session_actor: &str,
-        workspace: &str,
-        call: &Call,
-    ) -> (Result<DecideExpect, Code>, DecideChange) {
-        let standing = self.call_standing(session_id, call);
-        let mut change = DecideChange {
-            charge: Charge::of(standing, None),
-            request: false,
-        };
-        if self.decisions_spent(session_id, standing) {
-            change.charge = Charge::of(standing, Some("decision-budget"));
-            return (Ok(DecideExpect::deny("decision-budget")), change);
-        }
-        if call.actor != session_actor {
-            return (Ok(DecideExpect::deny("forbidden")), change);
-        }
-        if !TOOLS.contains(&call.tool) {
-            return (Ok(DecideExpect::deny("unknown-tool")), change);
-        }
-        if !call.args.fit(call.tool) {
-            return (Err(Code::InvalidArgument), change);
-        }
-        let fingerprint = call.fingerprint();
-        if let Some(reason) = self.budget_refusal(session_id, standing) {
-            change.charge = Charge::of(standing, Some(reason));
-            return (Ok(DecideExpect::deny(reason)), change);
-        }
-        let (outcome, reason, approval_id, expires_at) =
-            match self.gate(workspace, &fingerprint, call.actor) {
-                Err(code) => return (Err(code), change),
-                Ok(None) => {
-                    change.request = true;
-                    (
-                        pb::Outcome::RequireApproval,
-                        "approval-required",
-                        Id::New,
-                        self.now + PENDING_TTL_MS,
-                    )
-                }
-                Ok(Some((id, standing))) => {
-                    let (outcome, reason) = match standing {
-                        Standing::Granted => (pb::Outcome::Allow, "approved"),
-                        Standing::Denied => (pb::Outcome::Deny, "approval-denied"),
-                        _ => (pb::Outcome::RequireApproval, "approval-required"),
-                    };
-                    let expires_at = self.approvals[&id].expires_at;
-                    (outcome, reason, Id::Is(id), expires_at)
-                }
-            };
-        let expect = DecideExpect {
-            outcome,
-            reason,
-            approval_id,
-            expires_at: Some(expires_at),
-        };
-        (Ok(expect), change)
-    }
-
-    fn apply_decide(
-        &mut self,
-        change: DecideChange,
-        session_id: &str,
-        workspace: &str,
-        call: &Call,
-        response: Option<&pb::DecideResponse>,
-    ) {
-        let Some(response) = response else {
-            return;
-        };
-        self.settle(session_id, call, change.charge);
-        if change.request {
-            self.create_pending(
-                &response.approval_id,
-                workspace,
-                &call.fingerprint(),
-                call.actor,
-            );
-        }
-    }
-
-    /// SPEC §5: the status an approval moves to, or the error.
-    fn predict_review(&self, id: &str, verdict: Verdict) -> Result<Standing, Code> {
-        if self.kept(id) == Some(false) {
-            return Err(Code::NotFound);
-        }
-        match (verdict, self.approvals[id].at(self.now)) {
-            (Verdict::Grant, Standing::Pending) => Ok(Standing::Granted),
-            (Verdict::Deny, Standing::Pending) => Ok(Standing::Denied),
-            (Verdict::Revoke, Standing::Granted) => Ok(Standing::Revoked),
-            _ => Err(Code::FailedPrecondition),
-        }
-    }
-
-    fn apply_review(&mut self, id: &str, status: Standing) {
-        let now = self.now;
-        let record = self.approvals.get_mut(id).expect("approval");
-        record.status = status;
-        if status == Standing::Granted {
-            record.expires_at = now + GRANT_TTL_MS;
-        } else {
-            record.finished_at = Some(now);
-        }
     }
 }
 
@@ -956,6 +261,11 @@ impl Run {
         *self.coverage.entry(key).or_insert(0) += 1;
     }
 
+    /// The state's one version (tickets.toml's version scope is global).
+    fn state_version(&self) -> u64 {
+        self.model.version("lamp")
+    }
+
     fn advance(&mut self, millis: u64) {
         self.server.clock.advance(Duration::from_millis(millis));
         self.model.now += millis;
@@ -967,8 +277,7 @@ impl Run {
         let epoch = self.epochs.entry((actor, workspace)).or_insert(0);
         let worn = |epoch: u32| {
             self.model
-                .sessions
-                .get(&format!("{actor}-{workspace}-{epoch}"))
+                .session(&format!("{actor}-{workspace}-{epoch}"))
                 .is_some_and(|record| {
                     record.decisions >= SESSION_DECISIONS
                         || self.model.now - record.last_seen >= SESSION_IDLE_MS
@@ -1056,7 +365,7 @@ impl Run {
             call_id,
             actor,
             tool,
-            version: self.model.version,
+            version: self.state_version(),
             args,
         }
     }
@@ -1080,9 +389,10 @@ impl Run {
     ) -> Option<pb::DispatchResponse> {
         let session = self.session(actor, workspace);
         let respell = self.rng.percent(30);
+        let modelled = call.model();
         let (expected, change, charge) =
             self.model
-                .predict_dispatch(&session.session_id, actor, workspace, call);
+                .predict_dispatch(&session.session_id, actor, workspace, &modelled);
         let answer = self
             .server
             .pdp()
@@ -1120,19 +430,18 @@ impl Run {
                     expect.value_json.as_str(),
                 );
                 assert_eq!(got, want, "{context}: {response:?}");
-                assert_eq!(response.fingerprint, call.fingerprint(), "{context}");
-                let known_approvals = &self.model.approvals;
+                assert_eq!(response.fingerprint, modelled.fingerprint(), "{context}");
+                let known = &self.model;
                 check_id(
                     &response.approval_id,
                     &expect.approval_id,
-                    |id| known_approvals.contains_key(id),
+                    |id| known.knows_approval(id),
                     &format!("{context}: approval id"),
                 );
-                let known_receipts = &self.model.receipt_ids;
                 check_id(
                     &response.receipt_id,
                     &expect.receipt_id,
-                    |id| known_receipts.contains(id),
+                    |id| known.knows_receipt(id),
                     &format!("{context}: receipt id"),
                 );
                 self.tally(
@@ -1147,13 +456,17 @@ impl Run {
                     self.recent_approvals.push(response.approval_id.clone());
                 }
                 let commit = matches!(change, DispatchChange::Commit { .. });
-                let receipts = self.model.receipts.len();
-                self.model.settle(&session.session_id, call, charge);
-                self.model
-                    .apply_dispatch(change, &session.session_id, &response);
+                let receipts = self.model.receipt_count();
+                self.model.settle(&session.session_id, &modelled, charge);
+                self.model.apply_dispatch(
+                    change,
+                    &session.session_id,
+                    &response.approval_id,
+                    &response.receipt_id,
+                );
                 if commit {
                     self.committed.push(call.clone());
-                    if self.model.receipts.len() == receipts {
+                    if self.model.receipt_count() == receipts {
                         self.tally("receipt evicted past retention".to_string());
                     }
                 }
@@ -1171,9 +484,10 @@ impl Run {
     ) -> Option<pb::DecideResponse> {
         let session = self.session(actor, workspace);
         let respell = self.rng.percent(30);
+        let modelled = call.model();
         let (expected, change) =
             self.model
-                .predict_decide(&session.session_id, actor, workspace, call);
+                .predict_decide(&session.session_id, actor, workspace, &modelled);
         let answer = self
             .server
             .pdp()
@@ -1204,12 +518,12 @@ impl Run {
                     (expect.outcome, expect.reason, expect.expires_at),
                     "{context}: {response:?}"
                 );
-                assert_eq!(response.fingerprint, call.fingerprint(), "{context}");
-                let known = &self.model.approvals;
+                assert_eq!(response.fingerprint, modelled.fingerprint(), "{context}");
+                let known = &self.model;
                 check_id(
                     &response.approval_id,
                     &expect.approval_id,
-                    |id| known.contains_key(id),
+                    |id| known.knows_approval(id),
                     &format!("{context}: approval id"),
                 );
                 self.tally(format!("decide {:?} {}", expect.outcome, expect.reason));
@@ -1224,17 +538,19 @@ impl Run {
             change,
             &session.session_id,
             workspace,
-            call,
-            response.as_ref(),
+            &modelled,
+            response
+                .as_ref()
+                .map(|response| response.approval_id.as_str()),
         );
         response
     }
 
     /// Grant, deny or revoke; true when the reviewer's verdict took effect.
-    async fn review(&mut self, approval_id: &str, verdict: Verdict) -> bool {
+    async fn review(&mut self, approval_id: &str, verdict: Review) -> bool {
         let expected = self.model.predict_review(approval_id, verdict);
         let answer = match verdict {
-            Verdict::Grant => {
+            Review::Grant => {
                 let request = pb::GrantApprovalRequest {
                     approval_id: approval_id.to_string(),
                     comment: "looks right".to_string(),
@@ -1245,7 +561,7 @@ impl Run {
                     .await
                     .map(tonic::Response::into_inner)
             }
-            Verdict::Deny => {
+            Review::Deny => {
                 let request = pb::DenyApprovalRequest {
                     approval_id: approval_id.to_string(),
                     reason: "not this one".to_string(),
@@ -1256,7 +572,7 @@ impl Run {
                     .await
                     .map(tonic::Response::into_inner)
             }
-            Verdict::Revoke => {
+            Review::Revoke => {
                 let request = pb::RevokeApprovalRequest {
                     approval_id: approval_id.to_string(),
                     reason: "changed my mind".to_string(),
@@ -1278,7 +594,7 @@ impl Run {
             (Ok(status), Ok(approval)) => {
                 let expires_at = match status {
                     Standing::Granted => self.model.now + GRANT_TTL_MS,
-                    _ => self.model.approvals[approval_id].expires_at,
+                    _ => self.model.approval(approval_id).expires_at,
                 };
                 assert_eq!(
                     (
@@ -1308,7 +624,10 @@ impl Run {
             let resource = self.resource(name).await;
             assert_eq!(
                 (resource.value_json.as_str(), resource.version),
-                (self.model.resource_json(name).as_str(), self.model.version),
+                (
+                    self.model.resource_json(name).as_str(),
+                    self.state_version()
+                ),
                 "{context}: resource {name}"
             );
         }
@@ -1317,7 +636,7 @@ impl Run {
         let stats = self.server.engine.stats().expect("stats");
         assert_eq!(
             (stats.receipts, stats.pending_approvals),
-            (self.model.receipts.len(), self.model.pending_total()),
+            (self.model.receipt_count(), self.model.pending_total()),
             "{context}: receipts and pending approvals"
         );
         // Each session in use reports what the model charged it.
@@ -1328,7 +647,7 @@ impl Run {
             .collect();
         session_ids.sort();
         for session_id in session_ids {
-            let Some(record) = self.model.sessions.get(&session_id) else {
+            let Some(record) = self.model.session(&session_id) else {
                 continue;
             };
             if self.model.now - record.last_seen >= SERVER_SESSION_IDLE_MS {
@@ -1388,7 +707,7 @@ impl Run {
                 .get_approval(authed(request, REVIEWER))
                 .await
                 .map(tonic::Response::into_inner);
-            let record = &self.model.approvals[&id];
+            let record = self.model.approval(&id);
             match answer {
                 Ok(approval) if kept => assert_eq!(
                     (approval.status(), millis(approval.expires_at)),
@@ -1416,15 +735,15 @@ impl Run {
             && decision.outcome() == pb::Outcome::RequireApproval
         {
             let verdict = if self.rng.percent(88) {
-                Verdict::Grant
+                Review::Grant
             } else {
-                Verdict::Deny
+                Review::Deny
             };
             if self.review(&decision.approval_id, verdict).await
-                && verdict == Verdict::Grant
+                && verdict == Review::Grant
                 && self.rng.percent(5)
             {
-                self.review(&decision.approval_id, Verdict::Revoke).await;
+                self.review(&decision.approval_id, Review::Revoke).await;
             }
         }
         if self.rng.percent(6) {
@@ -1462,16 +781,16 @@ impl Run {
         let actor = self.actor();
         let workspace = self.workspace();
         let mut call = self.fresh(actor);
-        call.version = if self.model.version > 0 && self.rng.percent(70) {
-            self.rng.below(self.model.version)
+        call.version = if self.state_version() > 0 && self.rng.percent(70) {
+            self.rng.below(self.state_version())
         } else {
-            self.model.version + 1 + self.rng.below(3)
+            self.state_version() + 1 + self.rng.below(3)
         };
         if self.rng.percent(30)
             && let Some(decision) = self.decide(actor, workspace, &call).await
             && decision.outcome() == pb::Outcome::RequireApproval
         {
-            self.review(&decision.approval_id, Verdict::Grant).await;
+            self.review(&decision.approval_id, Review::Grant).await;
         }
         self.dispatch(actor, workspace, &call).await;
         self.keep(&call, workspace);
@@ -1507,7 +826,7 @@ impl Run {
                     Args::Invalid(text) => Args::Invalid(text),
                 }
             }
-            1 => call.version = self.model.version.max(call.version + 1),
+            1 => call.version = self.state_version().max(call.version + 1),
             2 => loop {
                 let (tool, args) = self.action();
                 if tool != call.tool {
@@ -1522,7 +841,7 @@ impl Run {
             && let Some(decision) = self.decide(call.actor, workspace, &call).await
             && decision.outcome() == pb::Outcome::RequireApproval
         {
-            self.review(&decision.approval_id, Verdict::Grant).await;
+            self.review(&decision.approval_id, Review::Grant).await;
         }
         self.dispatch(call.actor, workspace, &call).await;
     }
@@ -1624,12 +943,12 @@ impl Run {
             return;
         }
         let verdict = match standing {
-            Standing::Pending if self.rng.percent(75) => Verdict::Grant,
-            Standing::Pending => Verdict::Deny,
-            Standing::Granted if self.rng.percent(40) => Verdict::Revoke,
+            Standing::Pending if self.rng.percent(75) => Review::Grant,
+            Standing::Pending => Review::Deny,
+            Standing::Granted if self.rng.percent(40) => Review::Revoke,
             _ => self
                 .rng
-                .pick(&[Verdict::Grant, Verdict::Deny, Verdict::Revoke]),
+                .pick(&[Review::Grant, Review::Deny, Review::Revoke]),
         };
         if self.review(&id, verdict).await && self.rng.percent(50) {
             self.dispatch(entry.call.actor, entry.workspace, &entry.call)
@@ -1663,9 +982,7 @@ impl Run {
         let now = self.model.now;
         let Some(deadline) = self
             .model
-            .receipts_by_age
-            .first()
-            .map(|(created_at, _, _)| created_at + self.model.receipt_retention_ms)
+            .oldest_receipt_retention_end()
             .filter(|deadline| *deadline > now + before)
         else {
             return self.time_passes().await;
@@ -1705,7 +1022,7 @@ fn check_id(got: &str, want: &Id, known: impl Fn(&str) -> bool, context: &str) {
 
 /// Runs `steps` random steps from `seed`; returns how often each answer came.
 async fn run(seed: u64, steps: usize, small_log: Option<(usize, u64)>) -> BTreeMap<String, usize> {
-    let text = std::fs::read_to_string(common::repo_path(TICKETS)).expect("tickets");
+    let text = std::fs::read_to_string(policies::repo_path(TICKETS)).expect("tickets");
     let (capacity, retention_seconds) = small_log.unwrap_or((1000, 86_400));
     let text = text
         .replace(
@@ -1716,13 +1033,13 @@ async fn run(seed: u64, steps: usize, small_log: Option<(usize, u64)>) -> BTreeM
             "receipt_retention_seconds = 86400",
             &format!("receipt_retention_seconds = {retention_seconds}"),
         );
-    let policy = Policy::parse(&text, "tickets.toml", None).expect("policy");
+    let policy = policies::parse(&text);
     let mut run = Run {
         seed,
         step: 0,
         rng: Rng(seed),
         server: TestServer::start_with(policy).await,
-        model: Model::new(capacity, retention_seconds * 1000),
+        model: Model::new(rules(capacity, retention_seconds * 1000), EPOCH.0),
         pool: Vec::new(),
         committed: Vec::new(),
         next_call: 0,
