@@ -6,15 +6,15 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 
 use std::sync::Arc;
 
-use toolgate::canonical;
-use toolgate::clock::{ManualClock, Timestamp};
+use toolgate::domain::canonical;
+use toolgate::domain::clock::{ManualClock, Timestamp};
 use toolgate::domain::decision::DispatchStatus;
 use toolgate::domain::decision::Outcome;
+use toolgate::domain::ledger::Verdict;
+use toolgate::domain::manifest::Manifest;
+use toolgate::domain::policy::Policy;
+use toolgate::domain::proposal::{Proposal, SessionRef};
 use toolgate::engine::Engine;
-use toolgate::ledger::Verdict;
-use toolgate::manifest::Manifest;
-use toolgate::policy::Policy;
-use toolgate::proposal::{Proposal, SessionRef};
 
 /// A typical proposal envelope, about 200 bytes.
 const PROPOSAL: &str = r#"{"call_id":"c-20261129-0042","actor":"Finance-Payments","name":"payment_execute","version":17,"arguments":{"amount":15000.5,"currency":"BRL","payee":"ACME Ltda","memo":"invoice 2026/11 \u00e9"}}"#;
@@ -161,7 +161,7 @@ fn decide_benches(criterion: &mut Criterion) {
                 "payment_execute",
                 black_box(pay_args),
             );
-            assert_eq!(decision.reason, "approved");
+            assert_eq!(decision.reason.as_str(), "approved");
             black_box(decision)
         })
     });

@@ -13,8 +13,8 @@
 //!   the metrics registry.
 //! - [`engine`]: `Engine`, the handle every RPC goes through: the state behind
 //!   its lock, the policy snapshot, the clock, approval events; policy reload
-//!   on SIGHUP ([`reload`]) and the default policy's bootstrap token
-//!   ([`bootstrap`]).
+//!   on SIGHUP ([`reload`](engine::reload)) and the default policy's bootstrap token
+//!   ([`bootstrap`](engine::bootstrap)).
 //! - `edge` (private): the gRPC edge: handlers, conversions, the one
 //!   error-to-status map, authentication, overload, the metrics layer, the
 //!   accept loop and [`serve`](server::serve).
@@ -34,13 +34,7 @@ pub mod engine;
 pub mod fuzzing;
 pub mod ops;
 
-pub use domain::{
-    canonical, clock, error, ids, ledger, manifest, policy, proposal, receipts, resources, session,
-    state,
-};
 pub use edge::server;
-pub use engine::{bootstrap, reload};
-pub use ops::{audit, logwriter, metrics};
 
 /// Generated code for package `toolgate.v1`.
 #[allow(

@@ -11,22 +11,40 @@
 //!
 //! The tests of this file run one at a time (`SERIAL`) so that one test's
 //! allocations never show in another's RSS measurement.
+//!
+//! A test crate of its own, apart from `tests/integration/`: it reads the
+//! resident set of this process, which any other test running alongside in
+//! the same process would grow.
 
-mod common;
+// The shared support module; the integration binary uses all of it (and is
+// where the dead-code lint checks it), this crate a part.
+#[expect(
+    dead_code,
+    unused_imports,
+    reason = "this crate uses a part of support"
+)]
+mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::process::Command;
 use std::time::Duration;
 
-use common::{TestServer, authed, proposal, session};
 use tokio::task::JoinSet;
 use tokio_stream::StreamExt;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
-use toolgate::pb;
-use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
+use toolgate::domain::pins::MAX_API_PINS;
+use toolgate::engine::WATCH_BUFFER;
 
-const ALICE: &str = "alice-secret";
+use support::pb::policy_decision_point_client::PolicyDecisionPointClient;
+use support::policies::{decide_text, integer, policy_with};
+use support::spawn::{Serve, Spawned};
+use support::tokens::{ALICE, HOST};
+use support::{
+    Stats, TestServer, authed, decide_request, dispatch_request, pb, proposal, read_balance,
+    session,
+};
 
 const MAX_SESSIONS: usize = 50;
 const SESSION_IDLE_SECONDS: u64 = 600;
@@ -56,67 +74,36 @@ const SLOW_WATCHER_RSS_BUDGET: u64 = 48 * 1024 * 1024;
 /// One test at a time: RSS is a property of the whole process.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn policy() -> String {
-    let mut text = format!(
-        r#"
-[limits]
-max_sessions = {MAX_SESSIONS}
-session_idle_seconds = {SESSION_IDLE_SECONDS}
-max_pending_per_actor = {MAX_PENDING_PER_ACTOR}
-max_pending_total = {MAX_PENDING_TOTAL}
-max_approval_records = {MAX_APPROVAL_RECORDS}
-approval_retention_seconds = 3600
-pending_ttl_seconds = {PENDING_TTL_SECONDS}
-receipt_capacity = {RECEIPT_CAPACITY}
-receipt_retention_seconds = {RECEIPT_RETENTION_SECONDS}
-
-[server]
-max_concurrent_requests = 4096
-open_host_api = true
-
-[profiles.agent]
-roles = ["agent"]
-
-[tools.look]
-mode = "read"
-roles = ["agent"]
-input_schema = {{ type = "object", additionalProperties = false, properties = {{ q = {{ type = "string", maxLength = 64 }}, pad = {{ type = "string" }} }} }}
-
-[tools.ask]
-mode = "execute"
-roles = ["agent"]
-approval = "always"
-approvers = ["rev"]
-input_schema = {{ type = "object", additionalProperties = false, properties = {{ n = {{ type = "integer" }}, pad = {{ type = "string" }} }} }}
-
-[tools.commit]
-mode = "execute"
-roles = ["agent"]
-effect = {{ kind = "set", resource_argument = "target", value_argument = "value" }}
-input_schema = {{ type = "object", required = ["target", "value"], additionalProperties = false, properties = {{ target = {{ type = "string" }}, value = {{ type = "string" }} }} }}
-
-[reviewers.alice]
-roles = ["rev"]
-workspaces = ["*"]
-
-[[credentials]]
-kind = "reviewer"
-identity = "alice"
-sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
-
-[state]
-version_scope = "resource"
-
-[state.resources]
-"#
-    );
-    for index in 0..RESOURCES {
-        text.push_str(&format!("r{index:03} = \"v0\"\n"));
-    }
-    for index in 0..ACTORS {
-        text.push_str(&format!("[actors.a{index}]\nprofile = \"agent\"\n"));
-    }
-    text
+/// `floods.toml` with the limits above, resources `r000`… and actors
+/// `a0`…, and `extra` values.
+fn policy(extra: &[(&str, toml::Value)]) -> String {
+    let mut values = vec![
+        ("limits.max_sessions", integer(MAX_SESSIONS)),
+        ("limits.session_idle_seconds", integer(SESSION_IDLE_SECONDS)),
+        (
+            "limits.max_pending_per_actor",
+            integer(MAX_PENDING_PER_ACTOR),
+        ),
+        ("limits.max_pending_total", integer(MAX_PENDING_TOTAL)),
+        ("limits.max_approval_records", integer(MAX_APPROVAL_RECORDS)),
+        ("limits.approval_retention_seconds", integer(3600)),
+        ("limits.pending_ttl_seconds", integer(PENDING_TTL_SECONDS)),
+        ("limits.receipt_capacity", integer(RECEIPT_CAPACITY)),
+        (
+            "limits.receipt_retention_seconds",
+            integer(RECEIPT_RETENTION_SECONDS),
+        ),
+    ];
+    let resources: Vec<String> = (0..RESOURCES)
+        .map(|index| format!("state.resources.r{index:03}"))
+        .collect();
+    let actors: Vec<String> = (0..ACTORS)
+        .map(|index| format!("actors.a{index}.profile"))
+        .collect();
+    values.extend(resources.iter().map(|key| (key.as_str(), "v0".into())));
+    values.extend(actors.iter().map(|key| (key.as_str(), "agent".into())));
+    values.extend(extra.iter().cloned());
+    policy_with("floods", &values)
 }
 
 fn actor(index: usize) -> String {
@@ -162,10 +149,7 @@ async fn decide_on(
     proposal: pb::Proposal,
 ) -> Result<pb::DecideResponse, tonic::Status> {
     PolicyDecisionPointClient::new(channel)
-        .decide(pb::DecideRequest {
-            session: Some(session),
-            proposal: Some(proposal),
-        })
+        .decide(decide_request(session, proposal))
         .await
         .map(tonic::Response::into_inner)
 }
@@ -176,10 +160,7 @@ async fn dispatch_on(
     proposal: pb::Proposal,
 ) -> Result<pb::DispatchResponse, tonic::Status> {
     PolicyDecisionPointClient::new(channel)
-        .dispatch(pb::DispatchRequest {
-            session: Some(session),
-            proposal: Some(proposal),
-        })
+        .dispatch(dispatch_request(session, proposal))
         .await
         .map(tonic::Response::into_inner)
 }
@@ -197,13 +178,37 @@ fn codes<T>(results: &[Result<T, tonic::Status>]) -> HashMap<Code, usize> {
     counts
 }
 
-fn stats(server: &TestServer) -> toolgate::state::Stats {
+fn stats(server: &TestServer) -> Stats {
     server.engine.stats().expect("stats")
 }
 
 /// The process's resident set, from /proc/self/status.
 fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    vm_rss(&std::fs::read_to_string("/proc/self/status").expect("/proc/self/status"))
+}
+
+/// A spawned server's resident set, from /proc/PID/status.
+fn server_rss(server: &Spawned) -> u64 {
+    let path = format!("/proc/{}/status", server.child.id());
+    vm_rss(&std::fs::read_to_string(path).expect("/proc/PID/status"))
+}
+
+/// A spawned server's CPU time so far (user + system), in clock ticks.
+fn cpu_ticks(server: &Spawned) -> u64 {
+    let path = format!("/proc/{}/stat", server.child.id());
+    let stat = std::fs::read_to_string(path).expect("/proc/PID/stat");
+    let after_name = stat.rsplit_once(')').expect("stat").1;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// One sample of a spawned server's `/metrics`; 0 when absent.
+async fn metric(server: &Spawned, series: &str) -> f64 {
+    server.metrics().await.get(series).copied().unwrap_or(0.0)
+}
+
+/// `VmRSS` of a /proc/…/status text, in bytes.
+fn vm_rss(status: &str) -> u64 {
     let line = status
         .lines()
         .find(|line| line.starts_with("VmRSS:"))
@@ -227,13 +232,7 @@ fn ask(call_id: &str, actor: &str, n: usize) -> pb::Proposal {
 }
 
 async fn session_exists(server: &TestServer, session_id: &str) -> bool {
-    match server
-        .pdp()
-        .get_session(pb::GetSessionRequest {
-            session_id: session_id.into(),
-        })
-        .await
-    {
+    match server.get_session("", session_id).await {
         Ok(_) => true,
         Err(status) if status.code() == Code::NotFound => false,
         Err(status) => panic!("GetSession: {status:?}"),
@@ -280,7 +279,7 @@ async fn session_wave(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_session_cap_holds_under_a_flood_and_idle_sessions_make_room() {
     let _serial = SERIAL.lock().await;
-    let server = TestServer::start(&policy()).await;
+    let server = TestServer::start(&policy(&[])).await;
     let channels = connections(&server, 4).await;
 
     // 10× the cap, all at once, from 500 callers on 4 connections.
@@ -292,15 +291,7 @@ async fn the_session_cap_holds_under_a_flood_and_idle_sessions_make_room() {
     // One session stays active half-way through the idle time; the others
     // go idle for the whole of it and are evicted to make room.
     let keep = first[0].clone();
-    let keep_actor = server
-        .pdp()
-        .get_session(pb::GetSessionRequest {
-            session_id: keep.clone(),
-        })
-        .await
-        .expect("session")
-        .into_inner()
-        .actor;
+    let keep_actor = server.get_session("", &keep).await.expect("session").actor;
     server
         .clock
         .advance(Duration::from_secs(SESSION_IDLE_SECONDS / 2));
@@ -385,20 +376,13 @@ fn per_actor(made: &[(String, String)]) -> HashMap<String, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pending_caps_hold_under_a_flood_and_expiry_and_eviction_make_room() {
     let _serial = SERIAL.lock().await;
-    let server = TestServer::start(&policy()).await;
+    let server = TestServer::start(&policy(&[])).await;
     let channels = connections(&server, 4).await;
 
     // One actor, 12× its cap at once: exactly its cap is made.
     let (made, counts) = pending_wave(&channels, "w1", 0..1, 12 * MAX_PENDING_PER_ACTOR).await;
     assert_eq!(made.len(), MAX_PENDING_PER_ACTOR, "{counts:?}");
-    let info = server
-        .pdp()
-        .get_session(pb::GetSessionRequest {
-            session_id: "p-a0".into(),
-        })
-        .await
-        .expect("session")
-        .into_inner();
+    let info = server.get_session("", "p-a0").await.expect("session");
     assert_eq!(
         info.decisions, MAX_PENDING_PER_ACTOR as u64,
         "refused requests are not charged"
@@ -494,7 +478,7 @@ async fn the_pending_caps_hold_under_a_flood_and_expiry_and_eviction_make_room()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_refused_at_the_pending_cap_opens_no_session() {
     let _serial = SERIAL.lock().await;
-    let server = TestServer::start(&policy()).await;
+    let server = TestServer::start(&policy(&[])).await;
     for index in 0..MAX_PENDING_PER_ACTOR {
         let answer = server
             .decide_ok(
@@ -523,7 +507,7 @@ async fn a_request_refused_at_the_pending_cap_opens_no_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_receipt_log_cap_holds_under_a_flood_and_retention_makes_room() {
     let _serial = SERIAL.lock().await;
-    let server = TestServer::start(&policy()).await;
+    let server = TestServer::start(&policy(&[])).await;
     let channels = connections(&server, 4).await;
     let commit = |index: usize| {
         let actor = actor(index);
@@ -576,7 +560,7 @@ async fn the_receipt_log_cap_holds_under_a_flood_and_retention_makes_room() {
     assert_eq!(committed.len(), RECEIPT_CAPACITY);
     assert_eq!(full.len(), RESOURCES - RECEIPT_CAPACITY);
     assert_eq!(stats(&server).receipts, RECEIPT_CAPACITY);
-    let mut resources = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    let mut resources = server.resources();
     for index in 0..RESOURCES {
         let resource = resources
             .get_resource(authed(
@@ -641,9 +625,9 @@ async fn the_receipt_log_cap_holds_under_a_flood_and_retention_makes_room() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_pin_cap_holds_under_a_flood() {
     let _serial = SERIAL.lock().await;
-    let server = TestServer::start(&policy()).await;
+    let server = TestServer::start(&policy(&[])).await;
     let channels = connections(&server, 4).await;
-    let max = toolgate::domain::pins::MAX_API_PINS;
+    let max = MAX_API_PINS;
     let pin = |channel: Channel, server_id: String| async move {
         pb::manifest_pins_client::ManifestPinsClient::new(channel)
             .pin_manifest(authed(
@@ -798,7 +782,7 @@ async fn refused_flood(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_refused_requests_keeps_memory_bounded() {
     let _serial = SERIAL.lock().await;
-    let server = TestServer::start(&policy()).await;
+    let server = TestServer::start(&policy(&[])).await;
     let channels = connections(&server, 4).await;
     // Fill the pending caps (from the flood's own sessions, so that refused
     // requests at the cap never need a new session).
@@ -856,9 +840,7 @@ async fn a_watcher_that_never_reads_does_not_grow_memory() {
     // This test is about the broadcast buffer's bound, not the write timeout
     // (which would, rightly, cancel a stream stalled for 10 s on a slow
     // machine): it gets a write timeout longer than the test.
-    let server =
-        TestServer::start(&policy().replace("[server]\n", "[server]\nwrite_timeout_ms = 600000\n"))
-            .await;
+    let server = TestServer::start(&policy(&[("server.write_timeout_ms", integer(600_000))])).await;
     // A watcher that subscribes and then never reads.
     let mut stalled = server.stalled_watcher(ALICE).await;
     let channels = connections(&server, 4).await;
@@ -949,7 +931,7 @@ async fn a_watcher_that_never_reads_does_not_grow_memory() {
     assert_eq!(seen + lagged, total);
     assert!(lagged > 0, "a watcher {total} events behind must be told");
     assert!(
-        seen <= toolgate::engine::WATCH_BUFFER as u64 + 64,
+        seen <= WATCH_BUFFER as u64 + 64,
         "the watcher got {seen} events: more than the buffer was kept for it"
     );
     server.stop().await;
@@ -960,111 +942,24 @@ async fn a_watcher_that_never_reads_does_not_grow_memory() {
 /// Floods against the `toolgate` binary in a process of its own, so that
 /// its resident set (`VmRSS`) counts the server and nothing of the test.
 mod spawned_byte_bounds {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::{Child, ChildStdout, Command, Stdio};
     use std::time::Duration;
 
     use tonic::Code;
-    use tonic::transport::{Channel, Endpoint};
-    use toolgate::pb;
-    use toolgate::pb::approvals_client::ApprovalsClient;
-    use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
-    use super::SERIAL;
-    use crate::common::{authed, proposal, session};
+    use super::{SERIAL, server_rss};
+    use crate::support::pb::approvals_client::ApprovalsClient;
+    use crate::support::pb::policy_decision_point_client::PolicyDecisionPointClient;
+    use crate::support::policies::{integer, policy_text, policy_with};
+    use crate::support::spawn::{Serve, Spawned};
+    use crate::support::tokens::{ALICE as REVIEWER, FLOOD_HOST as HOST};
+    use crate::support::{authed, decide_request, dispatch_request, pb, proposal, session};
 
-    /// Host and reviewer tokens of these policies (their SHA-256 is in them).
-    const HOST: &str = "flood-host-secret";
-    const REVIEWER: &str = super::ALICE;
-
-    const CREDENTIALS: &str = r#"
-[[credentials]]
-kind = "host"
-identity = "flood-host"
-actors = ["*"]
-sha256 = "3c524346618271b0aed7abc5da968c2727a9432e8a22a1922c72a833eaf1b192"
-
-[[credentials]]
-kind = "reviewer"
-identity = "alice"
-sha256 = "0c848abb03307b06cf70cd4e29c157dc81af5e94ab3eb1d0c59a120269572376"
-
-[reviewers.alice]
-roles = ["rev"]
-workspaces = ["*"]
-"#;
-
-    /// A `toolgate serve` on `127.0.0.1:0`; killed when dropped.
-    struct Spawned {
-        child: Child,
-        _stdout: BufReader<ChildStdout>,
-        _policy: tempfile::NamedTempFile,
-        channel: Channel,
-    }
-
-    impl Spawned {
-        async fn start(policy: &str) -> Spawned {
-            let mut file = tempfile::NamedTempFile::new().expect("temp file");
-            file.write_all(policy.as_bytes()).expect("write policy");
-            let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-                .arg("serve")
-                .arg("--config")
-                .arg(file.path())
-                .args(["--listen", "127.0.0.1:0"])
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn toolgate");
-            let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-            let mut line = String::new();
-            stdout.read_line(&mut line).expect("read the address");
-            let address = line
-                .trim()
-                .strip_prefix("toolgate listening on ")
-                .unwrap_or_else(|| panic!("expected the listening line, got {line:?}"))
-                .to_string();
-            let channel = Endpoint::from_shared(format!("http://{address}"))
-                .expect("endpoint")
-                .connect()
-                .await
-                .expect("connect");
-            Spawned {
-                child,
-                _stdout: stdout,
-                _policy: file,
-                channel,
-            }
-        }
-
-        fn rss_bytes(&self) -> u64 {
-            let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-                .expect("/proc status of the server");
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("VmRSS:"))
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
-                .expect("VmRSS in kB")
-                * 1024
-        }
-
-        fn pdp(&self) -> PolicyDecisionPointClient<Channel> {
-            PolicyDecisionPointClient::new(self.channel.clone())
-        }
-    }
-
-    impl Drop for Spawned {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+    /// `toolgate serve` on `policy`, logging only warnings.
+    fn start(policy: &str) -> Spawned {
+        Serve::new(policy).start_wrapped(|mut command| {
+            command.env("RUST_LOG", "warn");
+            command
+        })
     }
 
     const APPENDS: usize = 1000;
@@ -1079,41 +974,21 @@ workspaces = ["*"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_thousand_appends_of_4_kb_stay_linear_in_memory() {
         let _serial = SERIAL.lock().await;
-        let policy = format!(
-            r#"
-[profiles.agent]
-roles = ["agent"]
-
-[actors.agent]
-profile = "agent"
-
-[tools.post]
-mode = "execute"
-roles = ["agent"]
-effect = {{ kind = "append", resource = "queue" }}
-
-[state]
-version_scope = "resource"
-
-[state.resources]
-queue = []
-{CREDENTIALS}"#
-        );
-        let server = Spawned::start(&policy).await;
+        let server = start(&policy_text("floods_appends"));
         let text = "q".repeat(APPEND_TEXT_BYTES);
-        let mut pdp = server.pdp();
+        let mut pdp = PolicyDecisionPointClient::new(server.channel().await);
         let mut append = async |index: usize| {
             let arguments = format!(r#"{{"text":"{text}"}}"#);
-            let request = pb::DispatchRequest {
-                session: Some(session("agent", "s1", "w")),
-                proposal: Some(proposal(
+            let request = dispatch_request(
+                session("agent", "s1", "w"),
+                proposal(
                     &format!("c{index}"),
                     "agent",
                     "post",
                     index as u64,
                     &arguments,
-                )),
-            };
+                ),
+            );
             let answer = pdp
                 .dispatch(authed(request, HOST))
                 .await
@@ -1128,11 +1003,11 @@ queue = []
         for index in 0..warm_up {
             append(index).await;
         }
-        let baseline = server.rss_bytes();
+        let baseline = server_rss(&server);
         for index in warm_up..warm_up + APPENDS {
             append(index).await;
         }
-        let grown = server.rss_bytes().saturating_sub(baseline);
+        let grown = server_rss(&server).saturating_sub(baseline);
         eprintln!("{APPENDS} appends of {APPEND_TEXT_BYTES} B: RSS grew {grown} bytes");
         assert!(
             grown < APPEND_RSS_BUDGET,
@@ -1155,45 +1030,26 @@ queue = []
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn expired_records_of_64_kib_never_pile_up_past_the_byte_budget() {
         let _serial = SERIAL.lock().await;
-        let policy = format!(
-            r#"
-[limits]
-pending_ttl_seconds = 1
-max_pending_per_actor = {EXPIRED_RECORDS}
-max_pending_total = {EXPIRED_RECORDS}
-max_approval_records = {EXPIRED_RECORDS}
-max_state_bytes = {STATE_BYTES}
-
-[profiles.agent]
-roles = ["agent"]
-
-[actors.agent]
-profile = "agent"
-
-[tools.ask]
-mode = "execute"
-roles = ["agent"]
-approval = "always"
-approvers = ["rev"]
-
-{CREDENTIALS}"#
-        );
-        let server = Spawned::start(&policy).await;
+        let server = start(&policy_with(
+            "floods_expiry",
+            &[
+                ("limits.pending_ttl_seconds", integer(1)),
+                ("limits.max_pending_per_actor", integer(EXPIRED_RECORDS)),
+                ("limits.max_pending_total", integer(EXPIRED_RECORDS)),
+                ("limits.max_approval_records", integer(EXPIRED_RECORDS)),
+                ("limits.max_state_bytes", integer(STATE_BYTES)),
+            ],
+        ));
+        let channel = server.channel().await;
         let pad = "p".repeat(RECORD_ARGUMENT_BYTES - 10);
         let arguments = format!(r#"{{"pad":"{pad}"}}"#);
-        let mut pdp = server.pdp();
+        let mut pdp = PolicyDecisionPointClient::new(channel.clone());
         let mut ask = async |index: usize| {
-            let request = pb::DecideRequest {
+            let request = decide_request(
                 // A session per 1,000 requests: call ids are bytes too.
-                session: Some(session("agent", &format!("s{}", index / 1000), "w")),
-                proposal: Some(proposal(
-                    &format!("c{index}"),
-                    "agent",
-                    "ask",
-                    0,
-                    &arguments,
-                )),
-            };
+                session("agent", &format!("s{}", index / 1000), "w"),
+                proposal(&format!("c{index}"), "agent", "ask", 0, &arguments),
+            );
             pdp.decide(authed(request, HOST))
                 .await
                 .map(tonic::Response::into_inner)
@@ -1204,7 +1060,7 @@ approvers = ["rev"]
             assert_eq!(decision.outcome(), pb::Outcome::RequireApproval);
             first.push(decision.approval_id);
         }
-        let baseline = server.rss_bytes();
+        let baseline = server_rss(&server);
         let (mut made, mut refused, mut index) = (16usize, 0usize, 16usize);
         while made < EXPIRED_RECORDS {
             match ask(index).await {
@@ -1226,7 +1082,7 @@ approvers = ["rev"]
                 }
             }
         }
-        let grown = server.rss_bytes().saturating_sub(baseline);
+        let grown = server_rss(&server).saturating_sub(baseline);
         eprintln!(
             "{made} requests of {RECORD_ARGUMENT_BYTES} B ({refused} refused while full): RSS grew {grown} bytes"
         );
@@ -1236,7 +1092,7 @@ approvers = ["rev"]
         );
         // The first requests expired long ago and were evicted for room,
         // well within their retention (an hour).
-        let mut approvals = ApprovalsClient::new(server.channel.clone());
+        let mut approvals = ApprovalsClient::new(channel);
         for id in &first {
             let status = approvals
                 .get_approval(authed(
@@ -1257,12 +1113,10 @@ approvers = ["rev"]
 // resident set is read from /proc/PID/status (issue 13, items 2–4).
 // ---------------------------------------------------------------------------
 
-mod spawned;
-
-use spawned::{Spawned, decide_policy_text};
-use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tonic_health::pb::health_check_response::ServingStatus;
+
+use support::raw::{GUARD, closed_by_server, framed, grpc_request, until};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -1283,36 +1137,23 @@ const STALLED_REQUESTS_RSS_BUDGET: u64 = 160 * MIB;
 /// (64 MiB), plus answers being encoded and refused, and allocator slack.
 const STALLED_RESPONSES_RSS_BUDGET: u64 = 160 * MIB;
 
-/// How long a wait for a condition may take before the test fails.
-const GUARD: Duration = Duration::from_secs(120);
-
-async fn until<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let waited = tokio::time::timeout(GUARD, async {
-        while !condition().await {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+/// `toolgate serve` run through `sh -c 'ulimit -n LIMIT; exec …'`.
+fn descriptor_limit(limit: u32) -> impl FnOnce(Command) -> Command {
+    move |serve| {
+        let mut shell = Command::new("sh");
+        shell
+            .arg("-c")
+            .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+            .arg(serve.get_program())
+            .args(serve.get_args());
+        for (key, value) in serve.get_envs() {
+            match value {
+                Some(value) => shell.env(key, value),
+                None => shell.env_remove(key),
+            };
         }
-    })
-    .await;
-    assert!(waited.is_ok(), "never: {what}");
-}
-
-/// Waits until the peer closes `stream` (EOF or reset).
-async fn closed_by_server(stream: &mut TcpStream) -> bool {
-    let mut buffer = [0u8; 1024];
-    tokio::time::timeout(GUARD, async {
-        loop {
-            match stream.read(&mut buffer).await {
-                Ok(0) | Err(_) => return true,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await
-    .unwrap_or(false)
+        shell
+    }
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -1322,27 +1163,25 @@ fn mib(bytes: u64) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_thousand_connections_that_never_speak_are_capped_and_closed() {
     let _serial = SERIAL.lock().await;
-    let server = Spawned::start(
-        &decide_policy_text("[server]\nhandshake_timeout_ms = 2000"),
-        &[],
-        false,
-    );
+    let server = Serve::new(&decide_text("[server]\nhandshake_timeout_ms = 2000"))
+        .with_metrics()
+        .start();
     assert_eq!(server.health().await, ServingStatus::Serving);
-    let before = server.rss_bytes();
+    let before = server_rss(&server);
     let mut silent = Vec::with_capacity(5_000);
     for _ in 0..5_000 {
         silent.push(TcpStream::connect(server.addr).await.expect("connect"));
     }
     // At the cap, a health probe on a new connection is still answered.
     assert_eq!(server.health().await, ServingStatus::Serving);
-    let open = server.metric("toolgate_connections_open").await;
-    let during = server.rss_bytes();
+    let open = metric(&server, "toolgate_connections_open").await;
+    let during = server_rss(&server);
     // Every silent connection is closed: made room for, or timed out.
     for stream in &mut silent {
         assert!(closed_by_server(stream).await);
     }
     until("every connection closed", || async {
-        server.metric("toolgate_connections_open").await == 0.0
+        metric(&server, "toolgate_connections_open").await == 0.0
     })
     .await;
     let samples = server.metrics().await;
@@ -1367,12 +1206,9 @@ async fn five_thousand_connections_that_never_speak_are_capped_and_closed() {
 async fn at_the_descriptor_limit_accept_backs_off_and_health_answers() {
     let _serial = SERIAL.lock().await;
     // 128 descriptors: the limit comes long before max_connections.
-    let server = Spawned::start_with(
-        &decide_policy_text("[server]\nhandshake_timeout_ms = 600000"),
-        &[],
-        false,
-        Some(128),
-    );
+    let server = Serve::new(&decide_text("[server]\nhandshake_timeout_ms = 600000"))
+        .with_metrics()
+        .start_wrapped(descriptor_limit(128));
     let mut silent = Vec::with_capacity(500);
     for _ in 0..500 {
         silent.push(TcpStream::connect(server.addr).await.expect("connect"));
@@ -1382,9 +1218,9 @@ async fn at_the_descriptor_limit_accept_backs_off_and_health_answers() {
     assert_eq!(server.health().await, ServingStatus::Serving);
     // Still at the limit, with connections waiting in the backlog: the
     // accept loop must not spin.
-    let ticks_before = server.cpu_ticks();
+    let ticks_before = cpu_ticks(&server);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let ticks = server.cpu_ticks() - ticks_before;
+    let ticks = cpu_ticks(&server) - ticks_before;
     eprintln!("at the descriptor limit: {ticks} CPU ticks in 2 s (100 a second is one core)");
     assert!(ticks < 60, "{ticks} ticks in 2 s: the accept loop spins");
     assert_eq!(server.health().await, ServingStatus::Serving);
@@ -1414,12 +1250,7 @@ async fn stalled_requests(
     let body = bytes::Bytes::from(body);
     let mut calls = Vec::new();
     for _ in 0..streams {
-        let request = http::Request::post(format!("http://{addr}{path}"))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header("authorization", format!("Bearer {}", spawned::HOST))
-            .body(())
-            .expect("request");
+        let request = grpc_request(addr, path, "application/grpc", HOST);
         client = client.ready().await.expect("ready");
         let (response, mut stream) = client.send_request(request, false).expect("headers");
         stream.reserve_capacity(body.len());
@@ -1433,13 +1264,11 @@ async fn stalled_requests(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_request_bodies_are_bounded_in_memory_and_hold_no_permit() {
     let _serial = SERIAL.lock().await;
-    let server = Spawned::start(
-        &decide_policy_text("[server]\nread_timeout_ms = 600000"),
-        &[],
-        false,
-    );
+    let server = Serve::new(&decide_text("[server]\nread_timeout_ms = 600000"))
+        .with_metrics()
+        .start();
     assert_eq!(server.health().await, ServingStatus::Serving);
-    let before = server.rss_bytes();
+    let before = server_rss(&server);
     let mut connections = Vec::new();
     for _ in 0..10 {
         connections.push(
@@ -1454,31 +1283,29 @@ async fn stalled_request_bodies_are_bounded_in_memory_and_hold_no_permit() {
         );
     }
     until("the request buffer fills", || async {
-        server
-            .metric(r#"toolgate_transport_refused_total{reason="request-buffer-full"}"#)
-            .await
+        metric(
+            &server,
+            r#"toolgate_transport_refused_total{reason="request-buffer-full"}"#,
+        )
+        .await
             > 0.0
     })
     .await;
     // Others are served: nothing stalled holds a permit.
     let channel = server.channel().await;
     let answer = PolicyDecisionPointClient::new(channel)
-        .decide(authed(
-            pb::DecideRequest {
-                session: Some(session("payer", "s1", "acme")),
-                proposal: Some(proposal("c1", "payer", "read_balance", 0, "{}")),
-            },
-            spawned::HOST,
-        ))
+        .decide(authed(read_balance("c1"), HOST))
         .await
         .expect("served while 1,000 requests stall")
         .into_inner();
     assert_eq!(answer.reason, "allowed");
-    let during = server.rss_bytes();
-    let refused = server
-        .metric(r#"toolgate_transport_refused_total{reason="request-buffer-full"}"#)
-        .await;
-    let shed = server.metric("toolgate_load_shed_total").await;
+    let during = server_rss(&server);
+    let refused = metric(
+        &server,
+        r#"toolgate_transport_refused_total{reason="request-buffer-full"}"#,
+    )
+    .await;
+    let shed = metric(&server, "toolgate_load_shed_total").await;
     eprintln!(
         "1,000 stalled half-messages of 1,000,000 bytes: {refused} refused at the buffer bound, {shed} shed, RSS {:.1} -> {:.1} MiB",
         mib(before),
@@ -1498,25 +1325,20 @@ async fn stalled_request_bodies_are_bounded_in_memory_and_hold_no_permit() {
 async fn answers_nobody_reads_are_bounded_in_memory_and_dropped_after_the_write_timeout() {
     let _serial = SERIAL.lock().await;
     let big = "x".repeat(800_000);
-    let server = Spawned::start(
-        &decide_policy_text(&format!(
-            "[server]\nwrite_timeout_ms = 30000\n[state.resources]\nbig = \"{big}\"\n"
-        )),
-        &[],
-        false,
-    );
+    let server = Serve::new(&decide_text(&format!(
+        "[server]\nwrite_timeout_ms = 30000\n[state.resources]\nbig = \"{big}\"\n"
+    )))
+    .with_metrics()
+    .start();
     assert_eq!(server.health().await, ServingStatus::Serving);
-    let before = server.rss_bytes();
-    let request = {
-        let message = prost::Message::encode_to_vec(&pb::GetResourceRequest {
+    let before = server_rss(&server);
+    let request = framed(
+        0,
+        &prost::Message::encode_to_vec(&pb::GetResourceRequest {
             name: "big".into(),
             ..Default::default()
-        });
-        let mut framed = vec![0u8];
-        framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
-        framed.extend_from_slice(&message);
-        bytes::Bytes::from(framed)
-    };
+        }),
+    );
     let mut connections = Vec::new();
     let mut responses = Vec::new();
     for _ in 0..10 {
@@ -1529,15 +1351,12 @@ async fn answers_nobody_reads_are_bounded_in_memory_and_dropped_after_the_write_
         tokio::spawn(connection);
         let mut client = client.ready().await.expect("ready");
         for _ in 0..100 {
-            let http_request = http::Request::post(format!(
-                "http://{}/toolgate.v1.Resources/GetResource",
-                server.addr
-            ))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header("authorization", format!("Bearer {}", spawned::HOST))
-            .body(())
-            .expect("request");
+            let http_request = grpc_request(
+                server.addr,
+                "/toolgate.v1.Resources/GetResource",
+                "application/grpc",
+                HOST,
+            );
             client = client.ready().await.expect("ready");
             let (response, mut stream) = client.send_request(http_request, false).expect("send");
             stream.send_data(request.clone(), true).expect("body");
@@ -1562,15 +1381,17 @@ async fn answers_nobody_reads_are_bounded_in_memory_and_dropped_after_the_write_
             None => held.push(response),
         }
     }
-    let during = server.rss_bytes();
+    let during = server_rss(&server);
     until("the answers waiting are dropped", || async {
-        server
-            .metric(r#"toolgate_transport_refused_total{reason="write-timeout"}"#)
-            .await
+        metric(
+            &server,
+            r#"toolgate_transport_refused_total{reason="write-timeout"}"#,
+        )
+        .await
             >= held.len() as f64
     })
     .await;
-    let after = server.rss_bytes();
+    let after = server_rss(&server);
     eprintln!(
         "1,000 GetResource of 800 KB, windows never opened: {} held, {refused} refused, RSS {:.1} -> {:.1} MiB, {:.1} MiB after the write timeout",
         held.len(),
@@ -1592,7 +1413,7 @@ async fn answers_nobody_reads_are_bounded_in_memory_and_dropped_after_the_write_
                 name: "big".into(),
                 ..Default::default()
             },
-            spawned::HOST,
+            HOST,
         ))
         .await
         .expect("served")

@@ -13,8 +13,19 @@
 //! - one fresh commit per fingerprint; replays return that commit's result;
 //! - each resource's commits carry versions 1..=n exactly once and its final
 //!   value is the value of commit n.
+//!
+//! A test crate of its own, apart from `tests/integration/`: it installs the
+//! process's global tracing subscriber, which would capture (and slow) every
+//! other test running in the same process.
 
-mod common;
+// The shared support module; the integration binary uses all of it (and is
+// where the dead-code lint checks it), this crate a part.
+#[expect(
+    dead_code,
+    unused_imports,
+    reason = "this crate uses a part of support"
+)]
+mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -24,62 +35,29 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_stream::StreamExt;
 use tonic::Code;
+use toolgate::domain::ledger::ListQuery;
+use toolgate::ops::audit::TARGET;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::Registry;
 
-use common::{TestServer, authed, proposal, session};
-use toolgate::ledger::{ApprovalStatus, ListQuery};
-use toolgate::pb;
+use support::policies::policy_with;
+use support::tokens::EXAMPLE_REVIEWER as REVIEWER;
+use support::{ApprovalStatus, TestServer, authed, dispatch_request, pb, proposal, session};
 
-const REVIEWER: &str = "example-reviewer-token";
 const RESOURCES: usize = 16;
 const RUN_FOR: Duration = Duration::from_secs(4);
 
+/// `torture.toml` with the resources `k0`… at 0.
 fn policy() -> String {
-    let resources: String = (0..RESOURCES)
-        .map(|index| format!("k{index} = 0\n"))
+    let resources: Vec<String> = (0..RESOURCES)
+        .map(|index| format!("state.resources.k{index}"))
         .collect();
-    format!(
-        r#"
-[limits]
-pending_ttl_seconds = 300
-grant_ttl_seconds = 600
-max_pending_per_actor = 4096
-max_pending_total = 4096
-
-[profiles.agent]
-roles = ["agent"]
-
-[actors.agent]
-profile = "agent"
-
-[tools.set_item]
-mode = "execute"
-roles = ["agent"]
-approvers = ["lead"]
-approval = "always"
-effect = {{ kind = "set", resource_argument = "item", value_argument = "value" }}
-input_schema = {{ type = "object", required = ["item", "value"], additionalProperties = false, properties = {{ item = {{ type = "string" }}, value = {{ type = "integer" }} }} }}
-
-[reviewers.lead]
-roles = ["lead"]
-workspaces = ["*"]
-
-[[credentials]]
-kind = "reviewer"
-identity = "lead"
-sha256 = "887c3f966dd49b2b597b6d6c93d3a2790d63a1e21b1af9d648f00cc1a805aeb8"
-
-[server]
-open_host_api = true
-
-[state]
-version_scope = "resource"
-
-[state.resources]
-{resources}"#
-    )
+    let values: Vec<(&str, toml::Value)> = resources
+        .iter()
+        .map(|key| (key.as_str(), toml::Value::Integer(0)))
+        .collect();
+    policy_with("torture", &values)
 }
 
 // ----- audit capture --------------------------------------------------------
@@ -115,7 +93,7 @@ impl Visit for Fields<'_> {
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AuditCapture {
     fn on_event(&self, event: &tracing::Event<'_>, _context: Context<'_, S>) {
-        if event.metadata().target() != toolgate::audit::TARGET {
+        if event.metadata().target() != TARGET {
             return;
         }
         let mut fields = AuditEvent::new();
@@ -160,7 +138,7 @@ fn pick(pool: &Pool, rng: &mut StdRng) -> Option<Entry> {
 async fn propose(server: Arc<TestServer>, pool: Pool, worker: usize, deadline: Instant) -> usize {
     let mut rng = StdRng::seed_from_u64(worker as u64);
     let session = session("agent", &format!("s{worker}"), "desk");
-    let mut resources = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    let mut resources = server.resources();
     let mut made = 0;
     while Instant::now() < deadline {
         let item = format!("k{}", rng.random_range(0..RESOURCES));
@@ -266,10 +244,10 @@ async fn dispatch(
             continue;
         };
         let answer = pdp
-            .dispatch(pb::DispatchRequest {
-                session: Some(entry.session.clone()),
-                proposal: Some(entry.proposal.clone()),
-            })
+            .dispatch(dispatch_request(
+                entry.session.clone(),
+                entry.proposal.clone(),
+            ))
             .await
             .expect("dispatch answers")
             .into_inner();
@@ -475,7 +453,7 @@ async fn racing_reviewers_dispatchers_and_the_clock_commit_each_grant_once() {
     }
 
     // ----- the final state ---------------------------------------------------
-    let mut resources = pb::resources_client::ResourcesClient::new(server.channel.clone());
+    let mut resources = server.resources();
     for index in 0..RESOURCES {
         let name = format!("k{index}");
         let resource = resources

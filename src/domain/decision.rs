@@ -337,12 +337,9 @@ fn refusal_message(refusal: Refusal, proposal: &Proposal, session: &SessionRef) 
 /// The answer to Decide (SPEC §4).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
-    /// Always `why.outcome()`.
+    /// Always `reason.outcome()`.
     pub outcome: Outcome,
-    pub why: Reason,
-    /// Always `why.as_str()`: the stable kebab-case reason as callers of
-    /// the library compare it.
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
     pub fingerprint: Fingerprint,
     /// The approval involved, with its expiry.
@@ -361,8 +358,7 @@ impl Decision {
         let why = cause.reason();
         Decision {
             outcome: why.outcome().unwrap_or(Outcome::Deny),
-            why,
-            reason: why.as_str(),
+            reason: why,
             message: cause.message(proposal, session),
             fingerprint: proposal.fingerprint,
             approval,
@@ -422,13 +418,10 @@ pub const ANSWER_OVERHEAD_BYTES: usize = 1024;
 /// The answer to Dispatch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dispatched {
-    /// Always `why.dispatch_status()`.
+    /// Always `reason.dispatch_status()`.
     pub status: DispatchStatus,
     /// For DENIED: the Decide reason.
-    pub why: Reason,
-    /// Always `why.as_str()`: the stable kebab-case reason as callers of
-    /// the library compare it.
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
     pub fingerprint: Fingerprint,
     /// For OK and replays: the commit's result; for STALE_VERSION: only the
@@ -447,8 +440,7 @@ impl Dispatched {
         let why = cause.reason();
         Dispatched {
             status: why.dispatch_status().unwrap_or(DispatchStatus::Denied),
-            why,
-            reason: why.as_str(),
+            reason: why,
             message: cause.message(proposal, session),
             fingerprint: proposal.fingerprint,
             result: None,

@@ -215,7 +215,7 @@ impl Resources {
 
     /// A copy of what the answer to a commit of `target` carries: the value
     /// set, or the item appended. Made before the commit, so that its size
-    /// can refuse the commit (see [`ANSWER_OVERHEAD_BYTES`]).
+    /// can refuse the commit (see [`ANSWER_OVERHEAD_BYTES`](crate::domain::decision::ANSWER_OVERHEAD_BYTES)).
     pub fn carried_value(target: &Target<'_>) -> Option<Value> {
         match *target {
             Target::Nothing => None,

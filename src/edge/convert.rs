@@ -255,7 +255,7 @@ pub(crate) fn decide_response(decision: Decision, policy_revision: String) -> pb
     };
     pb::DecideResponse {
         outcome: outcome.into(),
-        reason: decision.why.as_str().to_string(),
+        reason: decision.reason.as_str().to_string(),
         message: decision.message,
         fingerprint: decision.fingerprint.to_hex(),
         policy_revision,
@@ -428,7 +428,7 @@ pub(crate) fn dispatch_response(
     });
     pb::DispatchResponse {
         status: status.into(),
-        reason: dispatched.why.as_str().to_string(),
+        reason: dispatched.reason.as_str().to_string(),
         message: dispatched.message,
         fingerprint: dispatched.fingerprint.to_hex(),
         version: result.version,

@@ -32,6 +32,7 @@ use crate::domain::proposal::{self, Proposal, SessionRef};
 use crate::domain::resources::{PagePosition, ResourcePage};
 use crate::domain::session::SessionSummary;
 use crate::domain::state::{State, Stats};
+use crate::ops::audit;
 use crate::ops::audit::blank;
 use crate::ops::metrics::Metrics;
 
@@ -227,12 +228,12 @@ impl Engine {
         })?;
         self.publish(created);
         if let Some(metrics) = self.metrics() {
-            metrics.decision(decision.why);
+            metrics.decision(decision.reason);
         }
         audit!(
             "decision",
             outcome = decision.outcome.as_str(),
-            reason = decision.why.as_str(),
+            reason = decision.reason.as_str(),
             fingerprint = %decision.fingerprint,
             actor = session.actor.as_str(),
             session_id = session.session_id.as_str(),
@@ -268,7 +269,7 @@ impl Engine {
         audit!(
             event,
             status = dispatched.status.as_str(),
-            reason = dispatched.why.as_str(),
+            reason = dispatched.reason.as_str(),
             replayed = dispatched.replayed,
             fingerprint = %dispatched.fingerprint,
             receipt_id = blank(dispatched.receipt_id),

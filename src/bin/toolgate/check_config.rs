@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
 
-use toolgate::canonical;
-use toolgate::policy::{
+use toolgate::domain::canonical;
+use toolgate::domain::policy::{
     ApprovalRule, Credential, Effect, Mode, Policy, PolicyWarning, VersionScope,
 };
 

@@ -6,8 +6,8 @@ use std::io::{self, BufWriter, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
-use toolgate::canonical::{self, Fingerprint};
-use toolgate::manifest::{self, Manifest, ManifestForm};
+use toolgate::domain::canonical::{self, Fingerprint};
+use toolgate::domain::manifest::{self, Manifest, ManifestForm};
 
 use crate::args::{JsonInput, ManifestFingerprintArgs};
 

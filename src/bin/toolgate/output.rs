@@ -16,7 +16,7 @@ use prost_reflect::{DescriptorPool, DynamicMessage};
 use serde::Serialize;
 use tonic::{Code, Status};
 
-use toolgate::canonical;
+use toolgate::domain::canonical;
 use toolgate::pb;
 
 // ----- failures and exit codes --------------------------------------------

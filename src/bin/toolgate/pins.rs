@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use toolgate::manifest::Manifest;
+use toolgate::domain::manifest::Manifest;
 use toolgate::pb;
 use toolgate::pb::manifest_pins_client::ManifestPinsClient;
 

@@ -14,12 +14,12 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
-use toolgate::audit::{self, AuditFormat, AuditLayer};
-use toolgate::clock::SystemClock;
+use toolgate::domain::clock::SystemClock;
+use toolgate::domain::policy::Policy;
 use toolgate::engine::Engine;
-use toolgate::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
-use toolgate::policy::Policy;
-use toolgate::{bootstrap, reload};
+use toolgate::engine::{bootstrap, reload};
+use toolgate::ops::audit::{self, AuditFormat, AuditLayer};
+use toolgate::ops::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
 
 use crate::args::{LogFormat, ServeArgs};
 

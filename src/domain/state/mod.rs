@@ -39,7 +39,7 @@ pub struct State {
 }
 
 /// One page of resources (ListResources). (A page of one queue is a
-/// [`resources::ResourcePage`].)
+/// [`ResourcePage`](crate::domain::resources::ResourcePage).)
 #[derive(Debug, Clone, Default)]
 pub struct ResourceList {
     /// In name order.

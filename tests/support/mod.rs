@@ -1,0 +1,48 @@
+//! The one support module of the Rust tests: a server in the test process
+//! ([`TestServer`]), `toolgate` as a process of its own ([`spawn`]), the
+//! tokens ([`tokens`]), request builders ([`requests`]), policy fixtures
+//! ([`policies`]), raw HTTP/2 calls ([`raw`]), `/metrics` ([`metrics`]) and
+//! the one model of SPEC §4–§6 ([`model`]).
+//!
+//! `tests/integration/` uses every item of it (the dead-code lint checks
+//! that there); `tests/floods.rs` and `tests/torture.rs`, which need a
+//! process of their own, use a part.
+
+pub mod metrics;
+pub mod model;
+pub mod policies;
+pub mod raw;
+pub mod requests;
+pub mod server;
+pub mod spawn;
+pub mod tokens;
+
+pub use requests::{
+    authed, decide_request, dispatch_request, proposal, read_balance, session, violation_field,
+    violation_rule,
+};
+pub use server::{EPOCH, TestServer};
+
+// ----- the library ----------------------------------------------------------
+// Every `toolgate::` path the integration tests use, imported once: the
+// tests take them from here, so that when the library's modules move only
+// this list follows. (floods.rs and torture.rs import the few paths only
+// they use themselves.)
+
+pub use toolgate::domain::canonical;
+pub use toolgate::domain::clock::{ManualClock, Timestamp};
+pub use toolgate::domain::decision::DispatchStatus;
+pub use toolgate::domain::decision::Outcome;
+pub use toolgate::domain::error::Error;
+pub use toolgate::domain::ledger::{ApprovalEvent, ApprovalStatus, EventKind, Verdict};
+pub use toolgate::domain::manifest::Manifest;
+pub use toolgate::domain::policy::Policy;
+pub use toolgate::domain::proposal::{MAX_ARGUMENTS_BYTES, Proposal, SessionRef};
+pub use toolgate::domain::state::Stats;
+pub use toolgate::engine::Engine;
+pub use toolgate::fuzzing;
+pub use toolgate::ops::audit::{
+    AuditFormat, AuditLayer, REJECTION_BURST, REJECTION_LINES_PER_SECOND,
+};
+pub use toolgate::pb;
+pub use toolgate::server::{Listeners, serve_with};
