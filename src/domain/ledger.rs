@@ -48,19 +48,8 @@ impl ApprovalStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Approval {
     pub id: Uuid,
-    pub fingerprint: Fingerprint,
-    /// The identity of the host credential whose call made the request.
-    pub host: String,
-    pub actor: String,
-    pub session_id: String,
-    pub workspace: String,
-    pub tool: String,
-    pub call_id: String,
-    pub version: u64,
-    /// Canonical JSON of the arguments with sensitive fields redacted. The
-    /// real values are bound by the fingerprint and never stored here.
-    pub arguments_view: String,
-    pub reason: Reason,
+    /// What was asked for, as the request was made.
+    pub request: NewApproval,
     pub status: ApprovalStatus,
     pub requested_at: Timestamp,
     /// Pending: when the request expires; granted: when the grant expires.
@@ -72,8 +61,8 @@ pub struct Approval {
     pub finished_at: Option<Timestamp>,
 }
 
-/// What a new request is made of.
-#[derive(Debug, Clone)]
+/// What a request is made of.
+#[derive(Debug, Clone, PartialEq)]
 pub struct NewApproval {
     pub fingerprint: Fingerprint,
     pub host: String,
@@ -83,6 +72,8 @@ pub struct NewApproval {
     pub tool: String,
     pub call_id: String,
     pub version: u64,
+    /// Canonical JSON of the arguments with sensitive fields redacted. The
+    /// real values are bound by the fingerprint and never stored here.
     pub arguments_view: String,
     pub reason: Reason,
 }
@@ -132,7 +123,7 @@ impl From<&Approval> for ApprovalRef {
         ApprovalRef {
             id: approval.id,
             expires_at: approval.expires_at,
-            reason: approval.reason,
+            reason: approval.request.reason,
         }
     }
 }
@@ -182,13 +173,13 @@ pub struct ListQuery {
 pub fn approx_size(approval: &Approval) -> usize {
     const FIXED: usize = 256;
     FIXED
-        + approval.actor.len()
-        + approval.session_id.len()
-        + approval.workspace.len()
-        + approval.tool.len()
-        + approval.call_id.len()
-        + approval.arguments_view.len()
-        + approval.reason.as_str().len()
+        + approval.request.actor.len()
+        + approval.request.session_id.len()
+        + approval.request.workspace.len()
+        + approval.request.tool.len()
+        + approval.request.call_id.len()
+        + approval.request.arguments_view.len()
+        + approval.request.reason.as_str().len()
         + approval.decided_by.as_ref().map_or(0, String::len)
         + approval.decision_note.len()
 }
@@ -204,12 +195,15 @@ pub fn visible_to(approval: &Approval, viewer: &str, policy: &Policy) -> bool {
     if reviewer.see_all {
         return true;
     }
-    reviewer.covers_workspace(&approval.workspace)
-        && policy.tools.get(&approval.tool).is_some_and(|tool| {
-            tool.approvers
-                .iter()
-                .any(|role| reviewer.roles.contains(role))
-        })
+    reviewer.covers_workspace(&approval.request.workspace)
+        && policy
+            .tools
+            .get(&approval.request.tool)
+            .is_some_and(|tool| {
+                tool.approvers
+                    .iter()
+                    .any(|role| reviewer.roles.contains(role))
+            })
 }
 
 /// One page of approvals, in request order.
@@ -256,14 +250,7 @@ const RECORD_OVERHEAD_BYTES: usize = 512;
 /// The bytes a record holds under the byte budget (an estimate: its strings
 /// and a fixed overhead).
 fn record_bytes(approval: &Approval) -> usize {
-    RECORD_OVERHEAD_BYTES
-        + approval.host.len()
-        + approval.actor.len()
-        + approval.session_id.len()
-        + 2 * approval.workspace.len()
-        + approval.tool.len()
-        + approval.call_id.len()
-        + approval.arguments_view.len()
+    approval.request.bytes()
         + approval.decided_by.as_ref().map_or(0, String::len)
         + approval.decision_note.len()
 }
@@ -470,32 +457,38 @@ impl Ledger {
     /// One pending request more for the approval's actor and host (undone
     /// by [`decrement_pending`]).
     fn count_pending(&mut self, approval: &Approval) {
-        match self.pending_by_actor.get_mut(&approval.actor) {
+        match self.pending_by_actor.get_mut(&approval.request.actor) {
             Some(count) => *count += 1,
             None => {
-                self.pending_by_actor.insert(approval.actor.clone(), 1);
+                self.pending_by_actor
+                    .insert(approval.request.actor.clone(), 1);
             }
         }
         *self
             .pending_by_host
-            .entry(approval.host.clone())
+            .entry(approval.request.host.clone())
             .or_insert(0) += 1;
         self.pending_total += 1;
     }
 
     /// Makes `approval` the latest for its (workspace, fingerprint).
     fn make_current(&mut self, approval: &Approval) {
-        let hash = current_hash(&self.current, &approval.workspace, &approval.fingerprint);
+        let hash = current_hash(
+            &self.current,
+            &approval.request.workspace,
+            &approval.request.fingerprint,
+        );
         match self.current.find_mut(hash, |current| {
-            current.fingerprint == approval.fingerprint && current.workspace == approval.workspace
+            current.fingerprint == approval.request.fingerprint
+                && current.workspace == approval.request.workspace
         }) {
             Some(current) => current.id = approval.id,
             None => {
                 self.current.insert_unique(
                     hash,
                     Current {
-                        workspace: approval.workspace.clone(),
-                        fingerprint: approval.fingerprint,
+                        workspace: approval.request.workspace.clone(),
+                        fingerprint: approval.request.fingerprint,
                         id: approval.id,
                     },
                 );
@@ -598,11 +591,11 @@ impl Ledger {
                 && query
                     .actor
                     .as_deref()
-                    .is_none_or(|actor| approval.actor == actor)
+                    .is_none_or(|actor| approval.request.actor == actor)
                 && query
                     .tool
                     .as_deref()
-                    .is_none_or(|tool| approval.tool == tool)
+                    .is_none_or(|tool| approval.request.tool == tool)
                 && query.id_prefix.as_deref().is_none_or(|prefix| {
                     approval
                         .id
@@ -703,29 +696,23 @@ impl Ledger {
         self.evictable_bytes = self.evictable_bytes.saturating_sub(bytes);
         self.by_request.remove(&(approval.requested_at, id));
         // Only when it is still the latest for its (workspace, fingerprint).
-        let current = current_hash(&self.current, &approval.workspace, &approval.fingerprint);
+        let current = current_hash(
+            &self.current,
+            &approval.request.workspace,
+            &approval.request.fingerprint,
+        );
         self.current.remove(current, |entry| entry.id == id);
     }
 }
 
 /// A new pending record for `new`, requested `now`, expiring after the
 /// pending TTL.
-fn pending_approval(new: NewApproval, now: Timestamp, limits: &Limits) -> Approval {
+fn pending_approval(mut request: NewApproval, now: Timestamp, limits: &Limits) -> Approval {
     // The byte budget counts the text's length: hold no more than that.
-    let mut arguments_view = new.arguments_view;
-    arguments_view.shrink_to_fit();
+    request.arguments_view.shrink_to_fit();
     Approval {
         id: Uuid::new_v4(),
-        fingerprint: new.fingerprint,
-        host: new.host,
-        actor: new.actor,
-        session_id: new.session_id,
-        workspace: new.workspace,
-        tool: new.tool,
-        call_id: new.call_id,
-        version: new.version,
-        arguments_view,
-        reason: new.reason,
+        request,
         status: ApprovalStatus::Pending,
         requested_at: now,
         expires_at: now.saturating_add(limits.pending_ttl),
@@ -745,8 +732,8 @@ fn decrement_pending(
 ) {
     *pending_total = pending_total.saturating_sub(1);
     for (counts, key) in [
-        (pending_by_actor, &approval.actor),
-        (pending_by_host, &approval.host),
+        (pending_by_actor, &approval.request.actor),
+        (pending_by_host, &approval.request.host),
     ] {
         if let Some(count) = counts.get_mut(key) {
             *count = count.saturating_sub(1);
@@ -765,15 +752,15 @@ fn check_authority(approval: &Approval, reviewer_identity: &str, policy: &Policy
             "{reviewer_identity:?} is not a reviewer in the policy"
         )));
     };
-    if reviewer.identity == approval.actor {
+    if reviewer.identity == approval.request.actor {
         return Err(Error::PermissionDenied(
             "a reviewer may not decide a request made by its own actor".into(),
         ));
     }
-    let Some(tool) = policy.tools.get(&approval.tool) else {
+    let Some(tool) = policy.tools.get(&approval.request.tool) else {
         return Err(Error::PermissionDenied(format!(
             "tool {:?} is no longer in the policy; nobody may approve it",
-            approval.tool
+            approval.request.tool
         )));
     };
     if !tool
@@ -783,13 +770,13 @@ fn check_authority(approval: &Approval, reviewer_identity: &str, policy: &Policy
     {
         return Err(Error::PermissionDenied(format!(
             "reviewer {reviewer_identity:?} holds no approver role of {:?}",
-            approval.tool
+            approval.request.tool
         )));
     }
-    if !reviewer.covers_workspace(&approval.workspace) {
+    if !reviewer.covers_workspace(&approval.request.workspace) {
         return Err(Error::PermissionDenied(format!(
             "reviewer {reviewer_identity:?} may not act in workspace {:?}",
-            approval.workspace
+            approval.request.workspace
         )));
     }
     Ok(())

@@ -11,7 +11,8 @@
 //! - [`policy`]: the TOML policy file as an immutable snapshot (SPEC §3).
 //! - [`manifest`]: tool-server manifests: fingerprint, diff, assessment (SPEC §7).
 //! - [`proposal`]: the proposal envelope and the policy-only screening.
-//! - [`decision`]: what Decide and Dispatch answer.
+//! - [`reason`]: outcomes, stable reasons and Dispatch statuses (a leaf).
+//! - [`decision`]: what Decide and Dispatch answer, and every message.
 //! - [`session`]: agent sessions and their budgets.
 //! - [`ledger`]: the approval ledger and its lifecycle (SPEC §5).
 //! - [`resources`]: versioned resources and effects (SPEC §6).
@@ -31,6 +32,7 @@ pub mod manifest;
 pub mod pins;
 pub mod policy;
 pub mod proposal;
+pub mod reason;
 pub mod receipts;
 pub mod resources;
 pub mod session;

@@ -4,11 +4,11 @@
 use jsonschema::error::ValidationErrorKind;
 
 use crate::domain::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
-use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::check_identifier;
 use crate::domain::manifest::ManifestStatus;
 use crate::domain::policy::{ActorProfile, ApprovalRule, Mode, Policy, Tool};
+use crate::domain::reason::Reason;
 
 /// Largest `version` a proposal may carry (2^53, exactly representable in
 /// every JSON implementation).

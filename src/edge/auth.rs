@@ -51,6 +51,11 @@ impl std::ops::Deref for Caller {
 }
 
 impl Caller {
+    /// The credential the token matched.
+    pub(crate) fn credential(&self) -> Arc<Credential> {
+        Arc::clone(&self.0)
+    }
+
     /// The caller the layer attached, required to be one `reach` admits. A
     /// missing caller means the layer is not in front of this service: refuse.
     pub(crate) fn require<T>(request: &tonic::Request<T>, reach: Reach) -> Result<Caller, Error> {
@@ -303,7 +308,11 @@ where
             Ok(caller) => {
                 // The call runs in its context, for the audit lines of its
                 // rejections (`edge::status`).
-                let context = RequestContext::new(self.engine.clone(), path, caller.clone());
+                let context = RequestContext::new(
+                    self.engine.clone(),
+                    path,
+                    caller.as_ref().map(Caller::credential),
+                );
                 // Whatever a client sent, the only Caller is the one made here.
                 request.extensions_mut().remove::<Caller>();
                 if let Some(caller) = caller {

@@ -323,21 +323,21 @@ impl From<Approval> for pb::Approval {
     fn from(approval: Approval) -> Self {
         pb::Approval {
             approval_id: approval.id.to_string(),
-            fingerprint: approval.fingerprint.to_hex(),
-            actor: approval.actor,
-            session_id: approval.session_id,
-            workspace: approval.workspace,
-            tool: approval.tool,
-            call_id: approval.call_id,
-            arguments_json: approval.arguments_view,
-            reason: approval.reason.to_string(),
+            fingerprint: approval.request.fingerprint.to_hex(),
+            actor: approval.request.actor,
+            session_id: approval.request.session_id,
+            workspace: approval.request.workspace,
+            tool: approval.request.tool,
+            call_id: approval.request.call_id,
+            arguments_json: approval.request.arguments_view,
+            reason: approval.request.reason.to_string(),
             status: pb::ApprovalStatus::from(approval.status).into(),
             requested_at: Some(timestamp(approval.requested_at)),
             expires_at: Some(timestamp(approval.expires_at)),
             decided_by: approval.decided_by.unwrap_or_default(),
             decided_at: approval.decided_at.map(timestamp),
             decision_note: approval.decision_note,
-            version: approval.version,
+            version: approval.request.version,
         }
     }
 }

@@ -18,6 +18,7 @@
 
 use std::cell::RefCell;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::futures::TaskLocalFuture;
@@ -26,8 +27,8 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::domain::error::Error;
+use crate::domain::policy::Credential;
 use crate::domain::proposal::SessionRef;
-use crate::edge::auth::Caller;
 use crate::engine::Engine;
 use crate::ops::audit::{Rejection, blank};
 
@@ -150,13 +151,14 @@ tokio::task_local! {
 pub(crate) struct RequestContext {
     engine: Engine,
     method: &'static str,
-    caller: Option<Caller>,
+    /// The authenticated caller's credential, if any.
+    caller: Option<Arc<Credential>>,
     /// The session's actor and id, once the request's session parsed.
     session: RefCell<Option<(String, String)>>,
 }
 
 impl RequestContext {
-    pub(crate) fn new(engine: Engine, path: &str, caller: Option<Caller>) -> Self {
+    pub(crate) fn new(engine: Engine, path: &str, caller: Option<Arc<Credential>>) -> Self {
         RequestContext {
             engine,
             method: crate::ops::methods::method_label(path),

@@ -167,12 +167,12 @@ impl Engine {
             audit!(
                 event.kind.audit_name(),
                 approval_id = %approval.id,
-                fingerprint = %approval.fingerprint,
-                actor = approval.actor.as_str(),
-                session_id = approval.session_id.as_str(),
-                workspace = approval.workspace.as_str(),
-                tool = approval.tool.as_str(),
-                call_id = approval.call_id.as_str(),
+                fingerprint = %approval.request.fingerprint,
+                actor = approval.request.actor.as_str(),
+                session_id = approval.request.session_id.as_str(),
+                workspace = approval.request.workspace.as_str(),
+                tool = approval.request.tool.as_str(),
+                call_id = approval.request.call_id.as_str(),
                 status = approval.status.as_str(),
                 reviewer = approval.decided_by.as_deref(),
                 // The reviewer's words: a grant's comment, a denial's or

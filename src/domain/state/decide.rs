@@ -8,7 +8,7 @@ use crate::domain::ledger::ApprovalEvent;
 use crate::domain::policy::{Mode, Policy, Tool};
 use crate::domain::proposal::{Admitted, Proposal, Screened, SessionRef};
 
-use super::gates::{Call, Gate, Halt, Step, answered, approval_needed};
+use super::gates::{Call, Gate, Halt, Step, approval_needed};
 use super::*;
 
 /// What Decide answers: the decision and the approval request it made, if any.
@@ -29,18 +29,14 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<Decided> {
-        self.charged(policy, now, session_ref, proposal, |state, standing| {
-            let call = Call {
-                policy,
-                now,
-                session: session_ref,
-                proposal,
-                standing,
-            };
-            answered(state.decide_steps(&call, screened), |cause| {
-                (Decision::answer(cause, proposal, session_ref, None), None)
-            })
-        })
+        self.charged(
+            policy,
+            now,
+            session_ref,
+            proposal,
+            |state, call| state.decide_steps(call, screened),
+            |cause| (Decision::answer(cause, proposal, session_ref, None), None),
+        )
     }
 
     /// SPEC §4 steps 2–8 (step 1 was checked at the edge and by

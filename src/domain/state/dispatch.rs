@@ -13,7 +13,7 @@ use crate::domain::proposal::{Admitted, Proposal, Screened, SessionRef};
 use crate::domain::receipts::{self, Receipt};
 use crate::domain::resources::{self, CommitResult, Resources, Target};
 
-use super::gates::{Call, Gate, Halt, Step, answered, approval_needed};
+use super::gates::{Call, Gate, Halt, Step, approval_needed};
 use super::*;
 
 /// What Dispatch answers: the answer and the ledger transitions (a request
@@ -42,18 +42,14 @@ impl State {
     ) -> Result<Answer> {
         // 1. The session id's binding (the envelope was checked at the
         // edge), room for the session if it is new, and the charge.
-        self.charged(policy, now, session_ref, proposal, |state, standing| {
-            let call = Call {
-                policy,
-                now,
-                session: session_ref,
-                proposal,
-                standing,
-            };
-            answered(state.dispatch_steps(&call, screened), |cause| {
-                (Dispatched::answer(cause, proposal, session_ref), Vec::new())
-            })
-        })
+        self.charged(
+            policy,
+            now,
+            session_ref,
+            proposal,
+            |state, call| state.dispatch_steps(call, screened),
+            |cause| (Dispatched::answer(cause, proposal, session_ref), Vec::new()),
+        )
     }
 
     /// SPEC §6 steps 2–3 and the session budget of SPEC §4 step 6, then the

@@ -64,10 +64,7 @@ impl<A> From<Refusal> for Halt<A> {
 /// The answer of an operation's steps, a cause worded by `word`, with the
 /// budget that refused the call, if one did (what [`State::charged`]
 /// settles).
-pub(super) fn answered<A>(
-    steps: Step<A, A>,
-    word: impl FnOnce(&Cause) -> A,
-) -> Result<(A, Option<Reason>)> {
+fn answered<A>(steps: Step<A, A>, word: impl FnOnce(&Cause) -> A) -> Result<(A, Option<Reason>)> {
     match steps {
         Ok(answer) => Ok((answer, None)),
         Err(Halt::Answer(answer)) => Ok((*answer, None)),
@@ -186,15 +183,16 @@ impl State {
     /// session id's binding, room for the session if it is new and room in
     /// the byte budget for the call id if it will be remembered — all before
     /// anything changes — then the call's steps, then the charge of their
-    /// answer, settled on the session. `steps` also returns the budget that
-    /// refused the call, if one did.
+    /// answer, settled on the session. A step that halts with a cause is
+    /// answered as `word` says.
     pub(super) fn charged<T>(
         &mut self,
         policy: &Policy,
         now: Timestamp,
         session_ref: &SessionRef,
         proposal: &Proposal,
-        steps: impl FnOnce(&mut Self, CallStanding) -> Result<(T, Option<Reason>)>,
+        steps: impl FnOnce(&mut Self, &Call<'_>) -> Step<T, T>,
+        word: impl FnOnce(&Cause) -> T,
     ) -> Result<T> {
         self.sessions.check_binding(session_ref)?;
         self.sessions.reserve(session_ref, now, &policy.limits)?;
@@ -213,7 +211,14 @@ impl State {
             self.make_byte_room(call_bytes, now, &policy.limits)?;
         }
         self.charging_bytes = call_bytes;
-        let answered = steps(self, standing);
+        let call = Call {
+            policy,
+            now,
+            session: session_ref,
+            proposal,
+            standing,
+        };
+        let answered = answered(steps(self, &call), word);
         self.charging_bytes = 0;
         let (answer, refused) = answered?;
         let charge = Charge::of(standing, is_tool_call(policy, proposal), refused);
