@@ -1,5 +1,5 @@
 //! Fuzz harnesses: what the cargo-fuzz targets in `tests/fuzz/` run on every
-//! generated input and what `tests/fuzz_regressions.rs` runs on every saved
+//! generated input and what `tests/integration/fuzz_regressions.rs` runs on every saved
 //! one, so CI replays exactly the checks the fuzzer made.
 //!
 //! A harness returns normally for any input a client or an operator could
