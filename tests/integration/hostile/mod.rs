@@ -10,6 +10,16 @@
 //! server of its own, set up the same way ([`setup`]); the server must
 //! still answer health checks at the end.
 
+/// The test that runs one section's cases, after `before`.
+macro_rules! section_test {
+    ($name:ident, $cases:ident, $before:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            run_section($cases, $before).await;
+        }
+    };
+}
+
 mod auth;
 mod decide;
 mod dispatch;

@@ -94,10 +94,11 @@ pub(super) fn reviewer_authority_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reviewer_authority() {
-    run_section(reviewer_authority_cases, Before::Fixture).await;
-}
+section_test!(
+    reviewer_authority,
+    reviewer_authority_cases,
+    Before::Fixture
+);
 
 /// ListApprovals with bad enums, page sizes and page tokens.
 pub(super) fn list_approvals_cases(fx: &Fixture) -> Vec<Case> {
@@ -168,7 +169,4 @@ pub(super) fn list_approvals_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_approvals() {
-    run_section(list_approvals_cases, Before::Fixture).await;
-}
+section_test!(list_approvals, list_approvals_cases, Before::Fixture);
