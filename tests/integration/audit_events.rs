@@ -24,6 +24,7 @@ use crate::support::{
     AuditFormat, AuditLayer, Policy, REJECTION_BURST, REJECTION_LINES_PER_SECOND, TestServer,
     authed, pb, proposal, session, violation_field, violation_rule,
 };
+use crate::support::{deny_request, revoke_request};
 
 // ----- capture ----------------------------------------------------------------
 
@@ -258,10 +259,7 @@ async fn every_invalid_argument_on_every_rpc_leaves_a_request_rejected_line() {
     let too_long = server
         .approvals()
         .deny_approval(authed(
-            pb::DenyApprovalRequest {
-                approval_id: uuid::Uuid::nil().to_string(),
-                reason: "x".repeat(5000),
-            },
+            deny_request(uuid::Uuid::nil().to_string(), "x".repeat(5000)),
             ALICE,
         ))
         .await
@@ -506,13 +504,7 @@ async fn refused_grants_denials_and_revocations_leave_review_refused_lines() {
     refusals.push(("bob", "grant", "PERMISSION_DENIED", status));
     // A revocation of a pending approval.
     let status = approvals
-        .revoke_approval(authed(
-            pb::RevokeApprovalRequest {
-                approval_id: id.clone(),
-                reason: "changed my mind".into(),
-            },
-            ALICE,
-        ))
+        .revoke_approval(authed(revoke_request(id.clone(), "changed my mind"), ALICE))
         .await
         .expect_err("refused");
     refusals.push(("alice", "revoke", "FAILED_PRECONDITION", status));
@@ -521,26 +513,14 @@ async fn refused_grants_denials_and_revocations_leave_review_refused_lines() {
     let status = server.grant(ALICE, &id).await.expect_err("refused");
     refusals.push(("alice", "grant", "FAILED_PRECONDITION", status));
     let status = approvals
-        .deny_approval(authed(
-            pb::DenyApprovalRequest {
-                approval_id: id.clone(),
-                reason: "too late".into(),
-            },
-            ALICE,
-        ))
+        .deny_approval(authed(deny_request(id.clone(), "too late"), ALICE))
         .await
         .expect_err("refused");
     refusals.push(("alice", "deny", "FAILED_PRECONDITION", status));
     // An approval that does not exist.
     let unknown = uuid::Uuid::new_v4().to_string();
     let status = approvals
-        .deny_approval(authed(
-            pb::DenyApprovalRequest {
-                approval_id: unknown.clone(),
-                reason: "no".into(),
-            },
-            ALICE,
-        ))
+        .deny_approval(authed(deny_request(unknown.clone(), "no"), ALICE))
         .await
         .expect_err("refused");
     refusals.push(("alice", "deny", "NOT_FOUND", status));
@@ -695,10 +675,7 @@ async fn a_deny_reason_reaches_the_host_and_the_approval_denied_line() {
     server
         .approvals()
         .deny_approval(authed(
-            pb::DenyApprovalRequest {
-                approval_id: pending.approval_id.clone(),
-                reason: reason.into(),
-            },
+            deny_request(pending.approval_id.clone(), reason),
             ALICE,
         ))
         .await

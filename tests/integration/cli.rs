@@ -100,6 +100,15 @@ async fn toolgate(args: &[&str], token: Option<&str>) -> Run {
     }
 }
 
+/// `toolgate manifest fingerprint PATH FLAGS...`, which must exit with `code`.
+async fn fingerprint(path: &str, flags: &[&str], code: i32) -> Run {
+    let mut args = vec!["manifest", "fingerprint", path];
+    args.extend_from_slice(flags);
+    let run = toolgate(&args, None).await;
+    assert_eq!(run.code, Some(code), "{run:?}");
+    run
+}
+
 fn payment(call_id: &str, amount: u64) -> pb::Proposal {
     proposal(
         call_id,
@@ -1083,8 +1092,7 @@ fn path_of(file: &tempfile::NamedTempFile) -> &str {
 #[tokio::test]
 async fn manifest_fingerprint_of_the_worked_example_is_the_references() {
     let file = temp_json(WORKED_EXAMPLE);
-    let run = toolgate(&["manifest", "fingerprint", path_of(&file)], None).await;
-    assert_eq!(run.code, Some(0), "{run:?}");
+    let run = fingerprint(path_of(&file), &[], 0).await;
     assert_eq!(run.stdout, format!("{WORKED_EXAMPLE_FINGERPRINT}\n"));
     assert_eq!(
         run.stderr,
@@ -1099,20 +1107,7 @@ async fn manifest_fingerprint_of_the_worked_example_is_the_references() {
 async fn manifest_fingerprint_reads_an_mcp_tools_list_result() {
     let listed = temp_json(MCP_TOOLS_LIST);
     let reference = temp_json(MCP_AS_REFERENCE);
-    let from_mcp = toolgate(
-        &[
-            "manifest",
-            "fingerprint",
-            path_of(&listed),
-            "--server",
-            "a",
-            "--revision",
-            "r1",
-        ],
-        None,
-    )
-    .await;
-    assert_eq!(from_mcp.code, Some(0), "{from_mcp:?}");
+    let from_mcp = fingerprint(path_of(&listed), &["--server", "a", "--revision", "r1"], 0).await;
     assert_eq!(
         from_mcp.stderr,
         format!(
@@ -1120,15 +1115,13 @@ async fn manifest_fingerprint_reads_an_mcp_tools_list_result() {
             path_of(&listed)
         )
     );
-    let from_reference = toolgate(&["manifest", "fingerprint", path_of(&reference)], None).await;
-    assert_eq!(from_reference.code, Some(0), "{from_reference:?}");
+    let from_reference = fingerprint(path_of(&reference), &[], 0).await;
     assert_eq!(from_mcp.stdout, from_reference.stdout);
     // The MCP fields are hashed: not the five-field worked example.
     assert_ne!(from_mcp.stdout.trim(), WORKED_EXAMPLE_FINGERPRINT);
 
     // An MCP result names no server: the flags are required ...
-    let missing = toolgate(&["manifest", "fingerprint", path_of(&listed)], None).await;
-    assert_eq!(missing.code, Some(1), "{missing:?}");
+    let missing = fingerprint(path_of(&listed), &[], 1).await;
     assert_eq!(missing.stdout, "");
     assert_eq!(
         missing.stderr,
@@ -1139,20 +1132,7 @@ async fn manifest_fingerprint_reads_an_mcp_tools_list_result() {
     );
     // ... and a reference manifest, which names its own, refuses them.
     let worked = temp_json(WORKED_EXAMPLE);
-    let extra = toolgate(
-        &[
-            "manifest",
-            "fingerprint",
-            path_of(&worked),
-            "--server",
-            "b",
-            "--revision",
-            "r2",
-        ],
-        None,
-    )
-    .await;
-    assert_eq!(extra.code, Some(1), "{extra:?}");
+    let extra = fingerprint(path_of(&worked), &["--server", "b", "--revision", "r2"], 1).await;
     assert!(
         extra
             .stderr
@@ -1178,8 +1158,7 @@ async fn manifest_fingerprint_errors_name_the_field() {
         ),
     ] {
         let file = temp_json(text);
-        let run = toolgate(&["manifest", "fingerprint", path_of(&file)], None).await;
-        assert_eq!(run.code, Some(1), "{run:?}");
+        let run = fingerprint(path_of(&file), &[], 1).await;
         assert_eq!(run.stdout, "");
         assert_eq!(
             run.stderr,
@@ -1196,8 +1175,7 @@ async fn manifest_fingerprint_of_an_unsafe_manifest_warns() {
           {"tool":"zoek in één","description":"","parameters":[],"read_only":true,"scopes":[""]},
           {"tool":"zoek in één","description":"other","parameters":[],"read_only":true,"scopes":[]}]}"#,
     );
-    let run = toolgate(&["manifest", "fingerprint", path_of(&file)], None).await;
-    assert_eq!(run.code, Some(0), "{run:?}");
+    let run = fingerprint(path_of(&file), &[], 0).await;
     assert_eq!(run.stdout.trim().len(), 64, "{run:?}");
     assert!(
         run.stderr.ends_with(

@@ -11,6 +11,7 @@ use crate::support::tokens::{ALICE, BOB, BUDGET_REVIEWER, CAROL, DAVE, HOST, HOS
 use crate::support::{
     Manifest, Policy, TestServer, authed, pb, proposal, session, violation_field,
 };
+use crate::support::{deny_request, revoke_request};
 
 fn payment(call_id: &str, actor: &str, amount: u64) -> pb::Proposal {
     proposal(
@@ -126,10 +127,7 @@ async fn threshold_flow_from_request_to_grant() {
     let denied = server
         .approvals()
         .deny_approval(authed(
-            pb::DenyApprovalRequest {
-                approval_id: changed.approval_id.clone(),
-                reason: "amount looks wrong".into(),
-            },
+            deny_request(changed.approval_id.clone(), "amount looks wrong"),
             ALICE,
         ))
         .await
@@ -247,13 +245,7 @@ async fn a_revoked_grant_is_not_honoured() {
         let mut approvals = server.approvals();
         async move {
             approvals
-                .revoke_approval(authed(
-                    pb::RevokeApprovalRequest {
-                        approval_id: id,
-                        reason: "changed my mind".into(),
-                    },
-                    token,
-                ))
+                .revoke_approval(authed(revoke_request(id, "changed my mind"), token))
                 .await
         }
     };
@@ -670,51 +662,45 @@ async fn list_approvals_filters_and_pages() {
         let mut approvals = server.approvals();
         async move { approvals.list_approvals(authed(request, ALICE)).await }
     };
-    let first_page = list(pb::ListApprovalsRequest {
+    let listed = |request: pb::ListApprovalsRequest| {
+        let call = list(request);
+        async move {
+            let page = call.await.expect("list").into_inner();
+            let ids: Vec<String> = page
+                .approvals
+                .iter()
+                .map(|a| a.approval_id.clone())
+                .collect();
+            (ids, page.next_page_token)
+        }
+    };
+    let (first_ids, first_token) = listed(pb::ListApprovalsRequest {
         page_size: 2,
         ..Default::default()
     })
-    .await
-    .expect("list")
-    .into_inner();
-    let listed: Vec<&str> = first_page
-        .approvals
-        .iter()
-        .map(|a| a.approval_id.as_str())
-        .collect();
-    assert_eq!(listed, vec![ids[0].as_str(), ids[1].as_str()]);
-    let second_page = list(pb::ListApprovalsRequest {
+    .await;
+    assert_eq!(first_ids, ids[0..2]);
+    let (second_ids, _) = listed(pb::ListApprovalsRequest {
         page_size: 2,
-        page_token: first_page.next_page_token.clone(),
+        page_token: first_token,
         ..Default::default()
     })
-    .await
-    .expect("list")
-    .into_inner();
-    let listed: Vec<&str> = second_page
-        .approvals
-        .iter()
-        .map(|a| a.approval_id.as_str())
-        .collect();
-    assert_eq!(listed, vec![ids[2].as_str(), ids[3].as_str()]);
-    let granted = list(pb::ListApprovalsRequest {
+    .await;
+    assert_eq!(second_ids, ids[2..4]);
+    let (granted_ids, granted_token) = listed(pb::ListApprovalsRequest {
         status: pb::ApprovalStatus::Granted.into(),
         ..Default::default()
     })
-    .await
-    .expect("list")
-    .into_inner();
-    assert_eq!(granted.approvals.len(), 1);
-    assert_eq!(granted.approvals[0].approval_id, ids[1]);
-    assert!(granted.next_page_token.is_empty());
-    let none = list(pb::ListApprovalsRequest {
+    .await;
+    assert_eq!(granted_ids.len(), 1);
+    assert_eq!(granted_ids[0], ids[1]);
+    assert!(granted_token.is_empty());
+    let (none_ids, _) = listed(pb::ListApprovalsRequest {
         actor: "tight".into(),
         ..Default::default()
     })
-    .await
-    .expect("list")
-    .into_inner();
-    assert!(none.approvals.is_empty());
+    .await;
+    assert!(none_ids.is_empty());
     for (request, field) in [
         (
             pb::ListApprovalsRequest {

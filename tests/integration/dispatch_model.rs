@@ -23,6 +23,7 @@ use crate::support::model::{
 use crate::support::policies::{self, TICKETS};
 use crate::support::tokens::EXAMPLE_REVIEWER as REVIEWER;
 use crate::support::{EPOCH, TestServer, authed, pb, session};
+use crate::support::{deny_request, grant_request, revoke_request};
 
 /// `[limits]` of tickets.toml, and the defaults it does not override.
 const PENDING_TTL_MS: u64 = 300_000;
@@ -551,10 +552,7 @@ impl Run {
         let expected = self.model.predict_review(approval_id, verdict);
         let answer = match verdict {
             Review::Grant => {
-                let request = pb::GrantApprovalRequest {
-                    approval_id: approval_id.to_string(),
-                    comment: "looks right".to_string(),
-                };
+                let request = grant_request(approval_id, "looks right");
                 self.server
                     .approvals()
                     .grant_approval(authed(request, REVIEWER))
@@ -562,10 +560,7 @@ impl Run {
                     .map(tonic::Response::into_inner)
             }
             Review::Deny => {
-                let request = pb::DenyApprovalRequest {
-                    approval_id: approval_id.to_string(),
-                    reason: "not this one".to_string(),
-                };
+                let request = deny_request(approval_id, "not this one");
                 self.server
                     .approvals()
                     .deny_approval(authed(request, REVIEWER))
@@ -573,10 +568,7 @@ impl Run {
                     .map(tonic::Response::into_inner)
             }
             Review::Revoke => {
-                let request = pb::RevokeApprovalRequest {
-                    approval_id: approval_id.to_string(),
-                    reason: "changed my mind".to_string(),
-                };
+                let request = revoke_request(approval_id, "changed my mind");
                 self.server
                     .approvals()
                     .revoke_approval(authed(request, REVIEWER))

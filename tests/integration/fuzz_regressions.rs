@@ -11,6 +11,7 @@ use prost::Message;
 
 use crate::support::policies::repo_path;
 use crate::support::{Manifest, decide_request, dispatch_request, fuzzing, pb};
+use crate::support::{deny_request, grant_request, revoke_request};
 
 type Harness = fn(&[u8]);
 
@@ -251,27 +252,15 @@ fn request_seeds() -> Vec<(String, Vec<u8>)> {
     ));
     seeds.push((
         "GrantApprovalRequest.pb".into(),
-        pb::GrantApprovalRequest {
-            approval_id: id.into(),
-            comment: "looks right".into(),
-        }
-        .encode_to_vec(),
+        grant_request(id, "looks right").encode_to_vec(),
     ));
     seeds.push((
         "DenyApprovalRequest.pb".into(),
-        pb::DenyApprovalRequest {
-            approval_id: id.into(),
-            reason: "wrong customer".into(),
-        }
-        .encode_to_vec(),
+        deny_request(id, "wrong customer").encode_to_vec(),
     ));
     seeds.push((
         "RevokeApprovalRequest.pb".into(),
-        pb::RevokeApprovalRequest {
-            approval_id: id.into(),
-            reason: "changed my mind".into(),
-        }
-        .encode_to_vec(),
+        revoke_request(id, "changed my mind").encode_to_vec(),
     ));
     seeds.push((
         "RemovePinRequest.pb".into(),

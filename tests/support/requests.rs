@@ -80,3 +80,33 @@ fn first_violation(status: &tonic::Status) -> Option<tonic_types::FieldViolation
         .get_details_bad_request()
         .and_then(|bad_request| bad_request.field_violations.first().cloned())
 }
+
+pub fn grant_request(
+    approval_id: impl Into<String>,
+    comment: impl Into<String>,
+) -> pb::GrantApprovalRequest {
+    pb::GrantApprovalRequest {
+        approval_id: approval_id.into(),
+        comment: comment.into(),
+    }
+}
+
+pub fn deny_request(
+    approval_id: impl Into<String>,
+    reason: impl Into<String>,
+) -> pb::DenyApprovalRequest {
+    pb::DenyApprovalRequest {
+        approval_id: approval_id.into(),
+        reason: reason.into(),
+    }
+}
+
+pub fn revoke_request(
+    approval_id: impl Into<String>,
+    reason: impl Into<String>,
+) -> pb::RevokeApprovalRequest {
+    pb::RevokeApprovalRequest {
+        approval_id: approval_id.into(),
+        reason: reason.into(),
+    }
+}

@@ -139,7 +139,8 @@ pub(super) fn tokens_of_the_wrong_kind_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_of_the_wrong_kind() {
-    run_section(tokens_of_the_wrong_kind_cases, Before::Fixture).await;
-}
+section_test!(
+    tokens_of_the_wrong_kind,
+    tokens_of_the_wrong_kind_cases,
+    Before::Fixture
+);

@@ -67,10 +67,7 @@ pub(super) fn missing_fields_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_fields() {
-    run_section(missing_fields_cases, Before::Fixture).await;
-}
+section_test!(missing_fields, missing_fields_cases, Before::Fixture);
 
 /// Unicode look-alikes and odd characters in identifiers.
 pub(super) fn identifiers_cases(_fx: &Fixture) -> Vec<Case> {
@@ -176,10 +173,7 @@ pub(super) fn identifiers_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn identifiers() {
-    run_section(identifiers_cases, Before::Fixture).await;
-}
+section_test!(identifiers, identifiers_cases, Before::Fixture);
 
 /// Identifiers and arguments past their sizes, and past the message limit.
 pub(super) fn sizes_cases(_fx: &Fixture) -> Vec<Case> {
@@ -236,10 +230,7 @@ pub(super) fn sizes_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sizes() {
-    run_section(sizes_cases, Before::Fixture).await;
-}
+section_test!(sizes, sizes_cases, Before::Fixture);
 
 /// Versions past 2^53, and 2^53 itself.
 pub(super) fn versions_cases(_fx: &Fixture) -> Vec<Case> {
@@ -273,10 +264,7 @@ pub(super) fn versions_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn versions() {
-    run_section(versions_cases, Before::NewCallDecided).await;
-}
+section_test!(versions, versions_cases, Before::NewCallDecided);
 
 /// Arguments that are not one JSON object.
 pub(super) fn arguments_not_an_object_cases(_fx: &Fixture) -> Vec<Case> {
@@ -311,10 +299,11 @@ pub(super) fn arguments_not_an_object_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn arguments_not_an_object() {
-    run_section(arguments_not_an_object_cases, Before::Fixture).await;
-}
+section_test!(
+    arguments_not_an_object,
+    arguments_not_an_object_cases,
+    Before::Fixture
+);
 
 /// Duplicate keys, however spelled and however deep.
 pub(super) fn duplicate_keys_cases(_fx: &Fixture) -> Vec<Case> {
@@ -354,10 +343,7 @@ pub(super) fn duplicate_keys_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_keys() {
-    run_section(duplicate_keys_cases, Before::Fixture).await;
-}
+section_test!(duplicate_keys, duplicate_keys_cases, Before::Fixture);
 
 /// Lone and misordered surrogates; a valid pair.
 pub(super) fn surrogates_cases(_fx: &Fixture) -> Vec<Case> {
@@ -419,10 +405,7 @@ pub(super) fn surrogates_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn surrogates() {
-    run_section(surrogates_cases, Before::Fixture).await;
-}
+section_test!(surrogates, surrogates_cases, Before::Fixture);
 
 /// Numbers that are not JSON, out of range, or at the limits.
 pub(super) fn numbers_cases(_fx: &Fixture) -> Vec<Case> {
@@ -489,10 +472,7 @@ pub(super) fn numbers_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn numbers() {
-    run_section(numbers_cases, Before::Fixture).await;
-}
+section_test!(numbers, numbers_cases, Before::Fixture);
 
 /// Nesting at, past and far past the depth limit.
 pub(super) fn nesting_cases(_fx: &Fixture) -> Vec<Case> {
@@ -528,10 +508,7 @@ pub(super) fn nesting_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nesting() {
-    run_section(nesting_cases, Before::Fixture).await;
-}
+section_test!(nesting, nesting_cases, Before::Fixture);
 
 /// Ten thousand arguments.
 pub(super) fn many_arguments_cases(_fx: &Fixture) -> Vec<Case> {
@@ -560,10 +537,7 @@ pub(super) fn many_arguments_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_arguments() {
-    run_section(many_arguments_cases, Before::NewCallDecided).await;
-}
+section_test!(many_arguments, many_arguments_cases, Before::NewCallDecided);
 
 /// The model's claims and forged fields in arguments.
 pub(super) fn claims_in_arguments_cases(_fx: &Fixture) -> Vec<Case> {
@@ -594,10 +568,11 @@ pub(super) fn claims_in_arguments_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_in_arguments() {
-    run_section(claims_in_arguments_cases, Before::Fixture).await;
-}
+section_test!(
+    claims_in_arguments,
+    claims_in_arguments_cases,
+    Before::Fixture
+);
 
 /// Refusals that are answers (gRPC OK) and change nothing.
 pub(super) fn refusals_that_are_answers_cases(fx: &Fixture) -> Vec<Case> {
@@ -706,10 +681,11 @@ pub(super) fn refusals_that_are_answers_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals_that_are_answers() {
-    run_section(refusals_that_are_answers_cases, Before::NewCallDecided).await;
-}
+section_test!(
+    refusals_that_are_answers,
+    refusals_that_are_answers_cases,
+    Before::NewCallDecided
+);
 
 // The schema error's message embeds the offending instance (the jsonschema
 // error's Display, src/proposal.rs `check_arguments`), unbounded: the

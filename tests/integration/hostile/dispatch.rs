@@ -171,7 +171,4 @@ pub(super) fn refusals_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals() {
-    run_section(refusals_cases, Before::GuestSession).await;
-}
+section_test!(refusals, refusals_cases, Before::GuestSession);

@@ -188,10 +188,7 @@ pub(super) fn assess_manifest_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn assess_manifest() {
-    run_section(assess_manifest_cases, Before::Fixture).await;
-}
+section_test!(assess_manifest, assess_manifest_cases, Before::Fixture);
 
 /// PinManifest and RemovePin refusals.
 pub(super) fn pin_and_remove_cases(_fx: &Fixture) -> Vec<Case> {
@@ -273,7 +270,4 @@ pub(super) fn pin_and_remove_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pin_and_remove() {
-    run_section(pin_and_remove_cases, Before::Fixture).await;
-}
+section_test!(pin_and_remove, pin_and_remove_cases, Before::Fixture);

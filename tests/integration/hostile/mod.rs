@@ -10,6 +10,16 @@
 //! server of its own, set up the same way ([`setup`]); the server must
 //! still answer health checks at the end.
 
+/// The test that runs one section's cases, after `before`.
+macro_rules! section_test {
+    ($name:ident, $cases:ident, $before:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            run_section($cases, $before).await;
+        }
+    };
+}
+
 mod auth;
 mod decide;
 mod dispatch;
@@ -33,6 +43,7 @@ use crate::support::{
     MAX_ARGUMENTS_BYTES, Manifest, Stats, TestServer, authed, decide_request, pb, proposal,
     session, violation_field,
 };
+use crate::support::{deny_request, grant_request, revoke_request};
 
 /// The server's default `max_message_bytes`.
 const MIB: usize = 1024 * 1024;
@@ -667,10 +678,10 @@ async fn setup(server: &TestServer) -> Fixture {
     // reviewer is the token's identity, whatever the body says.
     let first_ticket = ticket("c-t1", 0, "lamp", "done");
     let consumed = require_approval(server, &payer, &first_ticket).await;
-    let mut body = pb::GrantApprovalRequest {
-        approval_id: consumed.clone(),
-        comment: "decided_by: carol (approved on behalf of carol)".into(),
-    }
+    let mut body = grant_request(
+        consumed.clone(),
+        "decided_by: carol (approved on behalf of carol)",
+    )
     .encode_to_vec();
     body.extend(wire_bytes(3, b"carol"));
     body.extend(wire_bytes(13, b"mallory"));
@@ -698,13 +709,7 @@ async fn setup(server: &TestServer) -> Fixture {
     let denied = require_approval(server, &payer, &payment("c-pay2", 1, "30000")).await;
     server
         .approvals()
-        .deny_approval(authed(
-            pb::DenyApprovalRequest {
-                approval_id: denied.clone(),
-                reason: "no".into(),
-            },
-            ALICE,
-        ))
+        .deny_approval(authed(deny_request(denied.clone(), "no"), ALICE))
         .await
         .expect("deny");
     let pin = server
@@ -774,13 +779,7 @@ fn account(value: &str) -> String {
 
 /// A grant of `id` by the reviewer `token`, with a comment.
 fn grant(token: &'static str, id: &str, comment: &str) -> Call {
-    Call::Grant(
-        token,
-        pb::GrantApprovalRequest {
-            approval_id: id.to_string(),
-            comment: comment.to_string(),
-        },
-    )
+    Call::Grant(token, grant_request(id, comment))
 }
 
 // ---------------------------------------------------------------------------

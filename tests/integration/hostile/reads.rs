@@ -56,7 +56,8 @@ pub(super) fn resources_and_sessions_cases(_fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resources_and_sessions() {
-    run_section(resources_and_sessions_cases, Before::Fixture).await;
-}
+section_test!(
+    resources_and_sessions,
+    resources_and_sessions_cases,
+    Before::Fixture
+);

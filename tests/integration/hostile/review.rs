@@ -23,24 +23,12 @@ pub(super) fn reviewer_authority_cases(fx: &Fixture) -> Vec<Case> {
     ));
     add(case(
         "a reviewer denying its own actor's request",
-        Call::Deny(
-            CAROL,
-            pb::DenyApprovalRequest {
-                approval_id: fx.carols.clone(),
-                reason: "no".into(),
-            },
-        ),
+        Call::Deny(CAROL, deny_request(fx.carols.clone(), "no")),
         error(Code::PermissionDenied, "own actor"),
     ));
     add(case(
         "revoke by a reviewer without the role",
-        Call::Revoke(
-            BOB,
-            pb::RevokeApprovalRequest {
-                approval_id: fx.granted.clone(),
-                reason: "x".into(),
-            },
-        ),
+        Call::Revoke(BOB, revoke_request(fx.granted.clone(), "x")),
         error(Code::PermissionDenied, "no approver role"),
     ));
     add(case(
@@ -60,13 +48,7 @@ pub(super) fn reviewer_authority_cases(fx: &Fixture) -> Vec<Case> {
     ));
     add(case(
         "revoke what is pending",
-        Call::Revoke(
-            ALICE,
-            pb::RevokeApprovalRequest {
-                approval_id: fx.pending.clone(),
-                reason: "x".into(),
-            },
-        ),
+        Call::Revoke(ALICE, revoke_request(fx.pending.clone(), "x")),
         error(Code::FailedPrecondition, "only a granted approval"),
     ));
     add(case(
@@ -106,22 +88,17 @@ pub(super) fn reviewer_authority_cases(fx: &Fixture) -> Vec<Case> {
     ));
     add(case(
         "deny with a 2,049-character reason",
-        Call::Deny(
-            ALICE,
-            pb::DenyApprovalRequest {
-                approval_id: fx.pending.clone(),
-                reason: "é".repeat(2049),
-            },
-        ),
+        Call::Deny(ALICE, deny_request(fx.pending.clone(), "é".repeat(2049))),
         invalid("reason", "at most 2048"),
     ));
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reviewer_authority() {
-    run_section(reviewer_authority_cases, Before::Fixture).await;
-}
+section_test!(
+    reviewer_authority,
+    reviewer_authority_cases,
+    Before::Fixture
+);
 
 /// ListApprovals with bad enums, page sizes and page tokens.
 pub(super) fn list_approvals_cases(fx: &Fixture) -> Vec<Case> {
@@ -192,7 +169,4 @@ pub(super) fn list_approvals_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_approvals() {
-    run_section(list_approvals_cases, Before::Fixture).await;
-}
+section_test!(list_approvals, list_approvals_cases, Before::Fixture);

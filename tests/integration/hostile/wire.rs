@@ -112,7 +112,4 @@ pub(super) fn wire_cases(fx: &Fixture) -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wire() {
-    run_section(wire_cases, Before::Fixture).await;
-}
+section_test!(wire, wire_cases, Before::Fixture);
