@@ -8,7 +8,7 @@ use tonic::Code;
 
 use crate::support::policies::{integer, policy_with};
 use crate::support::tokens::ALICE;
-use crate::support::{TestServer, authed, pb, proposal, session, violation_field};
+use crate::support::{TestServer, authed, pb, proposal, violation_field};
 
 /// The server's message limit in these tests: small, so that a request that
 /// fits can carry arguments whose answer would not.
@@ -29,15 +29,6 @@ fn post(call_id: &str, version: u64, text: &str) -> pb::Proposal {
 /// The canonical JSON of the item `post` appends.
 fn item(text: &str) -> String {
     serde_json::json!({ "text": text }).to_string()
-}
-
-async fn dispatch(
-    server: &TestServer,
-    proposal: &pb::Proposal,
-) -> Result<pb::DispatchResponse, tonic::Status> {
-    server
-        .dispatch("", &session("agent", "s1", "w"), proposal)
-        .await
 }
 
 async fn page(
@@ -79,7 +70,8 @@ async fn an_append_answers_with_the_item_and_its_index_and_a_replay_repeats_it()
     let server = TestServer::start(&policy()).await;
     let mut answers = Vec::new();
     for (index, text) in ["first", "second", "third"].into_iter().enumerate() {
-        let answer = dispatch(&server, &post(&format!("c{index}"), index as u64, text))
+        let answer = server
+            .dispatch_agent(&post(&format!("c{index}"), index as u64, text))
             .await
             .expect("Dispatch answers");
         assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
@@ -93,7 +85,8 @@ async fn an_append_answers_with_the_item_and_its_index_and_a_replay_repeats_it()
     }
 
     // A replay of the second commit: the same receipt, nothing appended.
-    let replay = dispatch(&server, &post("c1", 1, "second"))
+    let replay = server
+        .dispatch_agent(&post("c1", 1, "second"))
         .await
         .expect("Dispatch answers");
     assert!(replay.replayed);
@@ -113,18 +106,16 @@ async fn an_append_answers_with_the_item_and_its_index_and_a_replay_repeats_it()
 
     // A `set` answers with the value set and no index; a plain value has no
     // item count.
-    let set = dispatch(
-        &server,
-        &proposal(
+    let set = server
+        .dispatch_agent(&proposal(
             "c9",
             "agent",
             "replace",
             0,
             r#"{"target":"note","value":"m"}"#,
-        ),
-    )
-    .await
-    .expect("Dispatch answers");
+        ))
+        .await
+        .expect("Dispatch answers");
     assert_eq!(set.status(), pb::DispatchStatus::Ok, "{set:?}");
     assert_eq!(
         (set.value_json.as_str(), set.appended_index),
@@ -150,7 +141,8 @@ async fn get_resource_pages_a_queue_in_items_and_in_bytes() {
         .map(|index| format!("{index}{}", "x".repeat(3500)))
         .collect();
     for (index, text) in texts.iter().enumerate() {
-        let answer = dispatch(&server, &post(&format!("c{index}"), index as u64, text))
+        let answer = server
+            .dispatch_agent(&post(&format!("c{index}"), index as u64, text))
             .await
             .expect("Dispatch answers");
         assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
@@ -237,18 +229,16 @@ async fn get_resource_pages_a_queue_in_items_and_in_bytes() {
 
     // A token of a queue that was replaced since no longer reads on.
     let first = page(&server, "queue", "", 3).await.expect("page");
-    let replaced = dispatch(
-        &server,
-        &proposal(
+    let replaced = server
+        .dispatch_agent(&proposal(
             "c-reset",
             "agent",
             "replace",
             10,
             r#"{"target":"queue","value":[]}"#,
-        ),
-    )
-    .await
-    .expect("Dispatch answers");
+        ))
+        .await
+        .expect("Dispatch answers");
     assert_eq!(replaced.status(), pb::DispatchStatus::Ok, "{replaced:?}");
     let status = page(&server, "queue", &first.next_page_token, 3)
         .await
@@ -269,7 +259,8 @@ async fn a_commit_whose_answer_could_not_be_sent_is_refused_before_it_applies() 
     // Fits in a request (~15.6 KB < 16 KiB) but its answer (the item plus up
     // to 1 KiB of other fields) would not.
     let too_big = "y".repeat(MAX_MESSAGE_BYTES - 800);
-    let status = dispatch(&server, &post("c-big", 0, &too_big))
+    let status = server
+        .dispatch_agent(&post("c-big", 0, &too_big))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -286,12 +277,14 @@ async fn a_commit_whose_answer_could_not_be_sent_is_refused_before_it_applies() 
 
     // One that fits commits, and its replay answers the same.
     let fits = "z".repeat(MAX_MESSAGE_BYTES - 1100);
-    let committed = dispatch(&server, &post("c-fits", 0, &fits))
+    let committed = server
+        .dispatch_agent(&post("c-fits", 0, &fits))
         .await
         .expect("Dispatch answers");
     assert_eq!(committed.status(), pb::DispatchStatus::Ok, "{committed:?}");
     assert_eq!(committed.value_json, item(&fits));
-    let replay = dispatch(&server, &post("c-fits", 0, &fits))
+    let replay = server
+        .dispatch_agent(&post("c-fits", 0, &fits))
         .await
         .expect("Dispatch answers");
     assert!(replay.replayed);

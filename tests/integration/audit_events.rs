@@ -24,7 +24,7 @@ use crate::support::{
     AuditFormat, AuditLayer, Policy, REJECTION_BURST, REJECTION_LINES_PER_SECOND, TestServer,
     authed, pb, proposal, session, violation_field, violation_rule,
 };
-use crate::support::{deny_request, revoke_request};
+use crate::support::{deny_request, remove_pin_request, revoke_request};
 
 // ----- capture ----------------------------------------------------------------
 
@@ -303,12 +303,7 @@ async fn every_invalid_argument_on_every_rpc_leaves_a_request_rejected_line() {
     ));
     let removed = server
         .pins()
-        .remove_pin(authed(
-            pb::RemovePinRequest {
-                server_id: String::new(),
-            },
-            ALICE,
-        ))
+        .remove_pin(authed(remove_pin_request(""), ALICE))
         .await
         .expect_err("INVALID_ARGUMENT");
     cases.push((

@@ -161,22 +161,16 @@ fn commit(call_id: &str, version: u64, value: &str) -> pb::Proposal {
     proposal(call_id, "agent", "commit", version, &arguments)
 }
 
-async fn dispatch(
-    server: &TestServer,
-    proposal: &pb::Proposal,
-) -> Result<pb::DispatchResponse, tonic::Status> {
-    server
-        .dispatch("", &session("agent", "s1", "w"), proposal)
-        .await
-}
-
 #[tokio::test]
 async fn receipts_within_retention_are_never_evicted_for_bytes() {
     let server = TestServer::start(&policy(64 * 1024)).await;
     let value = "v".repeat(4000);
     let mut version = 0;
     let refusal = loop {
-        match dispatch(&server, &commit(&format!("c{version}"), version, &value)).await {
+        match server
+            .dispatch_agent(&commit(&format!("c{version}"), version, &value))
+            .await
+        {
             Ok(answer) => {
                 assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
                 version = answer.version;
@@ -192,7 +186,8 @@ async fn receipts_within_retention_are_never_evicted_for_bytes() {
     assert_eq!(resource.version, version);
 
     // Every receipt still replays: exactly-once kept all of them.
-    let first = dispatch(&server, &commit("c0", 0, &value))
+    let first = server
+        .dispatch_agent(&commit("c0", 0, &value))
         .await
         .expect("Dispatch answers");
     assert!(first.replayed, "{first:?}");
@@ -204,7 +199,8 @@ async fn receipts_within_retention_are_never_evicted_for_bytes() {
     server
         .clock
         .advance(Duration::from_secs(RECEIPT_RETENTION_SECONDS + 1));
-    let answer = dispatch(&server, &commit("c-late", version, &value))
+    let answer = server
+        .dispatch_agent(&commit("c-late", version, &value))
         .await
         .expect("room was made");
     assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
@@ -281,7 +277,8 @@ async fn refused_decides_and_undecided_dispatches_count_their_call_ids() {
     .expect("a repeat needs no room");
     assert_eq!(repeat.outcome(), pb::Outcome::Deny);
     // A Dispatch of a call id no Decide charged needs room too: none left.
-    let status = dispatch(&server, &commit("never-decided", 0, "v"))
+    let status = server
+        .dispatch_agent(&commit("never-decided", 0, "v"))
         .await
         .unwrap_err();
     assert_budget_refusal(&status);
@@ -298,7 +295,10 @@ async fn undecided_dispatches_count_the_call_id_and_the_receipt() {
     let server = TestServer::start(&policy(64 * 1024)).await;
     let mut version = 0;
     let refusal = loop {
-        match dispatch(&server, &commit(&format!("d{version}"), version, "v")).await {
+        match server
+            .dispatch_agent(&commit(&format!("d{version}"), version, "v"))
+            .await
+        {
             Ok(answer) => {
                 assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
                 version = answer.version;

@@ -100,13 +100,45 @@ async fn toolgate(args: &[&str], token: Option<&str>) -> Run {
     }
 }
 
+/// Runs `toolgate ARGS` as [`toolgate`] does, which must exit with `code`.
+async fn run_cli(args: &[&str], token: Option<&str>, code: i32) -> Run {
+    let run = toolgate(args, token).await;
+    assert_exit(&run, code);
+    run
+}
+
+/// Runs `toolgate ARGS`, which must exit with `code` and a stderr that
+/// starts with `prefix`.
+async fn run_refused(args: &[&str], token: Option<&str>, code: i32, prefix: &str) -> Run {
+    let run = run_cli(args, token, code).await;
+    assert!(run.stderr.starts_with(prefix), "{run:?}");
+    run
+}
+
+/// `toolgate ARGS --server ADDR` with alice's token, which must exit with `code`.
+async fn as_alice(args: &[&str], addr: &str, code: i32) -> Run {
+    let mut args = args.to_vec();
+    args.extend(["--server", addr]);
+    run_cli(&args, Some(ALICE), code).await
+}
+
+/// [`as_alice`] with `--output json` last.
+async fn alice_json(args: &[&str], addr: &str, code: i32) -> Run {
+    let mut args = args.to_vec();
+    args.extend(["--server", addr, "--output", "json"]);
+    run_cli(&args, Some(ALICE), code).await
+}
+
+/// The run exited with `code`.
+fn assert_exit(run: &Run, code: i32) {
+    assert_eq!(run.code, Some(code), "{run:?}");
+}
+
 /// `toolgate manifest fingerprint PATH FLAGS...`, which must exit with `code`.
 async fn fingerprint(path: &str, flags: &[&str], code: i32) -> Run {
     let mut args = vec!["manifest", "fingerprint", path];
     args.extend_from_slice(flags);
-    let run = toolgate(&args, None).await;
-    assert_eq!(run.code, Some(code), "{run:?}");
-    run
+    run_cli(&args, None, code).await
 }
 
 fn payment(call_id: &str, amount: u64) -> pb::Proposal {
@@ -140,8 +172,7 @@ async fn approvals_list_and_get_as_table_and_json() {
     let addr = server.addr.to_string();
 
     // `host:port` without a scheme; token from TOOLGATE_TOKEN.
-    let table = toolgate(&["approvals", "list", "--server", &addr], Some(ALICE)).await;
-    assert_eq!(table.code, Some(0), "{table:?}");
+    let table = as_alice(&["approvals", "list"], &addr, 0).await;
     assert_eq!(
         table.rows(),
         vec![
@@ -174,7 +205,7 @@ async fn approvals_list_and_get_as_table_and_json() {
     assert_eq!(table.stderr, "");
 
     // Options before the sub-subcommand work too.
-    let listed = toolgate(
+    let listed = run_cli(
         &[
             "approvals",
             "--output",
@@ -184,9 +215,9 @@ async fn approvals_list_and_get_as_table_and_json() {
             "list",
         ],
         Some(ALICE),
+        0,
     )
     .await;
-    assert_eq!(listed.code, Some(0), "{listed:?}");
     // Protobuf's canonical JSON mapping: camelCase, enum names, RFC 3339
     // timestamps, default values (version 0, empty decidedBy) left out.
     assert_eq!(
@@ -214,24 +245,10 @@ async fn approvals_list_and_get_as_table_and_json() {
     let stored = server.get_approval(ALICE, id).await.expect("get");
     assert_eq!(parsed.approvals, vec![stored]);
 
-    let got = toolgate(
-        &[
-            "approvals",
-            "get",
-            id,
-            "--server",
-            &addr,
-            "--output",
-            "json",
-        ],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(got.code, Some(0), "{got:?}");
+    let got = alice_json(&["approvals", "get", id], &addr, 0).await;
     assert_eq!(got.json(), listed.json()["approvals"][0]);
 
-    let record = toolgate(&["approvals", "get", id, "--server", &addr], Some(ALICE)).await;
-    assert_eq!(record.code, Some(0), "{record:?}");
+    let record = as_alice(&["approvals", "get", id], &addr, 0).await;
     let fields = record.record();
     assert_eq!(fields["approval_id"], id);
     assert_eq!(fields["status"], "pending");
@@ -300,7 +317,7 @@ async fn approvals_list_follows_pages_and_stops_at_the_limit() {
         listed
     };
 
-    let all = toolgate(
+    let all = run_cli(
         &[
             "approvals",
             "list",
@@ -312,12 +329,12 @@ async fn approvals_list_follows_pages_and_stops_at_the_limit() {
             "json",
         ],
         Some(ALICE),
+        0,
     )
     .await;
-    assert_eq!(all.code, Some(0), "{all:?}");
     assert_eq!(listed_ids(&all), ids);
 
-    let limited = toolgate(
+    let limited = run_cli(
         &[
             "approvals",
             "list",
@@ -331,9 +348,9 @@ async fn approvals_list_follows_pages_and_stops_at_the_limit() {
             "json",
         ],
         Some(ALICE),
+        0,
     )
     .await;
-    assert_eq!(limited.code, Some(0), "{limited:?}");
     let limited_ids = listed_ids(&limited);
     assert_eq!(limited_ids.len(), 3);
     assert!(limited_ids.iter().all(|id| ids.contains(id)));
@@ -355,20 +372,12 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     let wire = proposal("w1", "payer", "wire_transfer", 0, r#"{"to":"x"}"#);
     let wire_id = pending(&server, &wire).await.approval_id;
 
-    let granted = toolgate(
-        &[
-            "approvals",
-            "grant",
-            &payment_id,
-            "--comment",
-            "ok to pay",
-            "--server",
-            &addr,
-        ],
-        Some(ALICE),
+    let granted = as_alice(
+        &["approvals", "grant", &payment_id, "--comment", "ok to pay"],
+        &addr,
+        0,
     )
     .await;
-    assert_eq!(granted.code, Some(0), "{granted:?}");
     let fields = granted.record();
     assert_eq!(fields["status"], "granted");
     assert_eq!(fields["decided_by"], "alice");
@@ -379,22 +388,18 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     assert_eq!(stored.decided_by, "alice");
     assert_eq!(stored.decision_note, "ok to pay");
 
-    let revoked = toolgate(
+    let revoked = alice_json(
         &[
             "approvals",
             "revoke",
             &payment_id,
             "--reason",
             "changed my mind",
-            "--server",
-            &addr,
-            "--output",
-            "json",
         ],
-        Some(ALICE),
+        &addr,
+        0,
     )
     .await;
-    assert_eq!(revoked.code, Some(0), "{revoked:?}");
     let revoked_json = revoked.json();
     assert_eq!(revoked_json["status"], "APPROVAL_STATUS_REVOKED");
     assert_eq!(revoked_json["decisionNote"], "changed my mind");
@@ -402,22 +407,12 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     let stored = server.get_approval(ALICE, &payment_id).await.expect("get");
     assert_eq!(stored.status(), pb::ApprovalStatus::Revoked);
 
-    let denied = toolgate(
-        &[
-            "approvals",
-            "deny",
-            &wire_id,
-            "--reason",
-            "unknown payee",
-            "--server",
-            &addr,
-            "--output",
-            "json",
-        ],
-        Some(ALICE),
+    let denied = alice_json(
+        &["approvals", "deny", &wire_id, "--reason", "unknown payee"],
+        &addr,
+        0,
     )
     .await;
-    assert_eq!(denied.code, Some(0), "{denied:?}");
     assert_eq!(denied.json()["status"], "APPROVAL_STATUS_DENIED");
     assert_eq!(denied.json()["argumentsJson"], r#"{"to":"x"}"#);
     let stored = server.get_approval(ALICE, &wire_id).await.expect("get");
@@ -425,16 +420,13 @@ async fn grant_deny_and_revoke_change_the_ledger() {
     assert_eq!(stored.decision_note, "unknown payee");
 
     // A finished approval cannot be granted: the server's refusal, exit 1.
-    let again = toolgate(
+    let again = run_refused(
         &["approvals", "grant", &wire_id, "--server", &addr],
         Some(ALICE),
+        1,
+        "error: FailedPrecondition: ",
     )
     .await;
-    assert_eq!(again.code, Some(1), "{again:?}");
-    assert!(
-        again.stderr.starts_with("error: FailedPrecondition: "),
-        "{again:?}"
-    );
     assert_eq!(again.stdout, "");
     server.stop().await;
 }
@@ -446,40 +438,38 @@ async fn refusals_name_the_code_and_never_the_token() {
     let id = pending(&server, &payment("c1", 15000)).await.approval_id;
 
     // bob is a reviewer without the finance-approver role; token on the command line.
-    let unauthorised = toolgate(
+    let unauthorised = run_refused(
         &["approvals", "grant", &id, "--server", &addr, "--token", BOB],
         None,
+        1,
+        "error: PermissionDenied: ",
     )
     .await;
-    assert_eq!(unauthorised.code, Some(1), "{unauthorised:?}");
-    assert!(
-        unauthorised.stderr.starts_with("error: PermissionDenied: "),
-        "{unauthorised:?}"
-    );
     assert_eq!(unauthorised.stderr.lines().count(), 1);
     assert!(!unauthorised.stderr.contains(BOB));
     assert_eq!(unauthorised.stdout, "");
     let stored = server.get_approval(ALICE, &id).await.expect("get");
     assert_eq!(stored.status(), pb::ApprovalStatus::Pending);
 
-    let anonymous = toolgate(&["approvals", "list", "--server", &addr], None).await;
-    assert_eq!(anonymous.code, Some(1), "{anonymous:?}");
-    assert!(
-        anonymous.stderr.starts_with("error: Unauthenticated: "),
-        "{anonymous:?}"
-    );
-
-    let unknown_token = "not-a-known-token";
-    let unknown = toolgate(
-        &["approvals", "get", &id, "--server", &addr],
-        Some(unknown_token),
+    run_refused(
+        &["approvals", "list", "--server", &addr],
+        None,
+        1,
+        "error: Unauthenticated: ",
     )
     .await;
-    assert_eq!(unknown.code, Some(1), "{unknown:?}");
+
+    let unknown_token = "not-a-known-token";
+    let unknown = run_cli(
+        &["approvals", "get", &id, "--server", &addr],
+        Some(unknown_token),
+        1,
+    )
+    .await;
     assert!(unknown.stderr.starts_with("error: Unauthenticated: "));
     assert!(!unknown.stderr.contains(unknown_token));
 
-    let missing = toolgate(
+    run_refused(
         &[
             "approvals",
             "get",
@@ -488,28 +478,23 @@ async fn refusals_name_the_code_and_never_the_token() {
             &addr,
         ],
         Some(ALICE),
+        1,
+        "error: NotFound: ",
     )
     .await;
-    assert_eq!(missing.code, Some(1), "{missing:?}");
-    assert!(
-        missing.stderr.starts_with("error: NotFound: "),
-        "{missing:?}"
-    );
 
     // Usage errors exit 2.
-    let usage = toolgate(
-        &["approvals", "list", "--status", "maybe", "--server", &addr],
+    as_alice(&["approvals", "list", "--status", "maybe"], &addr, 2).await;
+    run_refused(
+        &["pins", "list", "--server", "ftp://x"],
         Some(ALICE),
+        2,
+        "error: --server",
     )
     .await;
-    assert_eq!(usage.code, Some(2), "{usage:?}");
-    let scheme = toolgate(&["pins", "list", "--server", "ftp://x"], Some(ALICE)).await;
-    assert_eq!(scheme.code, Some(2), "{scheme:?}");
-    assert!(scheme.stderr.starts_with("error: --server"), "{scheme:?}");
 
     // --help never shows the token taken from the environment.
-    let help = toolgate(&["approvals", "list", "--help"], Some(ALICE)).await;
-    assert_eq!(help.code, Some(0));
+    let help = run_cli(&["approvals", "list", "--help"], Some(ALICE), 0).await;
     assert!(help.stdout.contains("TOOLGATE_TOKEN"));
     assert!(!help.stdout.contains(ALICE));
     server.stop().await;
@@ -521,8 +506,7 @@ async fn an_unreachable_server_is_a_connection_error_not_a_panic() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     drop(listener);
-    let run = toolgate(&["approvals", "list", "--server", &addr], Some(ALICE)).await;
-    assert_eq!(run.code, Some(2), "{run:?}");
+    let run = as_alice(&["approvals", "list"], &addr, 2).await;
     assert!(
         run.stderr
             .starts_with(&format!("error: cannot connect to http://{addr}: ")),
@@ -721,7 +705,7 @@ async fn pins_add_list_and_remove() {
         .to_hex();
 
     // The wrong expected fingerprint refuses the pin.
-    let refused = toolgate(
+    run_refused(
         &[
             "pins",
             "add",
@@ -732,28 +716,12 @@ async fn pins_add_list_and_remove() {
             &addr,
         ],
         Some(ALICE),
+        1,
+        "error: FailedPrecondition: ",
     )
     .await;
-    assert_eq!(refused.code, Some(1), "{refused:?}");
-    assert!(
-        refused.stderr.starts_with("error: FailedPrecondition: "),
-        "{refused:?}"
-    );
 
-    let added = toolgate(
-        &[
-            "pins",
-            "add",
-            path,
-            "--expect",
-            &fingerprint,
-            "--server",
-            &addr,
-        ],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(added.code, Some(0), "{added:?}");
+    let added = as_alice(&["pins", "add", path, "--expect", &fingerprint], &addr, 0).await;
     let fields = added.record();
     assert_eq!(fields["server_id"], "docs-search-copy");
     assert_eq!(fields["fingerprint"], fingerprint);
@@ -763,12 +731,7 @@ async fn pins_add_list_and_remove() {
     assert_eq!(fields["pinned_at"], REQUESTED_AT);
     assert_eq!(fields["tool_count"], "2");
 
-    let listed = toolgate(
-        &["pins", "list", "--server", &addr, "--output", "json"],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(listed.code, Some(0), "{listed:?}");
+    let listed = alice_json(&["pins", "list"], &addr, 0).await;
     let mut pins: Vec<(String, String, String)> = listed.json()["pins"]
         .as_array()
         .expect("pins")
@@ -821,20 +784,7 @@ async fn pins_add_list_and_remove() {
         fingerprint.clone(),
     ]));
 
-    let removed = toolgate(
-        &[
-            "pins",
-            "remove",
-            "docs-search-copy",
-            "--server",
-            &addr,
-            "--output",
-            "json",
-        ],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(removed.code, Some(0), "{removed:?}");
+    let removed = alice_json(&["pins", "remove", "docs-search-copy"], &addr, 0).await;
     assert_eq!(removed.json()["serverId"], "docs-search-copy");
     assert_eq!(removed.json()["fingerprint"], fingerprint.as_str());
     let after = toolgate(
@@ -854,18 +804,12 @@ async fn pins_add_list_and_remove() {
     // A file that is not a manifest is refused before connecting (exit 2).
     let bad = tempfile::NamedTempFile::new().expect("temp file");
     std::fs::write(bad.path(), br#"{"server": "x", "extra": 1}"#).expect("write");
-    let invalid = toolgate(
-        &[
-            "pins",
-            "add",
-            bad.path().to_str().expect("utf-8"),
-            "--server",
-            &addr,
-        ],
-        Some(ALICE),
+    let invalid = as_alice(
+        &["pins", "add", bad.path().to_str().expect("utf-8")],
+        &addr,
+        2,
     )
     .await;
-    assert_eq!(invalid.code, Some(2), "{invalid:?}");
     assert!(invalid.stderr.contains("extra"), "{invalid:?}");
     server.stop().await;
 }
@@ -876,21 +820,20 @@ async fn resource_get_shows_value_and_version() {
     let token = Some(EXAMPLE_REVIEWER);
     let addr = server.addr.to_string();
 
-    let table = toolgate(&["resource", "get", "lamp", "--server", &addr], token).await;
-    assert_eq!(table.code, Some(0), "{table:?}");
+    let table = run_cli(&["resource", "get", "lamp", "--server", &addr], token, 0).await;
     assert_eq!(
         table.stdout,
         "name     lamp\nvalue    \"open\"\nversion  0\n"
     );
 
-    let json_run = toolgate(
+    let json_run = run_cli(
         &[
             "resource", "get", "outbox", "--server", &addr, "--output", "json",
         ],
         token,
+        0,
     )
     .await;
-    assert_eq!(json_run.code, Some(0), "{json_run:?}");
     assert_eq!(
         json_run.json(),
         json!({"name": "outbox", "valueJson": "[]", "itemCount": "0"})
@@ -907,12 +850,13 @@ async fn resource_get_shows_value_and_version() {
         json!({"name": "lamp", "valueJson": "\"open\""})
     );
 
-    let missing = toolgate(&["resource", "get", "nothing", "--server", &addr], token).await;
-    assert_eq!(missing.code, Some(1), "{missing:?}");
-    assert!(
-        missing.stderr.starts_with("error: NotFound: "),
-        "{missing:?}"
-    );
+    run_refused(
+        &["resource", "get", "nothing", "--server", &addr],
+        token,
+        1,
+        "error: NotFound: ",
+    )
+    .await;
     server.stop().await;
 }
 
@@ -924,8 +868,7 @@ async fn check_config_prints_what_a_policy_defines() {
         .expect("valid")
         .revision;
 
-    let run = toolgate(&["check-config", path], None).await;
-    assert_eq!(run.code, Some(0), "{run:?}");
+    let run = run_cli(&["check-config", path], None, 0).await;
     // Its reviewer has a token only when serving the embedded copy.
     assert_eq!(
         run.stderr,
@@ -979,7 +922,7 @@ async fn check_config_prints_what_a_policy_defines() {
     // JSON, on a policy with credentials: identities and kinds, never digests.
     let fixture = repo_path(POLICY);
     let fixture_text = std::fs::read_to_string(&fixture).expect("fixture");
-    let json_run = toolgate(
+    let json_run = run_cli(
         &[
             "check-config",
             fixture.to_str().expect("utf-8"),
@@ -987,9 +930,9 @@ async fn check_config_prints_what_a_policy_defines() {
             "json",
         ],
         None,
+        0,
     )
     .await;
-    assert_eq!(json_run.code, Some(0), "{json_run:?}");
     let summary = json_run.json();
     assert_eq!(summary["valid"], true);
     assert_eq!(summary["errors"], json!([]));
@@ -1047,12 +990,12 @@ async fn check_config_prints_what_a_policy_defines() {
         "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\napproval = \"sometimes\"\n",
     )
     .expect("write");
-    let bad = toolgate(
+    let bad = run_cli(
         &["check-config", broken.path().to_str().expect("utf-8")],
         None,
+        1,
     )
     .await;
-    assert_eq!(bad.code, Some(1), "{bad:?}");
     assert_eq!(bad.stdout, "");
     assert!(bad.stderr.starts_with("error: "), "{bad:?}");
     assert!(bad.stderr.contains(": tools.t.approval: "), "{bad:?}");
@@ -1206,8 +1149,7 @@ async fn manifest_assess_sends_the_readme_example_to_the_default_policy() {
     assert_eq!(before.reason, "manifest-unverified");
     assert!(before.message.contains("was never assessed"), "{before:?}");
 
-    let matched = toolgate(&["manifest", "assess", example, "--server", &addr], None).await;
-    assert_eq!(matched.code, Some(0), "{matched:?}");
+    let matched = run_cli(&["manifest", "assess", example, "--server", &addr], None, 0).await;
     let fields = matched.record();
     assert_eq!(fields["form"], "reference manifest");
     assert_eq!(fields["accepted"], "true");
@@ -1236,7 +1178,7 @@ async fn manifest_assess_sends_the_readme_example_to_the_default_policy() {
         .expect("scopes")
         .push(json!("docs:write"));
     let changed_file = temp_json(&changed.to_string());
-    let answer = toolgate(
+    let answer = run_cli(
         &[
             "manifest",
             "assess",
@@ -1247,9 +1189,9 @@ async fn manifest_assess_sends_the_readme_example_to_the_default_policy() {
             "json",
         ],
         None,
+        3,
     )
     .await;
-    assert_eq!(answer.code, Some(3), "{answer:?}");
     let answer = answer.json();
     assert_eq!(answer["form"], "reference");
     assert_eq!(answer["accepted"], false);
@@ -1282,12 +1224,12 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
     let server = TestServer::start_file(POLICY).await;
     let addr = url(&server);
     let worked = temp_json(WORKED_EXAMPLE);
-    let unpinned = toolgate(
+    let unpinned = run_cli(
         &["manifest", "assess", path_of(&worked), "--server", &addr],
         Some(HOST),
+        3,
     )
     .await;
-    assert_eq!(unpinned.code, Some(3), "{unpinned:?}");
     let fields = unpinned.record();
     assert_eq!(fields["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
     assert_eq!(fields["reason"], "unpinned");
@@ -1297,7 +1239,7 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
     let listed = temp_json(MCP_TOOLS_LIST);
     let reference = temp_json(MCP_AS_REFERENCE);
     let expected = toolgate(&["manifest", "fingerprint", path_of(&reference)], None).await;
-    let mcp = toolgate(
+    let mcp = run_cli(
         &[
             "manifest",
             "assess",
@@ -1310,9 +1252,9 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
             &addr,
         ],
         Some(HOST),
+        3,
     )
     .await;
-    assert_eq!(mcp.code, Some(3), "{mcp:?}");
     assert_eq!(mcp.record()["form"], "MCP tools/list result");
     assert_eq!(mcp.record()["fingerprint"], expected.stdout.trim());
     assert!(
@@ -1324,12 +1266,7 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
     );
 
     // Pinned by alice, the duplicate-name copy is unsafe: a diff line says why.
-    let pinned = toolgate(
-        &["pins", "add", path_of(&worked), "--server", &addr],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(pinned.code, Some(0), "{pinned:?}");
+    let pinned = as_alice(&["pins", "add", path_of(&worked)], &addr, 0).await;
     assert_eq!(pinned.record()["fingerprint"], WORKED_EXAMPLE_FINGERPRINT);
     let mut duplicate: Value = serde_json::from_str(WORKED_EXAMPLE).expect("json");
     let first = duplicate["tools"][0].clone();
@@ -1338,7 +1275,7 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
         .expect("tools")
         .push(first);
     let duplicate_file = temp_json(&duplicate.to_string());
-    let answer = toolgate(
+    let answer = run_cli(
         &[
             "manifest",
             "assess",
@@ -1347,9 +1284,9 @@ async fn manifest_assess_of_the_worked_example_and_an_mcp_result() {
             &addr,
         ],
         Some(HOST),
+        3,
     )
     .await;
-    assert_eq!(answer.code, Some(3), "{answer:?}");
     assert_eq!(answer.record()["accepted"], "false");
     assert!(
         answer.stdout.contains(
@@ -1401,8 +1338,7 @@ async fn list_and_watch_cut_long_arguments_and_hide_sensitive_values() {
     assert!(!line.contains("12345678"), "{line:?}");
 
     let addr = url(&server);
-    let table = toolgate(&["approvals", "list", "--server", &addr], Some(ALICE)).await;
-    assert_eq!(table.code, Some(0), "{table:?}");
+    let table = as_alice(&["approvals", "list"], &addr, 0).await;
     assert!(fits_100_columns(&table.stdout), "{}", table.stdout);
     let row = table.stdout.lines().nth(1).expect("one row");
     assert!(row.ends_with('…'), "{row:?}");
@@ -1449,18 +1385,13 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
         .map(|id| &id[..1])
         .find(|first| ids.iter().filter(|id| id.starts_with(*first)).count() > 1)
         .expect("pigeonhole");
-    let ambiguous = toolgate(
+    let ambiguous = run_refused(
         &["approvals", "get", shared_first, "--server", &addr],
         Some(ALICE),
+        2,
+        &format!("error: approval id prefix \"{shared_first}\" is ambiguous: "),
     )
     .await;
-    assert_eq!(ambiguous.code, Some(2), "{ambiguous:?}");
-    assert!(
-        ambiguous.stderr.starts_with(&format!(
-            "error: approval id prefix \"{shared_first}\" is ambiguous: "
-        )),
-        "{ambiguous:?}"
-    );
     assert_eq!(ambiguous.stdout, "");
 
     // 17 ids cannot start with all 256 two-digit prefixes.
@@ -1468,12 +1399,7 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
         .map(|value| format!("{value:02x}"))
         .find(|prefix| !ids.iter().any(|id| id.starts_with(prefix.as_str())))
         .expect("an unused prefix");
-    let unknown = toolgate(
-        &["approvals", "grant", &unused, "--server", &addr],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(unknown.code, Some(1), "{unknown:?}");
+    let unknown = as_alice(&["approvals", "grant", &unused], &addr, 1).await;
     assert_eq!(
         unknown.stderr,
         format!(
@@ -1481,8 +1407,7 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
         )
     );
 
-    let invalid = toolgate(&["approvals", "get", "xyz", "--server", &addr], Some(ALICE)).await;
-    assert_eq!(invalid.code, Some(2), "{invalid:?}");
+    let invalid = as_alice(&["approvals", "get", "xyz"], &addr, 2).await;
     assert!(
         invalid
             .stderr
@@ -1508,27 +1433,9 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
         .iter()
         .find(|short| target.starts_with(short.as_str()))
         .expect("shown");
-    let got = toolgate(
-        &[
-            "approvals",
-            "get",
-            &short.to_uppercase(),
-            "--server",
-            &addr,
-            "--output",
-            "json",
-        ],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(got.code, Some(0), "{got:?}");
+    let got = alice_json(&["approvals", "get", &short.to_uppercase()], &addr, 0).await;
     assert_eq!(got.json()["approvalId"], target.as_str());
-    let granted = toolgate(
-        &["approvals", "grant", short, "--server", &addr],
-        Some(ALICE),
-    )
-    .await;
-    assert_eq!(granted.code, Some(0), "{granted:?}");
+    let granted = as_alice(&["approvals", "grant", short], &addr, 0).await;
     assert_eq!(granted.record()["approval_id"], *target);
     assert_eq!(
         server
@@ -1559,8 +1466,7 @@ async fn resource_list_shows_every_resource() {
     let server = TestServer::start_file(TICKETS).await;
     let token = Some(EXAMPLE_REVIEWER);
     let addr = server.addr.to_string();
-    let table = toolgate(&["resource", "list", "--server", &addr], token).await;
-    assert_eq!(table.code, Some(0), "{table:?}");
+    let table = run_cli(&["resource", "list", "--server", &addr], token, 0).await;
     assert_eq!(
         table.rows(),
         [
@@ -1572,12 +1478,12 @@ async fn resource_list_shows_every_resource() {
         .map(|row| row.into_iter().map(str::to_string).collect::<Vec<_>>())
         .to_vec()
     );
-    let listed = toolgate(
+    let listed = run_cli(
         &["resource", "list", "--server", &addr, "--output", "json"],
         token,
+        0,
     )
     .await;
-    assert_eq!(listed.code, Some(0), "{listed:?}");
     let parsed = parse_proto::<pb::ListResourcesResponse>(
         &listed.stdout,
         "toolgate.v1.ListResourcesResponse",
@@ -1768,14 +1674,12 @@ async fn check_config_errors_name_the_key_in_plain_words() {
     ];
     for (text, expected) in cases {
         let file = PolicyFile::new(&format!("{text}\n{}", policy_text("one_tool")));
-        let run = toolgate(&["check-config", file.path()], None).await;
-        assert_eq!(run.code, Some(1), "{run:?}");
+        let run = run_cli(&["check-config", file.path()], None, 1).await;
         assert_eq!(run.stdout, "");
         assert_eq!(run.stderr, format!("error: {}: {expected}\n", file.path()));
     }
     let closed = PolicyFile::new(&policy_text("one_tool").replace("open_host_api = true", ""));
-    let run = toolgate(&["check-config", closed.path()], None).await;
-    assert_eq!(run.code, Some(1), "{run:?}");
+    let run = run_cli(&["check-config", closed.path()], None, 1).await;
     assert_eq!(
         run.stderr,
         format!(
@@ -1786,8 +1690,7 @@ async fn check_config_errors_name_the_key_in_plain_words() {
         )
     );
     let empty = PolicyFile::new("# nothing yet\n");
-    let run = toolgate(&["check-config", empty.path()], None).await;
-    assert_eq!(run.code, Some(1), "{run:?}");
+    let run = run_cli(&["check-config", empty.path()], None, 1).await;
     assert_eq!(
         run.stderr,
         format!(
@@ -1799,15 +1702,13 @@ async fn check_config_errors_name_the_key_in_plain_words() {
 
 #[tokio::test]
 async fn check_config_names_a_missing_file() {
-    let run = toolgate(&["check-config", "/nope.toml"], None).await;
-    assert_eq!(run.code, Some(1), "{run:?}");
+    let run = run_cli(&["check-config", "/nope.toml"], None, 1).await;
     assert_eq!(run.stdout, "");
     assert_eq!(
         run.stderr,
         "error: cannot read /nope.toml: No such file or directory (os error 2)\n"
     );
-    let json_run = toolgate(&["check-config", "/nope.toml", "--output", "json"], None).await;
-    assert_eq!(json_run.code, Some(1), "{json_run:?}");
+    let json_run = run_cli(&["check-config", "/nope.toml", "--output", "json"], None, 1).await;
     assert_eq!(
         json_run.json(),
         json!({
@@ -1846,16 +1747,14 @@ async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
             .collect()
     };
 
-    let run = toolgate(&["check-config", path], None).await;
-    assert_eq!(run.code, Some(0), "{run:?}");
+    let run = run_cli(&["check-config", path], None, 0).await;
     assert_eq!(run.stderr, lines("warning"));
     assert!(
         run.stdout.starts_with(&format!("policy {path}: valid\n")),
         "{run:?}"
     );
 
-    let strict = toolgate(&["check-config", "--strict", path], None).await;
-    assert_eq!(strict.code, Some(1), "{strict:?}");
+    let strict = run_cli(&["check-config", "--strict", path], None, 1).await;
     assert_eq!(strict.stdout, "");
     assert_eq!(strict.stderr, lines("error"));
 
@@ -1863,8 +1762,7 @@ async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
         .iter()
         .map(|(key, message)| json!({ "file": path, "key": key, "message": message }))
         .collect();
-    let json_run = toolgate(&["check-config", path, "--output", "json"], None).await;
-    assert_eq!(json_run.code, Some(0), "{json_run:?}");
+    let json_run = run_cli(&["check-config", path, "--output", "json"], None, 0).await;
     assert_eq!(json_run.stderr, "");
     let summary = json_run.json();
     assert_eq!(summary["valid"], true);
@@ -1872,20 +1770,24 @@ async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
     assert_eq!(summary["warnings"], Value::Array(entries.clone()));
     assert_eq!(summary["open_host_api"], true);
 
-    let strict_json = toolgate(
+    let strict_json = run_cli(
         &["check-config", path, "--strict", "--output", "json"],
         None,
+        1,
     )
     .await;
-    assert_eq!(strict_json.code, Some(1), "{strict_json:?}");
     assert_eq!(
         strict_json.json(),
         json!({ "file": path, "valid": false, "errors": entries, "warnings": [] })
     );
 
     let broken = PolicyFile::new("[limits]\nlimit = 5\n");
-    let broken_json = toolgate(&["check-config", broken.path(), "--output", "json"], None).await;
-    assert_eq!(broken_json.code, Some(1), "{broken_json:?}");
+    let broken_json = run_cli(
+        &["check-config", broken.path(), "--output", "json"],
+        None,
+        1,
+    )
+    .await;
     assert_eq!(broken_json.stderr, "");
     assert_eq!(
         broken_json.json(),

@@ -23,6 +23,29 @@ fn payment(call_id: &str, actor: &str, amount: u64) -> pb::Proposal {
     )
 }
 
+/// `token` grants `id`, and the server refuses it with `code`.
+async fn grant_refused(
+    server: &TestServer,
+    token: &str,
+    id: &str,
+    code: Code,
+    why: &str,
+) -> tonic::Status {
+    let status = server.grant(token, id).await.expect_err(why);
+    assert_eq!(status.code(), code, "{why}: {status:?}");
+    status
+}
+
+/// `token` grants `id`.
+async fn grant_ok(server: &TestServer, token: &str, id: &str, why: &str) {
+    server.grant(token, id).await.expect(why);
+}
+
+/// The status of approval `id`, as alice reads it.
+async fn approval_status(server: &TestServer, id: &str) -> pb::ApprovalStatus {
+    server.get_approval(ALICE, id).await.expect("get").status()
+}
+
 #[tokio::test]
 async fn threshold_flow_from_request_to_grant() {
     let server = TestServer::start_file(POLICY).await;
@@ -69,28 +92,40 @@ async fn threshold_flow_from_request_to_grant() {
     );
 
     // A reviewer without the approver role cannot grant.
-    let status = server
-        .grant(BOB, &first.approval_id)
-        .await
-        .expect_err("bob lacks the role");
-    assert_eq!(status.code(), Code::PermissionDenied);
+    grant_refused(
+        &server,
+        BOB,
+        &first.approval_id,
+        Code::PermissionDenied,
+        "bob lacks the role",
+    )
+    .await;
     // A reviewer outside the workspace cannot grant.
-    let status = server
-        .grant(DAVE, &first.approval_id)
-        .await
-        .expect_err("dave is in globex");
-    assert_eq!(status.code(), Code::PermissionDenied);
+    grant_refused(
+        &server,
+        DAVE,
+        &first.approval_id,
+        Code::PermissionDenied,
+        "dave is in globex",
+    )
+    .await;
     // An unknown id is NOT_FOUND, a malformed one INVALID_ARGUMENT.
-    let status = server
-        .grant(ALICE, "6f1e2a9c-57f5-4c8e-9a55-0d3a1c2b4e5f")
-        .await
-        .expect_err("unknown");
-    assert_eq!(status.code(), Code::NotFound);
-    let status = server
-        .grant(ALICE, "not-a-uuid")
-        .await
-        .expect_err("malformed");
-    assert_eq!(status.code(), Code::InvalidArgument);
+    grant_refused(
+        &server,
+        ALICE,
+        "6f1e2a9c-57f5-4c8e-9a55-0d3a1c2b4e5f",
+        Code::NotFound,
+        "unknown",
+    )
+    .await;
+    let status = grant_refused(
+        &server,
+        ALICE,
+        "not-a-uuid",
+        Code::InvalidArgument,
+        "malformed",
+    )
+    .await;
     assert_eq!(violation_field(&status), "approval_id");
 
     let granted = server
@@ -99,11 +134,14 @@ async fn threshold_flow_from_request_to_grant() {
         .expect("alice grants");
     assert_eq!(granted.status(), pb::ApprovalStatus::Granted);
     assert_eq!(granted.decided_by, "alice");
-    let status = server
-        .grant(ALICE, &first.approval_id)
-        .await
-        .expect_err("not pending any more");
-    assert_eq!(status.code(), Code::FailedPrecondition);
+    grant_refused(
+        &server,
+        ALICE,
+        &first.approval_id,
+        Code::FailedPrecondition,
+        "not pending any more",
+    )
+    .await;
 
     let approved = server.decide_ok(HOST, &payer, &large).await;
     assert_eq!(
@@ -156,20 +194,20 @@ async fn a_reviewer_never_approves_its_own_actors_request() {
         .decide_ok(HOST, &carol, &payment("c1", "carol", 20000))
         .await;
     assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
-    let status = server
-        .grant(CAROL, &answer.approval_id)
-        .await
-        .expect_err("self approval");
-    assert_eq!(status.code(), Code::PermissionDenied);
+    let status = grant_refused(
+        &server,
+        CAROL,
+        &answer.approval_id,
+        Code::PermissionDenied,
+        "self approval",
+    )
+    .await;
     assert!(
         status.message().contains("own actor"),
         "{}",
         status.message()
     );
-    server
-        .grant(ALICE, &answer.approval_id)
-        .await
-        .expect("another reviewer may");
+    grant_ok(&server, ALICE, &answer.approval_id, "another reviewer may").await;
     server.stop().await;
 }
 
@@ -182,27 +220,22 @@ async fn pending_and_granted_approvals_expire_on_the_injected_clock() {
 
     server.clock.advance(Duration::from_secs(299));
     assert_eq!(
-        server
-            .get_approval(ALICE, &first.approval_id)
-            .await
-            .expect("get")
-            .status(),
+        approval_status(&server, &first.approval_id).await,
         pb::ApprovalStatus::Pending
     );
     server.clock.advance(Duration::from_secs(1));
     assert_eq!(
-        server
-            .get_approval(ALICE, &first.approval_id)
-            .await
-            .expect("get")
-            .status(),
+        approval_status(&server, &first.approval_id).await,
         pb::ApprovalStatus::Expired
     );
-    let status = server
-        .grant(ALICE, &first.approval_id)
-        .await
-        .expect_err("expired");
-    assert_eq!(status.code(), Code::FailedPrecondition);
+    grant_refused(
+        &server,
+        ALICE,
+        &first.approval_id,
+        Code::FailedPrecondition,
+        "expired",
+    )
+    .await;
 
     // The same proposal after expiry: a new request.
     let second = server.decide_ok(HOST, &payer, &large).await;
@@ -210,10 +243,7 @@ async fn pending_and_granted_approvals_expire_on_the_injected_clock() {
     assert_ne!(second.approval_id, first.approval_id);
 
     // A grant is honoured until the grant TTL, not after.
-    server
-        .grant(ALICE, &second.approval_id)
-        .await
-        .expect("grant");
+    grant_ok(&server, ALICE, &second.approval_id, "grant").await;
     server.clock.advance(Duration::from_secs(599));
     assert_eq!(
         server.decide_ok(HOST, &payer, &large).await.reason,
@@ -224,11 +254,7 @@ async fn pending_and_granted_approvals_expire_on_the_injected_clock() {
     assert_eq!(after.outcome(), pb::Outcome::RequireApproval);
     assert_ne!(after.approval_id, second.approval_id);
     assert_eq!(
-        server
-            .get_approval(ALICE, &second.approval_id)
-            .await
-            .expect("get")
-            .status(),
+        approval_status(&server, &second.approval_id).await,
         pb::ApprovalStatus::Expired
     );
     server.stop().await;
@@ -253,10 +279,7 @@ async fn a_revoked_grant_is_not_honoured() {
         .await
         .expect_err("pending cannot be revoked");
     assert_eq!(status.code(), Code::FailedPrecondition);
-    server
-        .grant(ALICE, &first.approval_id)
-        .await
-        .expect("grant");
+    grant_ok(&server, ALICE, &first.approval_id, "grant").await;
     let status = revoke(BOB, first.approval_id.clone())
         .await
         .expect_err("bob lacks the role");
@@ -279,25 +302,22 @@ async fn a_grant_is_honoured_only_in_its_workspace() {
     let in_acme = server
         .decide_ok(HOST, &session("payer", "s1", "acme"), &wire)
         .await;
-    server
-        .grant(ALICE, &in_acme.approval_id)
-        .await
-        .expect("grant");
+    grant_ok(&server, ALICE, &in_acme.approval_id, "grant").await;
     let in_globex = server
         .decide_ok(HOST, &session("payer", "s2", "globex"), &wire)
         .await;
     assert_eq!(in_globex.outcome(), pb::Outcome::RequireApproval);
     assert_ne!(in_globex.approval_id, in_acme.approval_id);
     assert_eq!(in_globex.fingerprint, in_acme.fingerprint);
-    let status = server
-        .grant(ALICE, &in_globex.approval_id)
-        .await
-        .expect_err("alice is acme only");
-    assert_eq!(status.code(), Code::PermissionDenied);
-    server
-        .grant(DAVE, &in_globex.approval_id)
-        .await
-        .expect("dave covers globex");
+    grant_refused(
+        &server,
+        ALICE,
+        &in_globex.approval_id,
+        Code::PermissionDenied,
+        "alice is acme only",
+    )
+    .await;
+    grant_ok(&server, DAVE, &in_globex.approval_id, "dave covers globex").await;
     server.stop().await;
 }
 
@@ -634,10 +654,7 @@ async fn pending_requests_are_capped_per_actor() {
     assert_eq!(info.decisions, 6, "the refused call was not charged");
     // Deciding one frees a slot.
     let first = &server.all_approvals(ALICE).await[0];
-    server
-        .grant(ALICE, &first.approval_id)
-        .await
-        .expect("grant");
+    grant_ok(&server, ALICE, &first.approval_id, "grant").await;
     let answer = server
         .decide_ok(HOST, &payer, &payment("c6", "payer", 20000))
         .await;
@@ -657,7 +674,7 @@ async fn list_approvals_filters_and_pages() {
             .await;
         ids.push(answer.approval_id);
     }
-    server.grant(ALICE, &ids[1]).await.expect("grant");
+    grant_ok(&server, ALICE, &ids[1], "grant").await;
     let list = |request: pb::ListApprovalsRequest| {
         let mut approvals = server.approvals();
         async move { approvals.list_approvals(authed(request, ALICE)).await }
@@ -740,10 +757,7 @@ async fn approvals_survive_a_policy_reload() {
         .await;
     let reloaded = Policy::load(&repo_path(POLICY)).expect("policy");
     server.engine.replace_policy(reloaded);
-    server
-        .grant(ALICE, &answer.approval_id)
-        .await
-        .expect("grant after reload");
+    grant_ok(&server, ALICE, &answer.approval_id, "grant after reload").await;
     assert_eq!(
         server
             .decide_ok(HOST, &payer, &payment("c1", "payer", 20000))

@@ -23,7 +23,9 @@ use crate::support::model::{
 use crate::support::policies::{self, TICKETS};
 use crate::support::tokens::EXAMPLE_REVIEWER as REVIEWER;
 use crate::support::{EPOCH, TestServer, authed, pb, session};
-use crate::support::{deny_request, grant_request, revoke_request};
+use crate::support::{
+    decide_request, deny_request, dispatch_request, grant_request, revoke_request,
+};
 
 /// `[limits]` of tickets.toml, and the defaults it does not override.
 const PENDING_TTL_MS: u64 = 300_000;
@@ -397,10 +399,7 @@ impl Run {
         let answer = self
             .server
             .pdp()
-            .dispatch(pb::DispatchRequest {
-                session: Some(session.clone()),
-                proposal: Some(call.proposal(respell)),
-            })
+            .dispatch(dispatch_request(session.clone(), call.proposal(respell)))
             .await
             .map(tonic::Response::into_inner);
         let context = format!(
@@ -492,10 +491,7 @@ impl Run {
         let answer = self
             .server
             .pdp()
-            .decide(pb::DecideRequest {
-                session: Some(session.clone()),
-                proposal: Some(call.proposal(respell)),
-            })
+            .decide(decide_request(session.clone(), call.proposal(respell)))
             .await
             .map(tonic::Response::into_inner);
         let context = format!(
@@ -550,32 +546,22 @@ impl Run {
     /// Grant, deny or revoke; true when the reviewer's verdict took effect.
     async fn review(&mut self, approval_id: &str, verdict: Review) -> bool {
         let expected = self.model.predict_review(approval_id, verdict);
+        let mut approvals = self.server.approvals();
         let answer = match verdict {
             Review::Grant => {
                 let request = grant_request(approval_id, "looks right");
-                self.server
-                    .approvals()
-                    .grant_approval(authed(request, REVIEWER))
-                    .await
-                    .map(tonic::Response::into_inner)
+                approvals.grant_approval(authed(request, REVIEWER)).await
             }
             Review::Deny => {
                 let request = deny_request(approval_id, "not this one");
-                self.server
-                    .approvals()
-                    .deny_approval(authed(request, REVIEWER))
-                    .await
-                    .map(tonic::Response::into_inner)
+                approvals.deny_approval(authed(request, REVIEWER)).await
             }
             Review::Revoke => {
                 let request = revoke_request(approval_id, "changed my mind");
-                self.server
-                    .approvals()
-                    .revoke_approval(authed(request, REVIEWER))
-                    .await
-                    .map(tonic::Response::into_inner)
+                approvals.revoke_approval(authed(request, REVIEWER)).await
             }
-        };
+        }
+        .map(tonic::Response::into_inner);
         let context = format!("{}: {verdict:?} approval {approval_id}", self.at());
         match (expected, answer) {
             (Err(code), Err(status)) => {

@@ -5,7 +5,8 @@ use tonic::Code;
 use crate::support::policies::{docs_search_pin, policy_text, repo_path};
 use crate::support::tokens::ALICE;
 use crate::support::{
-    Manifest, Policy, TestServer, authed, pb, proposal, session, violation_field,
+    Manifest, Policy, TestServer, authed, pb, proposal, remove_pin_request, session,
+    violation_field,
 };
 
 fn example_manifest() -> pb::Manifest {
@@ -606,34 +607,19 @@ async fn api_pins_are_made_listed_and_removed() {
 
     // A policy pin is changed by editing the policy, not through the API.
     let status = pins
-        .remove_pin(authed(
-            pb::RemovePinRequest {
-                server_id: "docs-search".into(),
-            },
-            ALICE,
-        ))
+        .remove_pin(authed(remove_pin_request("docs-search"), ALICE))
         .await
         .expect_err("policy pin");
     assert_eq!(status.code(), Code::FailedPrecondition);
 
     let removed = pins
-        .remove_pin(authed(
-            pb::RemovePinRequest {
-                server_id: "tickets".into(),
-            },
-            ALICE,
-        ))
+        .remove_pin(authed(remove_pin_request("tickets"), ALICE))
         .await
         .expect("remove")
         .into_inner();
     assert_eq!(removed.fingerprint, pin.fingerprint);
     let status = pins
-        .remove_pin(authed(
-            pb::RemovePinRequest {
-                server_id: "tickets".into(),
-            },
-            ALICE,
-        ))
+        .remove_pin(authed(remove_pin_request("tickets"), ALICE))
         .await
         .expect_err("already removed");
     assert_eq!(status.code(), Code::NotFound);

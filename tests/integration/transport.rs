@@ -86,12 +86,27 @@ fn resource_message(name: &str) -> Vec<u8> {
 
 /// One call on its own connection: headers, then `body` in one DATA frame.
 async fn raw_call(addr: SocketAddr, path: &str, content_type: &str, body: Bytes) -> RawAnswer {
-    let (mut client, _driver) = raw::connect(addr, &h2::client::Builder::new()).await;
-    let (response, mut stream) = client
-        .send_request(grpc_request(addr, path, content_type, HOST), false)
-        .expect("send headers");
+    let (_client, _driver, response, mut stream) = open(addr, path, content_type).await;
     stream.send_data(body, true).expect("send body");
     read_answer(response).await
+}
+
+/// A connection (open while its client and driver live), the answer to
+/// come of one call on it and the stream the call's body goes on.
+type OpenCall = (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+    h2::client::ResponseFuture,
+    h2::SendStream<Bytes>,
+);
+
+/// A connection of its own and the headers of one call by HOST.
+async fn open(addr: SocketAddr, path: &str, content_type: &str) -> OpenCall {
+    let (mut client, driver) = raw::connect(addr, &h2::client::Builder::new()).await;
+    let (response, stream) = client
+        .send_request(grpc_request(addr, path, content_type, HOST), false)
+        .expect("send headers");
+    (client, driver, response, stream)
 }
 
 // ---------------------------------------------------------------------------
@@ -236,13 +251,8 @@ async fn one_connection_of_bodiless_calls_cannot_take_every_permit() {
 #[tokio::test]
 async fn a_message_that_does_not_arrive_in_time_is_deadline_exceeded() {
     let server = start("read_timeout_ms = 200").await;
-    let (mut client, _driver) = raw::connect(server.addr, &h2::client::Builder::new()).await;
-    let (response, mut stream) = client
-        .send_request(
-            grpc_request(server.addr, DECIDE, "application/grpc", HOST),
-            false,
-        )
-        .expect("send headers");
+    let (_client, _driver, response, mut stream) =
+        open(server.addr, DECIDE, "application/grpc").await;
     // Half a message, then nothing.
     let whole = framed(0, &decide_message("late"));
     stream
@@ -268,13 +278,8 @@ async fn a_message_that_does_not_arrive_in_time_is_deadline_exceeded() {
 #[tokio::test]
 async fn a_message_over_the_limit_is_refused_from_its_length_prefix() {
     let server = start("").await;
-    let (mut client, _driver) = raw::connect(server.addr, &h2::client::Builder::new()).await;
-    let (response, mut stream) = client
-        .send_request(
-            grpc_request(server.addr, DECIDE, "application/grpc", HOST),
-            false,
-        )
-        .expect("send headers");
+    let (_client, _driver, response, mut stream) =
+        open(server.addr, DECIDE, "application/grpc").await;
     // Only the header of a 2 MiB message: the answer needs no more.
     let mut header = vec![0u8];
     header.extend_from_slice(&(2u32 << 20).to_be_bytes());

@@ -19,7 +19,7 @@ pub mod tokens;
 
 pub use requests::{
     authed, decide_request, deny_request, dispatch_request, grant_request, proposal, read_balance,
-    revoke_request, session, violation_field, violation_rule,
+    remove_pin_request, revoke_request, session, violation_field, violation_rule,
 };
 pub use server::{EPOCH, TestServer};
 

@@ -110,3 +110,9 @@ pub fn revoke_request(
         reason: reason.into(),
     }
 }
+
+pub fn remove_pin_request(server_id: impl Into<String>) -> pb::RemovePinRequest {
+    pb::RemovePinRequest {
+        server_id: server_id.into(),
+    }
+}

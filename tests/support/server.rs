@@ -18,7 +18,7 @@ use super::pb::policy_decision_point_client::PolicyDecisionPointClient;
 use super::pb::resources_client::ResourcesClient;
 use super::{
     Engine, Listeners, ManualClock, Policy, Timestamp, authed, decide_request, dispatch_request,
-    pb, policies, serve_with,
+    pb, policies, serve_with, session,
 };
 
 /// 2026-11-29T00:00:00Z: tests start every clock here.
@@ -114,6 +114,16 @@ impl TestServer {
 
     pub fn resources(&self) -> ResourcesClient<Channel> {
         ResourcesClient::new(self.channel.clone())
+    }
+
+    /// Dispatch by `agent` in session `s1` of workspace `w`, with no host
+    /// token (the default host).
+    pub async fn dispatch_agent(
+        &self,
+        proposal: &pb::Proposal,
+    ) -> Result<pb::DispatchResponse, tonic::Status> {
+        self.dispatch("", &session("agent", "s1", "w"), proposal)
+            .await
     }
 
     /// Decide as host `token` for a session and proposal.
@@ -244,14 +254,7 @@ impl TestServer {
 
     /// The overall health status (`grpc.health.v1`, service "").
     pub async fn health(&self) -> tonic_health::pb::health_check_response::ServingStatus {
-        tonic_health::pb::health_client::HealthClient::new(self.channel.clone())
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("health")
-            .into_inner()
-            .status()
+        overall_health(self.channel.clone()).await
     }
 
     /// A resource's value and version, read with `token`.
@@ -285,4 +288,18 @@ impl TestServer {
             handle.await.expect("server task ends cleanly");
         }
     }
+}
+
+/// The overall health status (`grpc.health.v1`, service "") asked on `channel`.
+pub async fn overall_health(
+    channel: Channel,
+) -> tonic_health::pb::health_check_response::ServingStatus {
+    tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health")
+        .into_inner()
+        .status()
 }

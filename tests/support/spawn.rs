@@ -158,14 +158,7 @@ impl Spawned {
 
     /// Overall health, asked on a new connection.
     pub async fn health(&self) -> ServingStatus {
-        tonic_health::pb::health_client::HealthClient::new(self.channel().await)
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .expect("health")
-            .into_inner()
-            .status()
+        super::server::overall_health(self.channel().await).await
     }
 
     /// GET /metrics: the samples by `name{labels}`.

@@ -51,12 +51,12 @@ pub(super) fn missing_fields_cases(_fx: &Fixture) -> Vec<Case> {
     ));
     add(case(
         "empty call id",
-        decide(payer(), proposal("", "payer", "read_balance", 0, "{}")),
+        by_payer("", "read_balance", 0, "{}"),
         invalid("proposal.call_id", "must not be empty"),
     ));
     add(case(
         "empty tool name",
-        decide(payer(), proposal("c-new", "payer", "", 0, "{}")),
+        by_payer("c-new", "", 0, "{}"),
         invalid("proposal.name", "must not be empty"),
     ));
     add(case(
@@ -113,60 +113,39 @@ pub(super) fn identifiers_cases(_fx: &Fixture) -> Vec<Case> {
     ));
     add(case(
         "cyrillic а in call id",
-        decide(
-            payer(),
-            proposal(&format!("c-{CYRILLIC_A}"), "payer", "read_balance", 0, "{}"),
-        ),
+        by_payer(&format!("c-{CYRILLIC_A}"), "read_balance", 0, "{}"),
         invalid("proposal.call_id", "must match"),
     ));
     add(case(
         "right-to-left override in call id",
-        decide(
-            payer(),
-            proposal("c\u{202e}1", "payer", "read_balance", 0, "{}"),
-        ),
+        by_payer("c\u{202e}1", "read_balance", 0, "{}"),
         invalid("proposal.call_id", "must match"),
     ));
     add(case(
         "call id starting with a digit",
-        decide(payer(), proposal("1c", "payer", "read_balance", 0, "{}")),
+        by_payer("1c", "read_balance", 0, "{}"),
         invalid("proposal.call_id", "must start with an ASCII letter"),
     ));
     add(case(
         "cyrillic е in tool name",
-        decide(
-            payer(),
-            proposal(
-                "c-new",
-                "payer",
-                &format!("r{CYRILLIC_E}ad_balance"),
-                0,
-                "{}",
-            ),
-        ),
+        by_payer("c-new", &format!("r{CYRILLIC_E}ad_balance"), 0, "{}"),
         invalid("proposal.name", "must match"),
     ));
     add(case(
         "zero-width space in tool name",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "read\u{200b}_balance", 0, "{}"),
-        ),
+        by_payer("c-new", "read\u{200b}_balance", 0, "{}"),
         invalid("proposal.name", "must match"),
     ));
     add(case(
         "NUL in tool name",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "read_balance\u{0}", 0, "{}"),
-        ),
+        by_payer("c-new", "read_balance\u{0}", 0, "{}"),
         invalid("proposal.name", "must match"),
     ));
     add(charged(
         true,
         case(
             "tool name in another case is another (unknown) tool",
-            decide(payer(), proposal("c-new", "payer", "Read_Balance", 0, "{}")),
+            by_payer("c-new", "Read_Balance", 0, "{}"),
             answer(Deny, "unknown-tool"),
         ),
     ));
@@ -181,18 +160,12 @@ pub(super) fn sizes_cases(_fx: &Fixture) -> Vec<Case> {
     let mut add = |case: Case| cases.push(case);
     add(case(
         "512 KiB call id",
-        decide(
-            payer(),
-            proposal(&"c".repeat(512 * 1024), "payer", "read_balance", 0, "{}"),
-        ),
+        by_payer(&"c".repeat(512 * 1024), "read_balance", 0, "{}"),
         invalid("proposal.call_id", "at most 40"),
     ));
     add(case(
         "1 MiB call id: over the message limit",
-        decide(
-            payer(),
-            proposal(&"c".repeat(MIB), "payer", "read_balance", 0, "{}"),
-        ),
+        by_payer(&"c".repeat(MIB), "read_balance", 0, "{}"),
         error(Code::ResourceExhausted, "too large"),
     ));
     add(case(
@@ -212,17 +185,13 @@ pub(super) fn sizes_cases(_fx: &Fixture) -> Vec<Case> {
 
     add(case(
         "1,000-character memo against maxLength 140",
-        decide(
-            payer(),
-            proposal(
-                "c-new",
-                "payer",
-                "payment_execute",
-                0,
-                &format!(
-                    r#"{{"amount":5,"account_number":"12345678","memo":"{}"}}"#,
-                    "m".repeat(1_000)
-                ),
+        by_payer(
+            "c-new",
+            "payment_execute",
+            0,
+            &format!(
+                r#"{{"amount":5,"account_number":"12345678","memo":"{}"}}"#,
+                "m".repeat(1_000)
             ),
         ),
         invalid("proposal.arguments.memo", "fails the input schema"),
@@ -239,18 +208,12 @@ pub(super) fn versions_cases(_fx: &Fixture) -> Vec<Case> {
     let mut add = |case: Case| cases.push(case);
     add(case(
         "version 2^53 + 1",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "read_balance", (1 << 53) + 1, "{}"),
-        ),
+        by_payer("c-new", "read_balance", (1 << 53) + 1, "{}"),
         invalid("proposal.version", "at most 2^53"),
     ));
     add(case(
         "version u64::MAX",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "read_balance", u64::MAX, "{}"),
-        ),
+        by_payer("c-new", "read_balance", u64::MAX, "{}"),
         invalid("proposal.version", "at most 2^53"),
     ));
     add(case(
@@ -370,15 +333,11 @@ pub(super) fn surrogates_cases(_fx: &Fixture) -> Vec<Case> {
     }
     add(case(
         "a valid surrogate pair parses (then the pattern refuses it)",
-        decide(
-            payer(),
-            proposal(
-                "c-new",
-                "payer",
-                "payment_execute",
-                0,
-                r#"{"amount":5,"account_number":"\ud83d\ude00"}"#,
-            ),
+        by_payer(
+            "c-new",
+            "payment_execute",
+            0,
+            r#"{"amount":5,"account_number":"\ud83d\ude00"}"#,
         ),
         invalid(
             "proposal.arguments.account_number",
@@ -387,15 +346,11 @@ pub(super) fn surrogates_cases(_fx: &Fixture) -> Vec<Case> {
     ));
     add(case(
         "arabic-indic digits do not pass [0-9]",
-        decide(
-            payer(),
-            proposal(
-                "c-new",
-                "payer",
-                "payment_execute",
-                0,
-                r#"{"amount":5,"account_number":"١٢٣٤٥٦٧٨"}"#,
-            ),
+        by_payer(
+            "c-new",
+            "payment_execute",
+            0,
+            r#"{"amount":5,"account_number":"١٢٣٤٥٦٧٨"}"#,
         ),
         invalid(
             "proposal.arguments.account_number",
@@ -517,20 +472,14 @@ pub(super) fn many_arguments_cases(_fx: &Fixture) -> Vec<Case> {
     let mut add = |case: Case| cases.push(case);
     add(case(
         "10,000 arguments to a manifest-gated tool: the gate answers first",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "search_docs", 0, &wide(10_000)),
-        ),
+        by_payer("c-new", "search_docs", 0, &wide(10_000)),
         answer(Deny, "manifest-unverified"),
     ));
     add(charged(
         false,
         case(
             "10,000 arguments against an open schema: ALLOW, one decision charged, nothing stored",
-            decide(
-                payer(),
-                proposal("c-wide", "payer", "open_read", 0, &wide(10_000)),
-            ),
+            by_payer("c-wide", "open_read", 0, &wide(10_000)),
             answer(Allow, "allowed"),
         ),
     ));
@@ -545,24 +494,17 @@ pub(super) fn claims_in_arguments_cases(_fx: &Fixture) -> Vec<Case> {
     let mut add = |case: Case| cases.push(case);
     add(case(
         "approved: true in the arguments is refused by the schema",
-        decide(
-            payer(),
-            proposal(
-                "c-new",
-                "payer",
-                "payment_execute",
-                0,
-                r#"{"amount":50000,"account_number":"12345678","approved":true,"reviewer":"alice"}"#,
-            ),
+        by_payer(
+            "c-new",
+            "payment_execute",
+            0,
+            r#"{"amount":50000,"account_number":"12345678","approved":true,"reviewer":"alice"}"#,
         ),
         invalid("proposal.arguments", "fails the input schema"),
     ));
     add(case(
         "missing required argument",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "payment_execute", 0, r#"{"amount":5}"#),
-        ),
+        by_payer("c-new", "payment_execute", 0, r#"{"amount":5}"#),
         invalid("proposal.arguments", "fails the input schema"),
     ));
     cases
@@ -586,10 +528,7 @@ pub(super) fn refusals_that_are_answers_cases(fx: &Fixture) -> Vec<Case> {
     ));
     add(case(
         "unknown tool with arguments its schema would refuse",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "no_such_tool", 0, &wide(100)),
-        ),
+        by_payer("c-new", "no_such_tool", 0, &wide(100)),
         answer(Deny, "unknown-tool"),
     ));
     add(opening(case(
@@ -602,40 +541,22 @@ pub(super) fn refusals_that_are_answers_cases(fx: &Fixture) -> Vec<Case> {
     )));
     add(opening(case(
         "actor without the tool's role",
-        decide(
-            session("guest", "s-guest", "acme"),
-            proposal(
-                "c-new",
-                "guest",
-                "payment_execute",
-                0,
-                r#"{"amount":5,"account_number":"12345678"}"#,
-            ),
-        ),
+        decide(guest(), guest_payment()),
         answer(Deny, "not-authorized"),
     )));
     add(case(
         "manifest-gated tool before any assessment",
-        decide(
-            payer(),
-            proposal("c-new", "payer", "search_docs", 0, r#"{"query":"x"}"#),
-        ),
+        by_payer("c-new", "search_docs", 0, r#"{"query":"x"}"#),
         answer(Deny, "manifest-unverified"),
     ));
     add(case(
         "a decided call id with other arguments",
-        decide(
-            payer(),
-            proposal("c-base", "payer", "read_balance", 0, r#"{"account":"a2"}"#),
-        ),
+        by_payer("c-base", "read_balance", 0, r#"{"account":"a2"}"#),
         answer(Deny, "call-id-conflict"),
     ));
     add(case(
         "a decided call id again costs nothing",
-        decide(
-            payer(),
-            proposal("c-base", "payer", "read_balance", 0, r#"{"account":"a1"}"#),
-        ),
+        by_payer("c-base", "read_balance", 0, r#"{"account":"a1"}"#),
         answer(Allow, "allowed"),
     ));
     add(case(
@@ -706,20 +627,24 @@ async fn ten_thousand_arguments_against_a_closed_schema() {
 #[tokio::test]
 async fn a_5000_character_memo_against_max_length_140() {
     assert_exact_and_unchanged(
-        decide(
-            payer(),
-            proposal(
-                "c-new",
-                "payer",
-                "payment_execute",
-                0,
-                &format!(
-                    r#"{{"amount":5,"account_number":"12345678","memo":"{}"}}"#,
-                    "m".repeat(5_000)
-                ),
+        by_payer(
+            "c-new",
+            "payment_execute",
+            0,
+            &format!(
+                r#"{{"amount":5,"account_number":"12345678","memo":"{}"}}"#,
+                "m".repeat(5_000)
             ),
         ),
         invalid("proposal.arguments.memo", "fails the input schema"),
     )
     .await;
+}
+
+/// Decide, in payer's base session, payer's proposal of `tool`.
+fn by_payer(call_id: &str, tool: &str, version: u64, arguments: &str) -> Call {
+    decide(
+        payer(),
+        proposal(call_id, "payer", tool, version, arguments),
+    )
 }

@@ -73,7 +73,7 @@ pub(super) fn refusals_cases(fx: &Fixture) -> Vec<Case> {
     add(case(
         "dispatch by an actor without the role, in a new session",
         dispatch(
-            session("guest", "s-guest", "acme"),
+            guest(),
             proposal(
                 "c-x",
                 "guest",
@@ -132,22 +132,19 @@ pub(super) fn refusals_cases(fx: &Fixture) -> Vec<Case> {
         dispatch(payer(), ticket("c-t1", 1, "lamp", "open")),
         dispatched(D::CallIdConflict, "call-id-conflict"),
     ));
-    add(charged(
-        true,
-        case(
-            "a stale version",
-            dispatch(payer(), ticket("c-t8", 0, "sensor", "done")),
-            dispatched(D::StaleVersion, "stale-version"),
-        ),
-    ));
-    add(charged(
-        true,
-        case(
-            "a future version",
-            dispatch(payer(), ticket("c-future", 1 << 53, "sensor", "done")),
-            dispatched(D::StaleVersion, "stale-version"),
-        ),
-    ));
+    for (name, call_id, version) in [
+        ("a stale version", "c-t8", 0),
+        ("a future version", "c-future", 1 << 53),
+    ] {
+        add(charged(
+            true,
+            case(
+                name,
+                dispatch(payer(), ticket(call_id, version, "sensor", "done")),
+                dispatched(D::StaleVersion, "stale-version"),
+            ),
+        ));
+    }
     add(case(
         "a pending proposal: the same request, nothing committed",
         dispatch(payer(), ticket("c-t3", 1, "lamp", "open")),

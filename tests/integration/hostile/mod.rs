@@ -573,6 +573,22 @@ fn payer() -> pb::Session {
     session("payer", "s-base", "acme")
 }
 
+/// guest's session `s-guest`: guest holds no role for payment_execute.
+fn guest() -> pb::Session {
+    session("guest", "s-guest", "acme")
+}
+
+/// guest's payment_execute proposal with a new call id.
+fn guest_payment() -> pb::Proposal {
+    proposal(
+        "c-new",
+        "guest",
+        "payment_execute",
+        0,
+        r#"{"amount":5,"account_number":"12345678"}"#,
+    )
+}
+
 fn decide(session: pb::Session, proposal: pb::Proposal) -> Call {
     Call::Decide(HOST, decide_request(session, proposal))
 }
@@ -837,17 +853,7 @@ async fn prepare(server: &TestServer, before: Before) {
             proposal("c-new", "payer", "Read_Balance", 0, "{}"),
             "unknown-tool",
         ),
-        Before::GuestSession => (
-            session("guest", "s-guest", "acme"),
-            proposal(
-                "c-new",
-                "guest",
-                "payment_execute",
-                0,
-                r#"{"amount":5,"account_number":"12345678"}"#,
-            ),
-            "not-authorized",
-        ),
+        Before::GuestSession => (guest(), guest_payment(), "not-authorized"),
     };
     let answer = server.decide_ok(HOST, &session, &proposal).await;
     assert_eq!(answer.reason, reason, "{answer:?}");
