@@ -2,6 +2,7 @@
 `toolgate serve` process on 127.0.0.1:0 (its bound address is read from the
 line it prints on stdout, so no port is guessed and nothing sleeps)."""
 
+import json
 import os
 import pathlib
 import queue
@@ -37,6 +38,26 @@ def _generate_stubs() -> None:
         raise RuntimeError(f"protoc failed with {code}")
     for package in (GEN / "toolgate", GEN / "toolgate" / "v1"):
         (package / "__init__.py").touch()
+
+
+
+def events_by_name(stderr: str) -> dict:
+    """The JSON log lines on `stderr` that name an event, grouped by that name."""
+    by_name = {}
+    for line in stderr.splitlines():
+        if line.strip():
+            event = json.loads(line)
+            if "event" in event:
+                by_name.setdefault(event["event"], []).append(event)
+    return by_name
+
+
+def reap(process, watchdog) -> None:
+    """Cancel `watchdog`, then kill `process` if it still runs and wait for it."""
+    watchdog.cancel()
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(scope="session")

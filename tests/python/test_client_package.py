@@ -15,7 +15,7 @@ import threading
 import grpc
 import pytest
 
-from conftest import REPO, Server, toolgate_bin
+from conftest import REPO, Server, toolgate_bin, reap
 
 PACKAGE = REPO / "clients" / "python"
 QUICKSTART = REPO / "examples" / "python" / "quickstart.py"
@@ -158,10 +158,7 @@ def run_quickstart(python, server, cwd):
         stderr = process.stderr.read()
         code = process.wait()
     finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        reap(process, watchdog)
     return code, lines, stderr
 
 

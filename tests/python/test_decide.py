@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from conftest import REPO, Server
+from conftest import REPO, Server, events_by_name
 
 POLICY = REPO / "tests" / "fixtures" / "decide.toml"
 HOST = [("authorization", "Bearer host-secret")]
@@ -144,11 +144,7 @@ def test_audit_events_are_json_lines(pb, tmp_path):
         approvals = pb2_grpc.ApprovalsStub(channel)
         approvals.GrantApproval(pb2.GrantApprovalRequest(approval_id=answer.approval_id), metadata=ALICE)
     stderr = server.stop()
-    events = [json.loads(line) for line in stderr.splitlines() if line.strip()]
-    by_name = {}
-    for event in events:
-        if "event" in event:
-            by_name.setdefault(event["event"], []).append(event)
+    by_name = events_by_name(stderr)
     decision = by_name["decision"][0]
     assert decision["reason"] == "approval-threshold-exceeded"
     assert decision["fingerprint"] == answer.fingerprint

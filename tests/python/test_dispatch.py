@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 
-from conftest import REPO, Server
+from conftest import REPO, Server, events_by_name
 
 TICKETS = REPO / "examples" / "tickets.toml"
 # The host API of tickets.toml is open; the reviewer API takes the example token.
@@ -298,11 +298,7 @@ def test_dispatch_audit_events_are_json_lines(pb):
         t.channel.close()
     finally:
         stderr = server.stop()
-    events = [json.loads(line) for line in stderr.splitlines() if line.strip()]
-    by_name = {}
-    for event in events:
-        if "event" in event:
-            by_name.setdefault(event["event"], []).append(event)
+    by_name = events_by_name(stderr)
 
     dispatched = by_name["tool_call_dispatched"]
     assert [(e["call_id"], e["replayed"], e["receipt_id"], e["version"], e["resource"]) for e in dispatched] == [

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from google.protobuf import json_format, message_factory
 
-from conftest import REPO, toolgate_bin
+from conftest import REPO, toolgate_bin, reap
 
 TICKETS = REPO / "examples" / "tickets.toml"
 PYTHON_HOST = REPO / "examples" / "python" / "host.py"
@@ -104,13 +104,20 @@ def run_host(args, reviewer, tmp_path, on_waiting=None, env=None):
                 on_waiting(fields["approval_id"])
         code = process.wait()
     finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        reap(process, watchdog)
         process.stdout.close()
     return code, lines, stderr_path.read_text()
 
+
+
+def assert_refused_without_token(name, host, reviewer, tmp_path, lamp):
+    """`host` run with no token exits 1 on UNAUTHENTICATED, printing nothing on
+    stdout, and leaves the lamp at `lamp`."""
+    code, lines, stderr = run_host(host, reviewer, tmp_path, env=script_env())
+    assert code == 1, f"{name} without a token exited {code}: {lines} {stderr}"
+    assert lines == []
+    assert stderr.startswith("host: UNAUTHENTICATED: ") and "authorization" in stderr, stderr
+    assert reviewer.resource("lamp") == lamp, "the refused run changed nothing"
 
 def script_env(**overrides):
     """The environment a host runs in as an executable: its shebang's
@@ -258,11 +265,7 @@ def test_python_host_sends_its_token(pb, tickets_server_with_host_token, tmp_pat
     assert code == 0, f"host.py with TOOLGATE_TOKEN exited {code}: {lines} {stderr}"
     assert python_host_run(lines)[1:] == (["2", "3"], ["3", "4"])
 
-    code, lines, stderr = run_host(host, reviewer, tmp_path, env=script_env())
-    assert code == 1, f"host.py without a token exited {code}: {lines} {stderr}"
-    assert lines == []
-    assert stderr.startswith("host: UNAUTHENTICATED: ") and "authorization" in stderr, stderr
-    assert reviewer.resource("lamp") == ("done", 4), "the refused run changed nothing"
+    assert_refused_without_token("host.py", host, reviewer, tmp_path, ("done", 4))
     reviewer.channel.close()
 
 
@@ -286,11 +289,7 @@ def test_node_host_runs_twice_with_its_token(pb, tickets_server_with_host_token,
     assert call_ids[0] != call_ids[1], "each run is a new session"
     assert reviewer.resource("lamp") == ("done", 2)
 
-    code, lines, stderr = run_host(host, reviewer, tmp_path, env=script_env())
-    assert code == 1, f"host.mjs without a token exited {code}: {lines} {stderr}"
-    assert lines == []
-    assert stderr.startswith("host: UNAUTHENTICATED: ") and "authorization" in stderr, stderr
-    assert reviewer.resource("lamp") == ("done", 2), "the refused run changed nothing"
+    assert_refused_without_token("host.mjs", host, reviewer, tmp_path, ("done", 2))
     reviewer.channel.close()
 
 
