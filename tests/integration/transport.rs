@@ -91,6 +91,12 @@ async fn raw_call(addr: SocketAddr, path: &str, content_type: &str, body: Bytes)
     read_answer(response).await
 }
 
+/// The call ended with gRPC status `code` and exactly `message`.
+fn assert_status(answer: &RawAnswer, code: Code, message: &str) {
+    assert_eq!(answer.code, Some(code as i32), "{answer:?}");
+    assert_eq!(answer.message, message, "{answer:?}");
+}
+
 /// A connection (open while its client and driver live), the answer to
 /// come of one call on it and the stream the call's body goes on.
 type OpenCall = (
@@ -259,14 +265,10 @@ async fn a_message_that_does_not_arrive_in_time_is_deadline_exceeded() {
         .send_data(whole.slice(..whole.len() / 2), false)
         .expect("send half");
     let answer = read_answer(response).await;
-    assert_eq!(
-        answer.code,
-        Some(Code::DeadlineExceeded as i32),
-        "{answer:?}"
-    );
-    assert_eq!(
-        answer.message,
-        "the request message did not arrive within the server's 200 ms read timeout"
+    assert_status(
+        &answer,
+        Code::DeadlineExceeded,
+        "the request message did not arrive within the server's 200 ms read timeout",
     );
     assert_eq!(
         sample(&server.metrics().await, &refused("read-timeout")),
@@ -285,14 +287,10 @@ async fn a_message_over_the_limit_is_refused_from_its_length_prefix() {
     header.extend_from_slice(&(2u32 << 20).to_be_bytes());
     stream.send_data(Bytes::from(header), false).expect("send");
     let answer = read_answer(response).await;
-    assert_eq!(
-        answer.code,
-        Some(Code::ResourceExhausted as i32),
-        "{answer:?}"
-    );
-    assert_eq!(
-        answer.message,
-        "the request message is too large: 2097152 bytes, the limit is 1048576"
+    assert_status(
+        &answer,
+        Code::ResourceExhausted,
+        "the request message is too large: 2097152 bytes, the limit is 1048576",
     );
     server.stop().await;
 }
