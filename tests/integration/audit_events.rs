@@ -24,7 +24,7 @@ use crate::support::{
     AuditFormat, AuditLayer, Policy, REJECTION_BURST, REJECTION_LINES_PER_SECOND, TestServer,
     authed, pb, proposal, session, violation_field, violation_rule,
 };
-use crate::support::{deny_request, remove_pin_request, revoke_request};
+use crate::support::{deny_request, pin_request, remove_pin_request, revoke_request};
 
 // ----- capture ----------------------------------------------------------------
 
@@ -287,13 +287,7 @@ async fn every_invalid_argument_on_every_rpc_leaves_a_request_rejected_line() {
     ));
     let pinned = server
         .pins()
-        .pin_manifest(authed(
-            pb::PinManifestRequest {
-                manifest: None,
-                expected_fingerprint: "zz".into(),
-            },
-            ALICE,
-        ))
+        .pin_manifest(authed(pin_request(None, "zz"), ALICE))
         .await
         .expect_err("INVALID_ARGUMENT");
     cases.push((

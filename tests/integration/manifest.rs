@@ -5,7 +5,7 @@ use tonic::Code;
 use crate::support::policies::{docs_search_pin, policy_text, repo_path};
 use crate::support::tokens::ALICE;
 use crate::support::{
-    Manifest, Policy, TestServer, authed, pb, proposal, remove_pin_request, session,
+    Manifest, Policy, TestServer, authed, pb, pin_request, proposal, remove_pin_request, session,
     violation_field,
 };
 
@@ -267,10 +267,7 @@ async fn worked_example_through_assess_and_pin() {
     let pin = server
         .pins()
         .pin_manifest(authed(
-            pb::PinManifestRequest {
-                manifest: Some(worked_example()),
-                expected_fingerprint: WORKED_EXAMPLE_FINGERPRINT.into(),
-            },
+            pin_request(Some(worked_example()), WORKED_EXAMPLE_FINGERPRINT),
             ALICE,
         ))
         .await
@@ -321,10 +318,7 @@ async fn content_the_reference_fingerprints_is_never_invalid() {
     let pin = server
         .pins()
         .pin_manifest(authed(
-            pb::PinManifestRequest {
-                manifest: Some(manifest.clone()),
-                expected_fingerprint: answer.fingerprint.clone(),
-            },
+            pin_request(Some(manifest.clone()), answer.fingerprint.clone()),
             ALICE,
         ))
         .await
@@ -388,13 +382,7 @@ async fn duplicate_and_empty_tool_names_are_unsafe_not_invalid() {
         manifest.server_id = "unsafe-server".into();
         let status = server
             .pins()
-            .pin_manifest(authed(
-                pb::PinManifestRequest {
-                    manifest: Some(manifest),
-                    expected_fingerprint: String::new(),
-                },
-                ALICE,
-            ))
+            .pin_manifest(authed(pin_request(Some(manifest), ""), ALICE))
             .await
             .expect_err("an unsafe manifest is not pinned");
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
@@ -507,13 +495,7 @@ async fn mcp_fields_are_hashed_and_diffed_only_when_present() {
     assert_eq!(plain.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
     server
         .pins()
-        .pin_manifest(authed(
-            pb::PinManifestRequest {
-                manifest: Some(with_mcp.clone()),
-                expected_fingerprint: String::new(),
-            },
-            ALICE,
-        ))
+        .pin_manifest(authed(pin_request(Some(with_mcp.clone()), ""), ALICE))
         .await
         .expect("pin");
     let matched = assess(&server, with_mcp.clone()).await.expect("assess");
@@ -559,10 +541,7 @@ async fn api_pins_are_made_listed_and_removed() {
     // A pin refused because the reviewer expected another fingerprint changes nothing.
     let refused = pins
         .pin_manifest(authed(
-            pb::PinManifestRequest {
-                manifest: Some(manifest.clone()),
-                expected_fingerprint: "ab".repeat(32),
-            },
+            pin_request(Some(manifest.clone()), "ab".repeat(32)),
             ALICE,
         ))
         .await
@@ -577,13 +556,7 @@ async fn api_pins_are_made_listed_and_removed() {
     );
 
     let pin = pins
-        .pin_manifest(authed(
-            pb::PinManifestRequest {
-                manifest: Some(manifest.clone()),
-                expected_fingerprint: String::new(),
-            },
-            ALICE,
-        ))
+        .pin_manifest(authed(pin_request(Some(manifest.clone()), ""), ALICE))
         .await
         .expect("pin")
         .into_inner();
@@ -637,10 +610,7 @@ async fn api_pins_survive_a_policy_reload() {
     server
         .pins()
         .pin_manifest(authed(
-            pb::PinManifestRequest {
-                manifest: Some(manifest.clone()),
-                expected_fingerprint: example_fingerprint(),
-            },
+            pin_request(Some(manifest.clone()), example_fingerprint()),
             ALICE,
         ))
         .await

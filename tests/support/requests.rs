@@ -116,3 +116,13 @@ pub fn remove_pin_request(server_id: impl Into<String>) -> pb::RemovePinRequest 
         server_id: server_id.into(),
     }
 }
+
+pub fn pin_request(
+    manifest: Option<pb::Manifest>,
+    expected_fingerprint: impl Into<String>,
+) -> pb::PinManifestRequest {
+    pb::PinManifestRequest {
+        manifest,
+        expected_fingerprint: expected_fingerprint.into(),
+    }
+}
