@@ -8,7 +8,7 @@ use tonic::Code;
 
 use crate::support::policies::{integer, policy_with};
 use crate::support::tokens::ALICE;
-use crate::support::{TestServer, authed, pb, proposal, violation_field};
+use crate::support::{TestServer, assert_invalid, authed, pb, proposal, violation_field};
 
 /// The server's message limit in these tests: small, so that a request that
 /// fits can carry arguments whose answer would not.
@@ -263,13 +263,10 @@ async fn a_commit_whose_answer_could_not_be_sent_is_refused_before_it_applies() 
         .dispatch_agent(&post("c-big", 0, &too_big))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert_eq!(violation_field(&status), "proposal.arguments_json");
-    assert!(
-        status.message().contains(
-            "over the 16384-byte message limit (server.max_message_bytes); nothing was committed"
-        ),
-        "{status:?}"
+    assert_invalid(
+        &status,
+        "proposal.arguments_json",
+        "over the 16384-byte message limit (server.max_message_bytes); nothing was committed",
     );
     let queue = server.resource(ALICE, "queue").await;
     assert_eq!((queue.value_json.as_str(), queue.version), ("[]", 0));

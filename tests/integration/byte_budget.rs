@@ -10,7 +10,7 @@ use tonic::Code;
 
 use crate::support::policies::{integer, policy_with};
 use crate::support::tokens::ALICE;
-use crate::support::{TestServer, pb, proposal, session, violation_field};
+use crate::support::{TestServer, assert_invalid, pb, proposal, session};
 
 const PENDING_TTL_SECONDS: u64 = 60;
 const RECEIPT_RETENTION_SECONDS: u64 = 120;
@@ -73,14 +73,11 @@ async fn approval_arguments_over_their_limit_are_refused_and_store_nothing() {
     let status = decide(&server, "s1", &ask("c1", MAX_APPROVAL_ARGUMENT_BYTES - 9))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert_eq!(violation_field(&status), "proposal.arguments_json");
-    assert!(
-        status.message().contains(
-            "a request for approval holds at most 4096 bytes of arguments \
-             (limits.max_approval_argument_bytes); these are 4097"
-        ),
-        "{status:?}"
+    assert_invalid(
+        &status,
+        "proposal.arguments_json",
+        "a request for approval holds at most 4096 bytes of arguments \
+             (limits.max_approval_argument_bytes); these are 4097",
     );
     let stats = server.engine.stats().expect("stats");
     assert_eq!((stats.approvals, stats.sessions), (0, 0));

@@ -18,8 +18,9 @@ pub mod spawn;
 pub mod tokens;
 
 pub use requests::{
-    authed, decide_request, deny_request, dispatch_request, grant_request, pin_request, proposal,
-    read_balance, remove_pin_request, revoke_request, session, violation_field, violation_rule,
+    assert_invalid, authed, decide_request, deny_request, dispatch_request, grant_request,
+    pin_request, proposal, read_balance, remove_pin_request, revoke_request, session,
+    violation_field, violation_rule,
 };
 pub use server::{EPOCH, TestServer};
 

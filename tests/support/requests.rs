@@ -74,6 +74,13 @@ pub fn violation_rule(status: &tonic::Status) -> String {
         .unwrap_or_default()
 }
 
+/// An INVALID_ARGUMENT naming `field`, whose message contains `text`.
+pub fn assert_invalid(status: &tonic::Status, field: &str, text: &str) {
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert_eq!(violation_field(status), field, "{status:?}");
+    assert!(status.message().contains(text), "{status:?}");
+}
+
 fn first_violation(status: &tonic::Status) -> Option<tonic_types::FieldViolation> {
     use tonic_types::StatusExt;
     status
