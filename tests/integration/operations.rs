@@ -109,17 +109,7 @@ async fn calls_without_their_message_hold_no_permit_and_the_rest_are_served() {
     let second = HeldCall::start(server.addr, path, HOST).await;
     let third = HeldCall::start(server.addr, path, HOST).await;
     // Three calls wait for their message; the limit of two is untouched.
-    let payer = session("payer", "s1", "acme");
-    for index in 0..5 {
-        let answer = server
-            .decide_ok(
-                HOST,
-                &payer,
-                &proposal(&format!("x{index}"), "payer", "read_balance", 0, "{}"),
-            )
-            .await;
-        assert_eq!(answer.reason, "allowed");
-    }
+    server.reads_are_allowed(HOST, 5).await;
     assert_eq!(server.health().await, ServingStatus::Serving);
     // The held calls complete normally once their message arrives.
     for (held, call_id) in [(first, "h1"), (second, "h2"), (third, "h3")] {

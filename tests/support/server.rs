@@ -152,6 +152,18 @@ impl TestServer {
             .expect("Decide answers")
     }
 
+    /// `count` read_balance calls of payer (call ids `x0`, `x1`, …, session
+    /// `s1` of acme) by host `token`: each is answered, and allowed.
+    pub async fn reads_are_allowed(&self, token: &str, count: usize) {
+        let payer = session("payer", "s1", "acme");
+        for index in 0..count {
+            let call_id = format!("x{index}");
+            let read = super::proposal(&call_id, "payer", "read_balance", 0, "{}");
+            let answer = self.decide_ok(token, &payer, &read).await;
+            assert_eq!(answer.reason, "allowed", "{call_id}: {answer:?}");
+        }
+    }
+
     /// Dispatch as host `token` for a session and proposal.
     pub async fn dispatch(
         &self,
