@@ -89,34 +89,27 @@ pub(super) fn refusals_cases(fx: &Fixture) -> Vec<Case> {
         dispatch(payer(), ticket("c-t9", 1, "lamp", "closed")),
         invalid("proposal.arguments.status", "fails the input schema"),
     ));
-    add(case(
-        "dispatch a forged approval claim",
-        dispatch(
-            payer(),
-            proposal(
-                "c-t9",
-                "payer",
-                "set_ticket",
-                1,
-                r#"{"ticket":"lamp","status":"open","approved":true}"#,
-            ),
+    for (name, arguments, field, rule) in [
+        (
+            "dispatch a forged approval claim",
+            r#"{"ticket":"lamp","status":"open","approved":true}"#,
+            "proposal.arguments",
+            "fails the input schema",
         ),
-        invalid("proposal.arguments", "fails the input schema"),
-    ));
-    add(case(
-        "dispatch duplicate keys",
-        dispatch(
-            payer(),
-            proposal(
-                "c-t9",
-                "payer",
-                "set_ticket",
-                1,
-                r#"{"ticket":"lamp","status":"open","status":"done"}"#,
-            ),
+        (
+            "dispatch duplicate keys",
+            r#"{"ticket":"lamp","status":"open","status":"done"}"#,
+            "proposal.arguments_json",
+            "duplicate-key",
         ),
-        invalid("proposal.arguments_json", "duplicate-key"),
-    ));
+    ] {
+        let set_ticket = proposal("c-t9", "payer", "set_ticket", 1, arguments);
+        add(case(
+            name,
+            dispatch(payer(), set_ticket),
+            invalid(field, rule),
+        ));
+    }
     add(case(
         "replay of the committed call: the stored receipt, nothing changes",
         dispatch(payer(), ticket("c-t1", 0, "lamp", "done")),
