@@ -9,6 +9,17 @@ use crate::support::{
     violation_field,
 };
 
+/// `manifest` with its tools, and each tool's scopes and parameters, in
+/// reverse order.
+fn reversed(mut manifest: pb::Manifest) -> pb::Manifest {
+    manifest.tools.reverse();
+    for tool in &mut manifest.tools {
+        tool.scopes.reverse();
+        tool.parameters.reverse();
+    }
+    manifest
+}
+
 fn example_manifest() -> pb::Manifest {
     let bytes =
         std::fs::read(repo_path("examples/manifests/docs-search.json")).expect("example manifest");
@@ -58,12 +69,7 @@ async fn spec_section_7_scenario() {
     assert!(answer.diffs.is_empty());
 
     // Reordered tools, parameters and scopes -> the same fingerprint.
-    let mut reordered = example_manifest();
-    reordered.tools.reverse();
-    for tool in &mut reordered.tools {
-        tool.scopes.reverse();
-        tool.parameters.reverse();
-    }
+    let reordered = reversed(example_manifest());
     let answer = assess(&server, reordered).await.expect("assess");
     assert_eq!(answer.reason(), pb::AssessReason::Matched);
     assert_eq!(answer.fingerprint, pinned);
@@ -279,12 +285,7 @@ async fn worked_example_through_assess_and_pin() {
     assert_eq!(pin.tool_count, 2);
 
     // Reordered: the same fingerprint, now MATCHED.
-    let mut reordered = worked_example();
-    reordered.tools.reverse();
-    for tool in &mut reordered.tools {
-        tool.parameters.reverse();
-        tool.scopes.reverse();
-    }
+    let reordered = reversed(worked_example());
     let answer = assess(&server, reordered).await.expect("assess");
     assert_eq!(answer.fingerprint, WORKED_EXAMPLE_FINGERPRINT);
     assert_eq!(answer.reason(), pb::AssessReason::Matched);
