@@ -247,12 +247,34 @@ pub(crate) fn session_and_proposal(
     Ok((session, proposal))
 }
 
+impl From<Outcome> for pb::Outcome {
+    fn from(outcome: Outcome) -> pb::Outcome {
+        match outcome {
+            Outcome::Allow => pb::Outcome::Allow,
+            Outcome::Deny => pb::Outcome::Deny,
+            Outcome::RequireApproval => pb::Outcome::RequireApproval,
+        }
+    }
+}
+
+impl From<DispatchStatus> for pb::DispatchStatus {
+    fn from(status: DispatchStatus) -> pb::DispatchStatus {
+        match status {
+            DispatchStatus::Ok => pb::DispatchStatus::Ok,
+            DispatchStatus::Forbidden => pb::DispatchStatus::Forbidden,
+            DispatchStatus::UnknownTool => pb::DispatchStatus::UnknownTool,
+            DispatchStatus::Denied => pb::DispatchStatus::Denied,
+            DispatchStatus::CallIdConflict => pb::DispatchStatus::CallIdConflict,
+            DispatchStatus::StaleVersion => pb::DispatchStatus::StaleVersion,
+            DispatchStatus::ApprovalRequired => pb::DispatchStatus::ApprovalRequired,
+            DispatchStatus::MissingResource => pb::DispatchStatus::MissingResource,
+            DispatchStatus::LogFull => pb::DispatchStatus::LogFull,
+        }
+    }
+}
+
 pub(crate) fn decide_response(decision: Decision, policy_revision: String) -> pb::DecideResponse {
-    let outcome = match decision.outcome {
-        Outcome::Allow => pb::Outcome::Allow,
-        Outcome::Deny => pb::Outcome::Deny,
-        Outcome::RequireApproval => pb::Outcome::RequireApproval,
-    };
+    let outcome = pb::Outcome::from(decision.outcome);
     pb::DecideResponse {
         outcome: outcome.into(),
         reason: decision.reason.as_str().to_string(),
@@ -409,17 +431,7 @@ pub(crate) fn dispatch_response(
     dispatched: Dispatched,
     policy_revision: String,
 ) -> pb::DispatchResponse {
-    let status = match dispatched.status {
-        DispatchStatus::Ok => pb::DispatchStatus::Ok,
-        DispatchStatus::Forbidden => pb::DispatchStatus::Forbidden,
-        DispatchStatus::UnknownTool => pb::DispatchStatus::UnknownTool,
-        DispatchStatus::Denied => pb::DispatchStatus::Denied,
-        DispatchStatus::CallIdConflict => pb::DispatchStatus::CallIdConflict,
-        DispatchStatus::StaleVersion => pb::DispatchStatus::StaleVersion,
-        DispatchStatus::ApprovalRequired => pb::DispatchStatus::ApprovalRequired,
-        DispatchStatus::MissingResource => pb::DispatchStatus::MissingResource,
-        DispatchStatus::LogFull => pb::DispatchStatus::LogFull,
-    };
+    let status = pb::DispatchStatus::from(dispatched.status);
     let result = dispatched.result.unwrap_or(CommitResult {
         version: 0,
         resource: None,

@@ -123,27 +123,14 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The engine's answers in the contract's terms, as the model states them.
+/// The engine's answers in the contract's terms, as the model states them
+/// (the edge's own conversions).
 fn outcome(outcome: Outcome) -> pb::Outcome {
-    match outcome {
-        Outcome::Allow => pb::Outcome::Allow,
-        Outcome::Deny => pb::Outcome::Deny,
-        Outcome::RequireApproval => pb::Outcome::RequireApproval,
-    }
+    pb::Outcome::from(outcome)
 }
 
 fn dispatch_status(status: DispatchStatus) -> pb::DispatchStatus {
-    match status {
-        DispatchStatus::Ok => pb::DispatchStatus::Ok,
-        DispatchStatus::Forbidden => pb::DispatchStatus::Forbidden,
-        DispatchStatus::UnknownTool => pb::DispatchStatus::UnknownTool,
-        DispatchStatus::Denied => pb::DispatchStatus::Denied,
-        DispatchStatus::CallIdConflict => pb::DispatchStatus::CallIdConflict,
-        DispatchStatus::StaleVersion => pb::DispatchStatus::StaleVersion,
-        DispatchStatus::ApprovalRequired => pb::DispatchStatus::ApprovalRequired,
-        DispatchStatus::MissingResource => pb::DispatchStatus::MissingResource,
-        DispatchStatus::LogFull => pb::DispatchStatus::LogFull,
-    }
+    pb::DispatchStatus::from(status)
 }
 
 fn standing(status: ApprovalStatus) -> Standing {
