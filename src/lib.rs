@@ -3,7 +3,7 @@
 //! "SPEC §N" in comments names section N of the contract, `docs/contract.md`.
 //!
 //! # Layout
-//! Three layers; a module imports only from its own layer or the ones below it.
+//! Layers, lowest first; a module imports only from its own layer or the ones below it.
 //!
 //! - [`domain`]: the core, with no gRPC, protobuf or command-line types:
 //!   canonical JSON, policy, manifests, the proposal envelope and its screening,
@@ -11,6 +11,8 @@
 //!   receipts, pins, and `State`, one method per operation.
 //! - [`ops`]: what an operator runs it with: audit events, the log writer,
 //!   the metrics registry.
+//! - [`store`]: where the state is kept between runs: the `Store` seam,
+//!   the memory and SQLite stores, and the group-commit writer.
 //! - [`engine`]: `Engine`, the handle every RPC goes through: the state behind
 //!   its lock, the policy snapshot, the clock, approval events; policy reload
 //!   on SIGHUP ([`reload`](engine::reload)) and the default policy's bootstrap token
@@ -33,6 +35,7 @@ pub mod engine;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod ops;
+pub mod store;
 
 pub use edge::server;
 

@@ -28,6 +28,15 @@ pub enum ApprovalStatus {
 }
 
 impl ApprovalStatus {
+    pub const ALL: [ApprovalStatus; 6] = [
+        ApprovalStatus::Pending,
+        ApprovalStatus::Granted,
+        ApprovalStatus::Denied,
+        ApprovalStatus::Expired,
+        ApprovalStatus::Consumed,
+        ApprovalStatus::Revoked,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ApprovalStatus::Pending => "pending",

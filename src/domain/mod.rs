@@ -18,6 +18,8 @@
 //! - [`resources`]: versioned resources and effects (SPEC §6).
 //! - [`receipts`]: the receipt log (SPEC §6).
 //! - [`pins`]: manifest pins made through the API.
+//! - [`records`]: the state's durable form: the changes an operation
+//!   makes, as keyed records every store keeps alike.
 //! - [`state`]: `State`, everything remembered between calls, split by operation.
 //! - `table`: the hash table records live in (grows a shard at a time); a leaf.
 
@@ -34,6 +36,7 @@ pub mod policy;
 pub mod proposal;
 pub mod reason;
 pub mod receipts;
+pub mod records;
 pub mod resources;
 pub mod session;
 pub mod state;

@@ -1,0 +1,268 @@
+//! The state's durable form. Every change an operation makes to the state is
+//! journaled here as a record of one kind, with a key and an encoded value,
+//! so that every store keeps the same bytes and recovery is the same code
+//! whatever the store: [`Change`]s out of an operation, [`Record`]s back in
+//! at start ([`State::restore`](crate::domain::state::State::restore)).
+//!
+//! Values are JSON (serde), so that an operator can read a store with the
+//! engine's own tools; keys are binary and ordered so that new records of a
+//! growing kind land at the end of the engine's tree (approvals and receipts
+//! by time first).
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::domain::canonical::{self, Fingerprint, Value};
+use crate::domain::clock::Timestamp;
+use crate::domain::error::{Error, Result};
+use crate::domain::ledger::ApprovalStatus;
+use crate::domain::reason::Reason;
+
+/// A kind of record: one table of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Single values of the whole state (the global version).
+    Meta,
+    /// One approval record by (requested at, id).
+    Approval,
+    /// One session's counters by (host, session id).
+    Session,
+    /// One call id a session decided, by (host, session id, call id).
+    DecidedCall,
+    /// One resource's version and (for a value that is not a queue) value.
+    Resource,
+    /// One item of a queue resource, by (resource, index).
+    QueueItem,
+    /// One receipt by (created at, host, actor, call id).
+    Receipt,
+    /// One manifest pin made through the API, by server id.
+    Pin,
+    /// The latest assessment of a pinned server, by server id.
+    Assessment,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 9] = [
+        Kind::Meta,
+        Kind::Approval,
+        Kind::Session,
+        Kind::DecidedCall,
+        Kind::Resource,
+        Kind::QueueItem,
+        Kind::Receipt,
+        Kind::Pin,
+        Kind::Assessment,
+    ];
+
+    /// The table this kind is kept in (a plain SQL identifier).
+    pub fn table(self) -> &'static str {
+        match self {
+            Kind::Meta => "meta",
+            Kind::Approval => "approvals",
+            Kind::Session => "sessions",
+            Kind::DecidedCall => "decided_calls",
+            Kind::Resource => "resources",
+            Kind::QueueItem => "queue_items",
+            Kind::Receipt => "receipts",
+            Kind::Pin => "pins",
+            Kind::Assessment => "assessments",
+        }
+    }
+}
+
+/// One change to the durable state: a record written whole, or deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub kind: Kind,
+    pub key: Vec<u8>,
+    /// `None` deletes the record.
+    pub value: Option<Vec<u8>>,
+}
+
+/// One stored record, as recovery reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub kind: Kind,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// The key made of `parts`: each length-prefixed, so that no part can run
+/// into the next whatever bytes it holds.
+pub fn key(parts: &[&[u8]]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(parts.iter().map(|part| part.len() + 4).sum());
+    for part in parts {
+        let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+        key.extend_from_slice(&len.to_be_bytes());
+        key.extend_from_slice(part);
+    }
+    key
+}
+
+/// A timestamp as the first part of a key: big-endian, so keys sort by time.
+pub fn time_part(at: Timestamp) -> [u8; 8] {
+    at.0.to_be_bytes()
+}
+
+/// The changes made since the last [`Journal::take`], in order.
+#[derive(Debug, Default)]
+pub struct Journal {
+    changes: Vec<Change>,
+    /// Set when a value could not be encoded: the journal then refuses to
+    /// hand out its changes, and the engine fails closed.
+    failed: Option<String>,
+}
+
+impl Journal {
+    pub fn put(&mut self, kind: Kind, key: Vec<u8>, value: &impl Serialize) {
+        match serde_json::to_vec(value) {
+            Ok(value) => self.changes.push(Change {
+                kind,
+                key,
+                value: Some(value),
+            }),
+            Err(error) => {
+                self.failed
+                    .get_or_insert_with(|| format!("a {} record: {error}", kind.table()));
+            }
+        }
+    }
+
+    pub fn delete(&mut self, kind: Kind, key: Vec<u8>) {
+        self.changes.push(Change {
+            kind,
+            key,
+            value: None,
+        });
+    }
+
+    /// Moves the changes journaled into `out`, in order.
+    pub fn take_into(&mut self, out: &mut Vec<Change>) -> Result<()> {
+        if let Some(failed) = self.failed.take() {
+            self.changes.clear();
+            return Err(Error::Internal(format!(
+                "a change could not be made durable: {failed}"
+            )));
+        }
+        out.append(&mut self.changes);
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty() && self.failed.is_none()
+    }
+}
+
+/// Decodes a stored value; a value that does not decode is a corrupt store.
+pub fn decode<'a, T: Deserialize<'a>>(record: &'a Record) -> Result<T> {
+    serde_json::from_slice(&record.value).map_err(|error| {
+        Error::Internal(format!(
+            "the store holds a {} record that does not decode ({error}); \
+             run `toolgate store check`",
+            record.kind.table()
+        ))
+    })
+}
+
+// The leaf types of the domain, as they are stored.
+
+impl Serialize for Fingerprint {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fingerprint {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let text = <&str>::deserialize(deserializer)?;
+        Fingerprint::from_hex(text).ok_or_else(|| D::Error::custom("not a fingerprint"))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        u64::deserialize(deserializer).map(Timestamp)
+    }
+}
+
+/// Serializes by a stable name; deserializes by looking the name up among
+/// `all` (so that a stored name never depends on declaration order).
+macro_rules! by_name {
+    ($type:ty, $all:expr) => {
+        impl Serialize for $type {
+            fn serialize<S: Serializer>(
+                &self,
+                serializer: S,
+            ) -> std::result::Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(
+                deserializer: D,
+            ) -> std::result::Result<Self, D::Error> {
+                let name = <&str>::deserialize(deserializer)?;
+                $all.into_iter()
+                    .find(|known| known.as_str() == name)
+                    .ok_or_else(|| D::Error::custom(format!("unknown name {name:?}")))
+            }
+        }
+    };
+}
+
+by_name!(Reason, Reason::ALL);
+by_name!(ApprovalStatus, ApprovalStatus::ALL);
+
+/// A value is stored as its canonical JSON text.
+impl Serialize for Value {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut text = String::new();
+        canonical::write_canonical(self, &mut text);
+        serializer.serialize_str(&text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Value {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        canonical::parse_str(&text).map_err(|error| D::Error::custom(error.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_their_parts_apart() {
+        assert_ne!(key(&[b"ab", b"c"]), key(&[b"a", b"bc"]));
+        assert_eq!(key(&[b"a"]), vec![0, 0, 0, 1, b'a']);
+    }
+
+    #[test]
+    fn leaf_types_round_trip() {
+        let fingerprint = Fingerprint::of_bytes(b"x");
+        let text = serde_json::to_string(&fingerprint).unwrap();
+        assert_eq!(text, format!("\"{fingerprint}\""));
+        assert_eq!(
+            serde_json::from_str::<Fingerprint>(&text).unwrap(),
+            fingerprint
+        );
+        for reason in Reason::ALL {
+            let text = serde_json::to_string(&reason).unwrap();
+            assert_eq!(serde_json::from_str::<Reason>(&text).unwrap(), reason);
+        }
+        let value = canonical::parse_str(r#"{"b":[1,"x"],"a":null}"#).unwrap();
+        let text = serde_json::to_string(&value).unwrap();
+        assert_eq!(text, r#""{\"a\":null,\"b\":[1,\"x\"]}""#);
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), value);
+        assert!(serde_json::from_str::<Reason>("\"no-such-reason\"").is_err());
+    }
+}

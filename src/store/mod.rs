@@ -1,0 +1,48 @@
+//! Where the state is kept between runs: the [`Store`] seam and its
+//! implementations, and the group-commit [`writer`] that makes an
+//! operation's changes durable before its answer is released.
+//!
+//! The state itself is worked on in memory, under the engine's lock, as
+//! before; every operation journals the records it changed
+//! ([`records`](crate::domain::records)). A store keeps those records: it
+//! applies a batch of changes atomically and durably, and hands every record
+//! back at start. The store sees bytes only, so that every implementation
+//! (memory, SQLite, and a server that is not in this process) keeps the
+//! same records.
+//!
+//! - [`memory`]: records in this process only; gone at exit (`--store memory`).
+//! - [`sqlite`]: the durable default: SQLite in WAL mode, synced on every
+//!   commit, in a data directory one process owns.
+
+pub mod memory;
+pub mod sqlite;
+pub mod writer;
+
+use crate::domain::records::{Change, Record};
+
+/// Why a store could not do what it was asked. The message names the store,
+/// the file and the failing step; it never holds a record's contents.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct StoreError(pub String);
+
+pub type StoreResult<T> = std::result::Result<T, StoreError>;
+
+/// A place the state's records are kept. One writer uses it at a time (the
+/// group-commit thread); every method may block on I/O.
+pub trait Store: Send + 'static {
+    /// What this store is, for the start-up line and metrics ("memory",
+    /// "sqlite").
+    fn name(&self) -> &'static str;
+
+    /// Every record, for recovery at start.
+    fn load(&mut self) -> StoreResult<Vec<Record>>;
+
+    /// Applies `changes` in order, all or none, and returns only once they
+    /// are durable (for a durable store: synced to disk). A change to a key
+    /// replaces its record whole; a deletion of a missing key is no error.
+    fn commit(&mut self, changes: &[Change]) -> StoreResult<()>;
+
+    /// Bytes the store holds (on disk, for a durable store).
+    fn size_bytes(&self) -> u64;
+}
