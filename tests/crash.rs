@@ -1384,6 +1384,7 @@ impl Checker<'_> {
                         ),
                     );
                 }
+                self.other_call_id(&id, &approval).await;
             } else if answer.outcome() != pb::Outcome::RequireApproval || answer.approval_id != id {
                 self.fail(
                     "pending-request-lost",
@@ -1393,6 +1394,40 @@ impl Checker<'_> {
                     ),
                 );
             }
+        }
+    }
+
+    /// A consumed grant lends nothing to another call id: the same tool
+    /// and arguments under a new call id, at the resource's current
+    /// version, wait for an approval of their own.
+    async fn other_call_id(&mut self, id: &str, approval: &Approval) {
+        let Some(receipt) = self.record().receipts.get(approval.call.id()).cloned() else {
+            return;
+        };
+        self.checks += 1;
+        self.fresh_sessions += 1;
+        let mut other = approval.call.clone();
+        other.proposal.call_id = format!("{}o{}", approval.call.id(), self.fresh_sessions);
+        other.proposal.version = self
+            .record()
+            .versions
+            .get(&receipt.resource)
+            .copied()
+            .unwrap_or(0);
+        match self.clients.dispatch(&other).await {
+            Ok(answer) if answer.status() == pb::DispatchStatus::ApprovalRequired => {}
+            Ok(answer) => self.fail(
+                "grant-usable-twice",
+                format!(
+                    "{id} was consumed by {}; {} answers {answer:?}",
+                    approval.call.id(),
+                    other.id()
+                ),
+            ),
+            Err(status) => self.fail(
+                "check-error",
+                format!("Dispatch {}: {status:?}", other.id()),
+            ),
         }
     }
 
