@@ -158,6 +158,8 @@ struct Record {
     sessions: BTreeMap<String, Counters>,
     /// Resource → the highest version acknowledged or observed.
     versions: BTreeMap<String, u64>,
+    /// Probes the checks made so far (each one's call or session id is new).
+    probes: u64,
     /// How far each list was checked after the last restart.
     approvals_checked: usize,
     receipts_checked: usize,
@@ -969,7 +971,6 @@ async fn check(
         record: record.clone(),
         failures: failures.clone(),
         checks: 0,
-        fresh_sessions: 0,
     };
     checker.approvals().await;
     for worker in 0..WORKERS {
@@ -1006,7 +1007,6 @@ struct Checker<'c> {
     record: Arc<Mutex<Record>>,
     failures: Failures,
     checks: u64,
-    fresh_sessions: u64,
 }
 
 impl Checker<'_> {
@@ -1016,6 +1016,13 @@ impl Checker<'_> {
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
         self.record.lock().expect("record")
+    }
+
+    /// A number no probe had before.
+    fn probe(&self) -> u64 {
+        let mut record = self.record();
+        record.probes += 1;
+        record.probes
     }
 
     /// Sends again a Dispatch whose effect was found but whose answer was
@@ -1311,8 +1318,7 @@ impl Checker<'_> {
             self.checks += 1;
             let mut call = receipt.call.clone();
             if rng.random_bool(0.25) {
-                self.fresh_sessions += 1;
-                let id = format!("x{}n{}", rng.random_range(0..u32::MAX), self.fresh_sessions);
+                let id = format!("x{}", self.probe());
                 call.session = session(&call.session.actor, &id, "crash");
             }
             match self.clients.dispatch(&call).await {
@@ -1405,9 +1411,8 @@ impl Checker<'_> {
             return;
         };
         self.checks += 1;
-        self.fresh_sessions += 1;
         let mut other = approval.call.clone();
-        other.proposal.call_id = format!("{}o{}", approval.call.id(), self.fresh_sessions);
+        other.proposal.call_id = format!("{}o{}", approval.call.id(), self.probe());
         other.proposal.version = self
             .record()
             .versions
