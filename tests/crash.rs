@@ -1421,6 +1421,14 @@ impl Checker<'_> {
             .unwrap_or(0);
         match self.clients.dispatch(&other).await {
             Ok(answer) if answer.status() == pb::DispatchStatus::ApprovalRequired => {}
+            Ok(answer) if answer.status() != pb::DispatchStatus::Ok => self.fail(
+                "other-call-id-refused-otherwise",
+                format!(
+                    "{} (version {}): {answer:?}",
+                    other.id(),
+                    other.proposal.version
+                ),
+            ),
             Ok(answer) => self.fail(
                 "grant-usable-twice",
                 format!(
