@@ -27,5 +27,6 @@ mod log_sink;
 mod manifest;
 mod operations;
 mod properties;
+mod recovery;
 mod service_surface;
 mod transport;

@@ -47,3 +47,16 @@ pub use toolgate::ops::audit::{
 };
 pub use toolgate::pb;
 pub use toolgate::server::{Listeners, serve_with};
+
+/// Runs an engine operation to its answer on this thread (for tests that
+/// drive the engine without a server): the operation waits for the store's
+/// writer like a server's calls do.
+#[allow(dead_code)]
+pub fn block_on<F: std::future::Future>(operation: F) -> F::Output {
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+    }
+    RUNTIME.with(|runtime| runtime.block_on(operation))
+}

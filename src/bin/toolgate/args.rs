@@ -282,6 +282,23 @@ pub struct ServeArgs {
     /// (health NOT_SERVING, calls UNAVAILABLE until it drains).
     #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub log_stall_seconds: u64,
+    /// Where the state is kept: `sqlite`, durable, in `--data-dir`; or
+    /// `memory`, forgotten at exit (tests and benchmarks).
+    #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+    pub store: StoreKind,
+    /// The durable store's directory (created owner-only; one process at a
+    /// time) [default: ./toolgate-data].
+    #[arg(long, value_name = "DIR", env = "TOOLGATE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The durable store's directory when `--data-dir` is not given.
+pub const DEFAULT_DATA_DIR: &str = "toolgate-data";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Sqlite,
+    Memory,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
