@@ -178,7 +178,16 @@ impl Engine {
     /// Attaches the metrics that decisions, dispatches and ledger
     /// transitions are counted in (once; later calls are ignored).
     pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
-        let _ = self.shared.metrics.set(metrics);
+        let for_batches = Arc::clone(&metrics);
+        if self.shared.metrics.set(metrics).is_ok() {
+            self.shared.writer.on_batch(Box::new(move |batch| {
+                for_batches.store_batch(
+                    batch.operations,
+                    batch.sync.as_secs_f64(),
+                    batch.store_bytes,
+                );
+            }));
+        }
     }
 
     fn metrics(&self) -> Option<&Metrics> {

@@ -223,6 +223,16 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
         let sync = started.elapsed();
         match committed {
             Ok(()) => {
+                // Counted before the answers go, so that a caller who reads
+                // the metrics after its answer finds its batch there.
+                if let Some(on_batch) = shared.on_batch.get() {
+                    on_batch(&BatchReport {
+                        operations,
+                        changes: changes.len(),
+                        sync,
+                        store_bytes: store.size_bytes(),
+                    });
+                }
                 shared.progress.send_replace(Progress::Durable(last));
             }
             Err(error) => {
@@ -235,14 +245,6 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
                 shared.progress.send_replace(Progress::Failed(error));
                 return;
             }
-        }
-        if let Some(on_batch) = shared.on_batch.get() {
-            on_batch(&BatchReport {
-                operations,
-                changes: changes.len(),
-                sync,
-                store_bytes: store.size_bytes(),
-            });
         }
         spare = changes;
         spare.clear();

@@ -134,9 +134,18 @@ async fn make_everything(server: &TestServer) -> Made {
 
 async fn check_everything(server: &TestServer, made: &Made) {
     // The pending request fell due while the server was down.
-    assert_eq!(status_of(server, &made.pending).await, "APPROVAL_STATUS_EXPIRED");
-    assert_eq!(status_of(server, &made.granted).await, "APPROVAL_STATUS_GRANTED");
-    assert_eq!(status_of(server, &made.consumed).await, "APPROVAL_STATUS_CONSUMED");
+    assert_eq!(
+        status_of(server, &made.pending).await,
+        "APPROVAL_STATUS_EXPIRED"
+    );
+    assert_eq!(
+        status_of(server, &made.granted).await,
+        "APPROVAL_STATUS_GRANTED"
+    );
+    assert_eq!(
+        status_of(server, &made.consumed).await,
+        "APPROVAL_STATUS_CONSUMED"
+    );
     // The session's counters and decided call ids are kept: a decided call
     // id answers as before and costs nothing.
     let session = server.get_session("", "s1").await.expect("session kept");
@@ -169,7 +178,10 @@ async fn check_everything(server: &TestServer, made: &Made) {
         (granted.status(), granted.replayed),
         (pb::DispatchStatus::Ok, false)
     );
-    assert_eq!(status_of(server, &made.granted).await, "APPROVAL_STATUS_CONSUMED");
+    assert_eq!(
+        status_of(server, &made.granted).await,
+        "APPROVAL_STATUS_CONSUMED"
+    );
     // A pending proposal that expired may be asked for again.
     let again = requested(server, &set_note("c-pending", "a")).await;
     assert_ne!(again, made.pending);
