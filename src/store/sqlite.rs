@@ -75,7 +75,7 @@ const V1_TABLES: [&str; 9] = [
     "assessments",
 ];
 
-fn create_v1_tables(transaction: &Transaction<'_>) -> rusqlite::Result<()> {
+pub(super) fn create_v1_tables(transaction: &Transaction<'_>) -> rusqlite::Result<()> {
     for table in V1_TABLES {
         transaction.execute_batch(&format!(
             "CREATE TABLE IF NOT EXISTS {table} \
@@ -171,9 +171,11 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .map_err(failed("setting busy_timeout"))?;
         // Before anything writes (journal_mode=WAL rewrites the header): a
-        // store of a newer schema is left exactly as it is.
+        // store of a newer schema, or a database that is not a store, is
+        // left exactly as it is.
         let version = user_version(&connection).map_err(failed("reading the schema version"))?;
         refuse_newer(dir, version)?;
+        refuse_foreign(&connection, dir, version)?;
         let mode: String = connection
             .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
             .map_err(failed("setting journal_mode=WAL"))?;
@@ -194,7 +196,7 @@ impl SqliteStore {
                 .pragma_update(None, pragma, value)
                 .map_err(failed(&format!("setting {pragma}")))?;
         }
-        migrate(&mut connection, dir)?;
+        migrate(&mut connection, dir, MIGRATIONS)?;
         let present = tables(&connection).map_err(failed("reading the schema"))?;
         if let Some(missing) = Kind::ALL
             .iter()
@@ -440,17 +442,35 @@ fn user_version(connection: &Connection) -> rusqlite::Result<u32> {
 
 fn refuse_newer(dir: &Path, version: u32) -> StoreResult<()> {
     if version > SCHEMA_VERSION {
-        return Err(StoreError(newer_message(dir, version)));
+        return Err(StoreError(newer_message(dir, version, SCHEMA_VERSION)));
     }
     Ok(())
 }
 
-fn newer_message(dir: &Path, version: u32) -> String {
+fn newer_message(dir: &Path, version: u32, known: u32) -> String {
     format!(
         "the store at {} has schema version {version}; this toolgate knows up to \
-         {SCHEMA_VERSION}: upgrade toolgate",
+         {known}: upgrade toolgate",
         dir.display()
     )
+}
+
+/// Refuses a database of version 0 that has tables: not a new file, so
+/// someone else's (a toolgate store has a version from its first commit).
+fn refuse_foreign(connection: &Connection, dir: &Path, version: u32) -> StoreResult<()> {
+    if version != 0 {
+        return Ok(());
+    }
+    let existing =
+        tables(connection).map_err(|error| store_error(dir, "reading the schema", error))?;
+    if existing.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError(format!(
+        "{} is not a toolgate store: it has tables ({}) but no schema version",
+        dir.join(DB_FILE).display(),
+        existing.join(", ")
+    )))
 }
 
 /// The tables of the main database, by name.
@@ -461,29 +481,28 @@ fn tables(connection: &Connection) -> rusqlite::Result<Vec<String>> {
     names.collect()
 }
 
-/// Brings the schema to [`SCHEMA_VERSION`] in one transaction.
-fn migrate(connection: &mut Connection, dir: &Path) -> StoreResult<()> {
+/// Brings the schema to the version `migrations` end at ([`MIGRATIONS`]:
+/// [`SCHEMA_VERSION`]) in one transaction: all the missing steps or none.
+pub(super) fn migrate(
+    connection: &mut Connection,
+    dir: &Path,
+    migrations: &[Migration],
+) -> StoreResult<()> {
+    let target = migrations.len() as u32;
     let failed = |step: &str, error| store_error(dir, step, error);
     let transaction = connection
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|error| failed("beginning the migration", error))?;
     let version =
         user_version(&transaction).map_err(|error| failed("reading the schema version", error))?;
-    refuse_newer(dir, version)?;
-    if version == SCHEMA_VERSION {
+    if version > target {
+        return Err(StoreError(newer_message(dir, version, target)));
+    }
+    if version == target {
         return Ok(());
     }
-    if version == 0 {
-        let existing = tables(&transaction).map_err(|error| failed("reading the schema", error))?;
-        if !existing.is_empty() {
-            return Err(StoreError(format!(
-                "{} is not a toolgate store: it has tables ({}) but no schema version",
-                dir.join(DB_FILE).display(),
-                existing.join(", ")
-            )));
-        }
-    }
-    for (from, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+    refuse_foreign(&transaction, dir, version)?;
+    for (from, migration) in migrations.iter().enumerate().skip(version as usize) {
         migration(&transaction).map_err(|error| {
             failed(
                 &format!("migrating from schema version {from} to {}", from + 1),
@@ -492,7 +511,7 @@ fn migrate(connection: &mut Connection, dir: &Path) -> StoreResult<()> {
         })?;
     }
     transaction
-        .pragma_update(None, "user_version", SCHEMA_VERSION)
+        .pragma_update(None, "user_version", target)
         .map_err(|error| failed("setting the schema version", error))?;
     transaction
         .commit()
@@ -594,7 +613,7 @@ pub fn check(dir: &Path) -> StoreResult<CheckReport> {
         }
     }
     if report.schema_version > SCHEMA_VERSION {
-        problems.push(newer_message(dir, report.schema_version));
+        problems.push(newer_message(dir, report.schema_version, SCHEMA_VERSION));
         report.problems = problems;
         return Ok(report);
     }
