@@ -14,6 +14,9 @@ use super::memory::MemoryStore;
 use super::sqlite::SqliteStore;
 use crate::domain::records::{Change, Kind, Record};
 
+mod recovery;
+mod sqlite_only;
+
 /// A store under test, with what the suite needs besides the [`Store`]
 /// methods.
 trait Subject {
