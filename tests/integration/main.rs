@@ -28,4 +28,5 @@ mod manifest;
 mod operations;
 mod properties;
 mod service_surface;
+mod store_cli;
 mod transport;
