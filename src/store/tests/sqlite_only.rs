@@ -470,3 +470,85 @@ fn a_backup_never_overwrites() {
     let error = sqlite::backup(&dir, &parent.path().join("no/such/dir/file")).unwrap_err();
     assert!(error.0.contains("cannot create"), "{error}");
 }
+
+// ----- measurement ------------------------------------------------------------
+
+/// Commits a second and bytes on disk a record, printed, never asserted:
+/// `cargo test --release --lib store::tests::sqlite_only::measure -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: run by hand, in release"]
+fn measure_commit_rates_and_size() {
+    use std::time::{Duration, Instant};
+
+    use crate::domain::records::key;
+
+    let value = bytes(300);
+    let mut serial = 0u64;
+    let mut next_change = || {
+        serial += 1;
+        let call = format!("call-{serial:012}");
+        put(
+            Kind::Receipt,
+            &key(&[
+                &serial.to_be_bytes(),
+                b"host-1",
+                b"actor-1",
+                call.as_bytes(),
+            ]),
+            &value,
+        )
+    };
+    for autocheckpoint in [1_000, 10_000] {
+        for batch_size in [1usize, 64, 1024] {
+            let parent = tempfile::tempdir().unwrap();
+            let mut store = SqliteStore::open(&parent.path().join("data")).unwrap();
+            store
+                .connection()
+                .pragma_update(None, "wal_autocheckpoint", autocheckpoint)
+                .unwrap();
+            let budget = Duration::from_secs(4);
+            let started = Instant::now();
+            let mut commits = 0u64;
+            let mut worst = Duration::ZERO;
+            while started.elapsed() < budget {
+                let batch: Vec<Change> = (0..batch_size).map(|_| next_change()).collect();
+                let one = Instant::now();
+                store.commit(&batch).unwrap();
+                worst = worst.max(one.elapsed());
+                commits += 1;
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            eprintln!(
+                "autocheckpoint {autocheckpoint:>5}  batch {batch_size:>4}: {:>8.1} commits/s \
+                 {:>9.0} changes/s  mean {:>7.2} ms  worst {:>7.2} ms",
+                commits as f64 / seconds,
+                (commits * batch_size as u64) as f64 / seconds,
+                seconds * 1e3 / commits as f64,
+                worst.as_secs_f64() * 1e3,
+            );
+        }
+    }
+    // Bytes a record on disk: 100 000 receipts as above, checkpointed.
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("data");
+    let mut store = SqliteStore::open(&dir).unwrap();
+    let mut payload = 0u64;
+    for _ in 0..100 {
+        let batch: Vec<Change> = (0..1000).map(|_| next_change()).collect();
+        payload += batch
+            .iter()
+            .map(|change| (change.key.len() + change.value.as_ref().unwrap().len()) as u64)
+            .sum::<u64>();
+        store.commit(&batch).unwrap();
+    }
+    let live = store.size_bytes();
+    drop(store);
+    let closed = fs::metadata(dir.join(DB_FILE)).unwrap().len();
+    eprintln!(
+        "100000 records, {:.0} payload bytes each: {:.0} bytes each on disk \
+         (open, db + WAL: {:.0})",
+        payload as f64 / 1e5,
+        closed as f64 / 1e5,
+        live as f64 / 1e5
+    );
+}
