@@ -51,7 +51,7 @@ fn batch(n: u64) -> Vec<Change> {
             &shared.to_be_bytes(),
             &value(n, shared),
         ));
-        if shared % every == 0 {
+        if shared.is_multiple_of(every) {
             let added = shared / every;
             changes.push(put(Kind::Receipt, &receipt_key(n, added), &value(n, added)));
         }
@@ -210,7 +210,7 @@ fn ends_mid_batch(wal: &[u8], len: u64) -> bool {
         return false;
     }
     let frames = (len - WAL_HEADER) / FRAME;
-    if (len - WAL_HEADER) % FRAME != 0 {
+    if !(len - WAL_HEADER).is_multiple_of(FRAME) {
         return true;
     }
     let last = (WAL_HEADER + (frames - 1) * FRAME) as usize;
