@@ -46,3 +46,6 @@ pub trait Store: Send + 'static {
     /// Bytes the store holds (on disk, for a durable store).
     fn size_bytes(&self) -> u64;
 }
+
+#[cfg(test)]
+mod tests;
