@@ -258,7 +258,8 @@ pub struct CheckConfigArgs {
     pub strict: bool,
 }
 
-/// The data directory a store command reads.
+/// The data directory of `serve` and the store commands when `--data-dir`
+/// is not given.
 pub const DEFAULT_DATA_DIR: &str = "./toolgate-data";
 
 /// The store commands. They read through a read-only SQLite connection and
@@ -325,12 +326,9 @@ pub struct ServeArgs {
     pub store: StoreKind,
     /// The durable store's directory (created owner-only; one process at a
     /// time) [default: ./toolgate-data].
-    #[arg(long, value_name = "DIR", env = "TOOLGATE_DATA_DIR")]
+    #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 }
-
-/// The durable store's directory when `--data-dir` is not given.
-pub const DEFAULT_DATA_DIR: &str = "toolgate-data";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StoreKind {
