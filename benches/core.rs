@@ -68,6 +68,18 @@ fn canonical_benches(criterion: &mut Criterion) {
     });
 }
 
+/// Runs an engine operation to its answer on this thread. The engine's
+/// operations wait for the store's writer (here the memory store's), so
+/// each measurement includes that hand-off, as a server's calls do.
+fn run<F: std::future::Future>(operation: F) -> F::Output {
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+    }
+    RUNTIME.with(|runtime| runtime.block_on(operation))
+}
+
 /// The embedded default policy with the docs-search manifest assessed (so
 /// its read tool is open) and one warm session per actor.
 fn warm_engine() -> Engine {
@@ -75,14 +87,19 @@ fn warm_engine() -> Engine {
     let engine = Engine::new(
         policy,
         Arc::new(ManualClock::starting_at(Timestamp(1_795_910_400_000))),
-    );
+    )
+    .expect("engine");
     let manifest_json = std::fs::read(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/manifests/docs-search.json"
     ))
     .expect("example manifest");
     let manifest = Manifest::from_json(&manifest_json).expect("valid manifest");
-    assert!(engine.assess_manifest(&manifest).expect("assess").accepted);
+    assert!(
+        run(engine.assess_manifest(&manifest))
+            .expect("assess")
+            .accepted
+    );
     engine
 }
 
@@ -95,7 +112,7 @@ fn decide_benches(criterion: &mut Criterion) {
     let decide = |session: &SessionRef, call_id: &str, actor: &str, tool: &str, arguments: &str| {
         let proposal =
             Proposal::new(call_id.into(), actor.into(), tool.into(), 0, arguments).expect("valid");
-        engine.decide(session, &proposal).expect("decide").0
+        run(engine.decide(session, &proposal)).expect("decide").0
     };
     let read_args = r#"{"query":"how do I reset the sensor on a lamp that keeps blinking after a firmware update?","limit":10}"#;
     let pay_args = r#"{"amount":15000,"currency":"BRL","account_number":"00123456789","memo":"invoice 2026/11"}"#;
@@ -126,9 +143,7 @@ fn decide_benches(criterion: &mut Criterion) {
         pay_args,
     );
     let (granted_id, _) = granted_call.approval.expect("approval");
-    engine
-        .review(granted_id, Verdict::Grant, "admin", String::new())
-        .expect("grant");
+    run(engine.review(granted_id, Verdict::Grant, "admin", String::new())).expect("grant");
 
     criterion.bench_function("decide/read_tool_warm_session", |bench| {
         bench.iter(|| {
@@ -179,6 +194,7 @@ fn tickets_engine() -> Engine {
         policy,
         Arc::new(ManualClock::starting_at(Timestamp(1_795_910_400_000))),
     )
+    .expect("engine")
 }
 
 fn dispatch_benches(criterion: &mut Criterion) {
@@ -204,11 +220,9 @@ fn dispatch_benches(criterion: &mut Criterion) {
             &arguments,
         )
         .expect("valid");
-        let (decision, _) = engine.decide(&learner, &proposal).expect("decide");
+        let (decision, _) = run(engine.decide(&learner, &proposal)).expect("decide");
         let (approval, _) = decision.approval.expect("approval requested");
-        engine
-            .review(approval, Verdict::Grant, "reviewer", String::new())
-            .expect("grant");
+        run(engine.review(approval, Verdict::Grant, "reviewer", String::new())).expect("grant");
         version += 1;
         proposal
     };
@@ -216,7 +230,7 @@ fn dispatch_benches(criterion: &mut Criterion) {
         bench.iter_batched(
             &mut approved_proposal,
             |proposal| {
-                let (dispatched, _) = engine.dispatch(&learner, &proposal).expect("dispatch");
+                let (dispatched, _) = run(engine.dispatch(&learner, &proposal)).expect("dispatch");
                 assert_eq!(dispatched.status, DispatchStatus::Ok);
                 assert!(!dispatched.replayed);
                 dispatched
@@ -234,9 +248,8 @@ fn dispatch_benches(criterion: &mut Criterion) {
     .expect("valid");
     criterion.bench_function("dispatch/replay", |bench| {
         bench.iter(|| {
-            let (dispatched, _) = engine
-                .dispatch(&learner, black_box(&replay))
-                .expect("dispatch");
+            let (dispatched, _) =
+                run(engine.dispatch(&learner, black_box(&replay))).expect("dispatch");
             assert!(dispatched.replayed);
             black_box(dispatched)
         })
@@ -251,13 +264,12 @@ fn assess_manifest_benches(criterion: &mut Criterion) {
     let engine = Engine::new(
         Policy::embedded_default().expect("embedded policy"),
         Arc::new(ManualClock::starting_at(Timestamp(1_795_910_400_000))),
-    );
+    )
+    .expect("engine");
     let manifest_json = manifest_10kb();
     let pinned = Manifest::from_json(manifest_json.as_bytes()).expect("valid");
     assert_eq!(pinned.tools.len(), 20);
-    engine
-        .pin_manifest("admin", pinned.clone(), None)
-        .expect("pin");
+    run(engine.pin_manifest("admin", pinned.clone(), None)).expect("pin");
     let message = toolgate::pb::Manifest::from(&pinned);
     let mut changed = pinned.clone();
     changed.tools[3].scopes.push("docs:write".into());
@@ -268,7 +280,7 @@ fn assess_manifest_benches(criterion: &mut Criterion) {
             || message.clone(),
             |message| {
                 let manifest = Manifest::try_from(message).expect("valid");
-                let assessment = engine.assess_manifest(&manifest).expect("assess");
+                let assessment = run(engine.assess_manifest(&manifest)).expect("assess");
                 assert!(assessment.accepted);
                 assessment
             },
@@ -277,14 +289,14 @@ fn assess_manifest_benches(criterion: &mut Criterion) {
     });
     criterion.bench_function("assess_manifest/20_tools_matched", |bench| {
         bench.iter(|| {
-            let assessment = engine.assess_manifest(black_box(&pinned)).expect("assess");
+            let assessment = run(engine.assess_manifest(black_box(&pinned))).expect("assess");
             assert!(assessment.accepted);
             assessment
         })
     });
     criterion.bench_function("assess_manifest/20_tools_one_changed", |bench| {
         bench.iter(|| {
-            let assessment = engine.assess_manifest(black_box(&changed)).expect("assess");
+            let assessment = run(engine.assess_manifest(black_box(&changed))).expect("assess");
             assert_eq!(assessment.diffs.len(), 1);
             assessment
         })

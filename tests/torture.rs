@@ -483,6 +483,7 @@ async fn racing_reviewers_dispatchers_and_the_clock_commit_each_grant_once() {
             page_size: usize::MAX,
             ..ListQuery::default()
         })
+        .await
         .expect("list");
     let mut final_consumed = 0;
     for approval in &page.approvals {

@@ -16,6 +16,7 @@ use crate::domain::clock::Timestamp;
 use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::policy::{Limits, Policy};
+use crate::domain::records::{self, Journal, Kind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ApprovalStatus {
@@ -54,7 +55,7 @@ impl ApprovalStatus {
 }
 
 /// One approval request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Approval {
     pub id: Uuid,
     /// What was asked for, as the request was made.
@@ -71,7 +72,7 @@ pub struct Approval {
 }
 
 /// What a request is made of.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NewApproval {
     pub fingerprint: Fingerprint,
     pub host: String,
@@ -306,6 +307,18 @@ pub struct Ledger {
     /// Pending requests per host identity (for the per-host cap).
     pending_by_host: HashMap<String, usize>,
     pending_total: usize,
+    /// Every record written or dropped since the state last took the
+    /// changes.
+    journal: Journal,
+}
+
+/// The key an approval is stored under: by request time, so that new
+/// records land at the end of the store's tree.
+fn record_key(approval: &Approval) -> Vec<u8> {
+    records::key(&[
+        &records::time_part(approval.requested_at),
+        approval.id.as_bytes(),
+    ])
 }
 
 impl Ledger {
@@ -440,12 +453,62 @@ impl Ledger {
         self.make_current(&approval);
         let record_hash = self.records.hash(&approval.id);
         self.bytes = self.bytes.saturating_add(record_bytes(&approval));
+        self.journal
+            .put(Kind::Approval, record_key(&approval), &approval);
         self.records
             .insert_unique(record_hash, Box::new(approval.clone()));
         ApprovalEvent {
             kind: EventKind::Requested,
             approval,
         }
+    }
+
+    /// The ledger of stored records (recovery), every index rebuilt as the
+    /// operations that made the records left it: the latest request per
+    /// (workspace, fingerprint) is current, live records have deadlines,
+    /// finished ones queue for eviction in the order they finished.
+    pub fn restore(mut approvals: Vec<Approval>) -> Ledger {
+        approvals.sort_by_key(|approval| (approval.requested_at, approval.id));
+        let mut ledger = Ledger::default();
+        let mut finished = Vec::new();
+        for approval in approvals {
+            let (id, hash) = (approval.id, ledger.records.hash(&approval.id));
+            if find_record(&ledger.records, id).is_some() {
+                continue;
+            }
+            let bytes = record_bytes(&approval);
+            if approval.status == ApprovalStatus::Pending {
+                ledger.count_pending(&approval);
+            }
+            if approval.status.is_live() {
+                ledger.deadlines.insert((approval.expires_at, id));
+            } else {
+                let finished_at = approval.finished_at.unwrap_or(approval.requested_at);
+                let denied = approval.status == ApprovalStatus::Denied;
+                finished.push((finished_at, approval.requested_at, id, denied));
+                ledger.evictable_bytes = ledger.evictable_bytes.saturating_add(bytes);
+            }
+            ledger.by_request.insert((approval.requested_at, id));
+            ledger.make_current(&approval);
+            ledger.bytes = ledger.bytes.saturating_add(bytes);
+            ledger.records.insert_unique(hash, Box::new(approval));
+        }
+        finished.sort_unstable();
+        for (finished_at, _, id, denied) in finished {
+            let queue = if denied {
+                &mut ledger.denied
+            } else {
+                &mut ledger.finished
+            };
+            queue.insert((finished_at, ledger.finish_serial), id);
+            ledger.finish_serial += 1;
+        }
+        ledger
+    }
+
+    /// The records written or dropped since the last call, in order.
+    pub fn take_changes(&mut self, out: &mut Vec<records::Change>) -> Result<()> {
+        self.journal.take_into(out)
     }
 
     /// Evicts finished records, oldest first (denied ones last), until one
@@ -544,6 +607,8 @@ impl Ledger {
                 approval.decided_at = Some(now);
                 approval.decision_note = note;
                 self.bytes = (self.bytes + record_bytes(approval)).saturating_sub(bytes_before);
+                self.journal
+                    .put(Kind::Approval, record_key(approval), &*approval);
                 let approval = approval.clone();
                 self.deadlines.insert((expires_at, id));
                 Ok(ApprovalEvent {
@@ -670,6 +735,8 @@ impl Ledger {
         let bytes_after = record_bytes(approval);
         self.bytes = (self.bytes + bytes_after).saturating_sub(bytes_before);
         self.evictable_bytes = self.evictable_bytes.saturating_add(bytes_after);
+        self.journal
+            .put(Kind::Approval, record_key(approval), &*approval);
         let kind = match status {
             ApprovalStatus::Denied => EventKind::Denied,
             ApprovalStatus::Revoked => EventKind::Revoked,
@@ -700,6 +767,7 @@ impl Ledger {
         let Some(approval) = self.records.remove(hash, |approval| approval.id == id) else {
             return;
         };
+        self.journal.delete(Kind::Approval, record_key(&approval));
         let bytes = record_bytes(&approval);
         self.bytes = self.bytes.saturating_sub(bytes);
         self.evictable_bytes = self.evictable_bytes.saturating_sub(bytes);

@@ -774,7 +774,7 @@ pub fn assess(manifest: &Manifest, pin: Option<&dyn PinReference>) -> Assessment
 }
 
 /// What is remembered of a pinned server's latest assessment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LastAssessment {
     pub fingerprint: Fingerprint,
     /// The assessed manifest had no problems.

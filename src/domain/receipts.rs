@@ -2,7 +2,9 @@
 
 use crate::domain::canonical::{Fingerprint, Value};
 use crate::domain::clock::Timestamp;
+use crate::domain::error::Result;
 use crate::domain::policy::Limits;
+use crate::domain::records::{self, Change, Journal, Kind, Record};
 use crate::domain::resources::{CommitResult, value_bytes};
 use crate::domain::table::Table;
 use std::collections::BTreeSet;
@@ -10,7 +12,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 /// A stored receipt: the fingerprint it was made for and a copy of the result.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Receipt {
     pub id: Uuid,
     pub fingerprint: Fingerprint,
@@ -128,6 +130,28 @@ pub struct ReceiptLog {
     by_age: BTreeSet<(Timestamp, CallKey)>,
     /// Σ bytes of the stored receipts.
     bytes: usize,
+    /// Receipts stored and evicted since the state last took the changes.
+    journal: Journal,
+}
+
+/// A receipt as it is stored: with the call it answers.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ReceiptRecord<Text, Stored> {
+    host: Text,
+    actor: Text,
+    call_id: Text,
+    receipt: Stored,
+}
+
+/// The key a receipt is stored under: by age first, so that new receipts
+/// land at the end of the store's tree and old ones leave from its start.
+fn record_key(created_at: Timestamp, host: &str, actor: &str, call_id: &str) -> Vec<u8> {
+    records::key(&[
+        &records::time_part(created_at),
+        host.as_bytes(),
+        actor.as_bytes(),
+        call_id.as_bytes(),
+    ])
 }
 
 fn retention_millis(limits: &Limits) -> u64 {
@@ -174,6 +198,8 @@ impl ReceiptLog {
             .receipts
             .remove(hash, |stored| stored.key.is(host, actor, call_id))?;
         self.bytes = self.bytes.saturating_sub(stored.bytes);
+        let key = record_key(stored.receipt.created_at, host, actor, call_id);
+        self.journal.delete(Kind::Receipt, key);
         Some(stored.bytes)
     }
 
@@ -235,6 +261,14 @@ impl ReceiptLog {
             receipt.result.value.as_ref(),
         );
         self.bytes = self.bytes.saturating_add(bytes);
+        let record = ReceiptRecord {
+            host,
+            actor,
+            call_id,
+            receipt: &receipt,
+        };
+        let record_key = record_key(receipt.created_at, host, actor, call_id);
+        self.journal.put(Kind::Receipt, record_key, &record);
         self.by_age.insert((receipt.created_at, key.clone()));
         self.receipts.insert_unique(
             hash,
@@ -244,5 +278,24 @@ impl ReceiptLog {
                 bytes,
             }),
         );
+    }
+
+    /// The log of stored receipts (recovery).
+    pub fn restore(stored: &[Record]) -> Result<ReceiptLog> {
+        let mut log = ReceiptLog::default();
+        for record in stored {
+            let record: ReceiptRecord<String, Receipt> = records::decode(record)?;
+            let (host, actor, call_id) = (&record.host, &record.actor, &record.call_id);
+            if log.get(host, actor, call_id).is_none() {
+                log.insert(host, actor, call_id, record.receipt);
+            }
+        }
+        log.journal = Journal::default();
+        Ok(log)
+    }
+
+    /// The receipts stored and evicted since the last call, in order.
+    pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
+        self.journal.take_into(out)
     }
 }

@@ -99,13 +99,25 @@ pub fn key(parts: &[&[u8]]) -> Vec<u8> {
     key
 }
 
+/// The parts of a key made by [`key`]; `None` when it was not made so.
+pub fn split_key(mut key: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut parts = Vec::new();
+    while !key.is_empty() {
+        let (len, rest) = key.split_first_chunk::<4>()?;
+        let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+        parts.push(rest.get(..len)?);
+        key = rest.get(len..)?;
+    }
+    Some(parts)
+}
+
 /// A timestamp as the first part of a key: big-endian, so keys sort by time.
 pub fn time_part(at: Timestamp) -> [u8; 8] {
     at.0.to_be_bytes()
 }
 
-/// The changes made since the last [`Journal::take`], in order.
-#[derive(Debug, Default)]
+/// The changes made since the last [`Journal::take_into`], in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Journal {
     changes: Vec<Change>,
     /// Set when a value could not be encoded: the journal then refuses to
@@ -244,6 +256,9 @@ mod tests {
     fn keys_keep_their_parts_apart() {
         assert_ne!(key(&[b"ab", b"c"]), key(&[b"a", b"bc"]));
         assert_eq!(key(&[b"a"]), vec![0, 0, 0, 1, b'a']);
+        let made = key(&[b"host", b"", b"call"]);
+        assert_eq!(split_key(&made).unwrap(), [&b"host"[..], b"", b"call"]);
+        assert_eq!(split_key(&made[..made.len() - 1]), None);
     }
 
     #[test]

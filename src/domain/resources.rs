@@ -3,14 +3,16 @@
 use std::collections::BTreeMap;
 
 use crate::domain::canonical::{self, Object, Value};
+use crate::domain::error::{Error, Result};
 use crate::domain::policy::{Effect, StatePolicy, VersionScope};
+use crate::domain::records::{self, Change, Journal, Kind, Record};
 
 /// What a commit produced; stored in the receipt and returned (as a copy)
 /// on every replay. It holds what this commit wrote, never more: for effect
 /// `set` the value set, for `append` the item appended and its index, so
 /// that a receipt and an answer stay as small as the request that made them
 /// (a queue's whole value is read, a page at a time, with GetResource).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CommitResult {
     pub version: u64,
     /// The resource the effect touched (`None` for effect `none`).
@@ -63,6 +65,25 @@ pub struct Resources {
     /// Bumped by every commit; the version in scope `global`, and the one
     /// that effect-`none` tools are checked against in scope `resource`.
     global_version: u64,
+    /// Resources written since the state last took the changes.
+    journal: Journal,
+}
+
+/// A resource as it is stored. A list's items are records of their own
+/// ([`Kind::QueueItem`]), so that an append writes one item, not the queue.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ResourceRecord {
+    version: u64,
+    replaced: u64,
+    /// The value, unless it is a list.
+    value: Option<Value>,
+}
+
+/// The meta record of the global version.
+const GLOBAL_VERSION_KEY: &[u8] = b"global_version";
+
+fn item_key(name: &str, index: usize) -> Vec<u8> {
+    records::key(&[name.as_bytes(), &(index as u64).to_be_bytes()])
 }
 
 /// Where an effect lands, resolved from the policy and the arguments. It
@@ -144,6 +165,7 @@ impl Resources {
                 })
                 .collect(),
             global_version: 0,
+            journal: Journal::default(),
         }
     }
 
@@ -158,9 +180,108 @@ impl Resources {
                     replaced: 0,
                 };
                 self.resources.insert(name.clone(), resource);
+                self.journal_resource(name, true);
             }
         }
         self.scope = policy.version_scope;
+    }
+
+    /// Journals a resource's record, and every item of a list when
+    /// `with_items`.
+    fn journal_resource(&mut self, name: &str, with_items: bool) {
+        let Some(resource) = self.resources.get(name) else {
+            return;
+        };
+        let record = ResourceRecord {
+            version: resource.version,
+            replaced: resource.replaced,
+            value: match &resource.value {
+                Value::Array(_) => None,
+                value => Some(value.clone()),
+            },
+        };
+        self.journal
+            .put(Kind::Resource, name.as_bytes().to_vec(), &record);
+        if let (true, Value::Array(items)) = (with_items, &resource.value) {
+            for (index, item) in items.iter().enumerate() {
+                self.journal
+                    .put(Kind::QueueItem, item_key(name, index), item);
+            }
+        }
+    }
+
+    /// The resources of the policy, overlaid with the stored ones
+    /// (recovery). A resource the store does not hold yet keeps the
+    /// policy's initial value and is journaled, so that the next commit
+    /// stores it and a later policy cannot change it behind a restart.
+    pub fn restore(policy: &StatePolicy, stored: &[Record], items: &[Record]) -> Result<Self> {
+        let mut restored = Resources::new(policy);
+        let corrupt = |what: &str| {
+            Error::Internal(format!(
+                "the store holds {what}; run `toolgate store check`"
+            ))
+        };
+        for record in stored {
+            let name = String::from_utf8(record.key.clone())
+                .map_err(|_| corrupt("a resource whose name is not UTF-8"))?;
+            let stored: ResourceRecord = records::decode(record)?;
+            let resource = Resource {
+                value: stored.value.unwrap_or_else(|| Value::Array(Vec::new())),
+                version: stored.version,
+                replaced: stored.replaced,
+            };
+            restored.resources.insert(name, resource);
+        }
+        let mut ordered = Vec::with_capacity(items.len());
+        for record in items {
+            let Some((name, index)) = item_parts(&record.key) else {
+                return Err(corrupt("a queue item whose key does not decode"));
+            };
+            ordered.push((name, index, record));
+        }
+        // Each queue's items in index order, each index once.
+        ordered.sort_unstable_by(|left, right| (&left.0, left.1).cmp(&(&right.0, right.1)));
+        for (name, index, record) in ordered {
+            let item: Value = records::decode(record)?;
+            match restored
+                .resources
+                .get_mut(&name)
+                .map(|resource| &mut resource.value)
+            {
+                Some(Value::Array(list)) if list.len() == index => list.push(item),
+                _ => {
+                    return Err(corrupt(&format!(
+                        "a stray item {index} of resource {name:?}"
+                    )));
+                }
+            }
+        }
+        let names: Vec<String> = restored
+            .resources
+            .keys()
+            .filter(|name| !stored.iter().any(|record| record.key == name.as_bytes()))
+            .cloned()
+            .collect();
+        for name in names {
+            restored.journal_resource(&name, true);
+        }
+        Ok(restored)
+    }
+
+    /// Sets the global version (recovery).
+    pub fn restore_global_version(&mut self, record: &Record) -> Result<()> {
+        self.global_version = records::decode(record)?;
+        Ok(())
+    }
+
+    /// Whether `record` is the global version's meta record.
+    pub fn is_global_version(record: &Record) -> bool {
+        record.key == GLOBAL_VERSION_KEY
+    }
+
+    /// The resources written since the last call, in order.
+    pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
+        self.journal.take_into(out)
     }
 
     /// The version in force for a resource (or for effect `none`).
@@ -230,6 +351,11 @@ impl Resources {
     /// an append never copies the queue.
     pub fn apply(&mut self, target: &Target<'_>, carried: Option<Value>) -> CommitResult {
         self.global_version += 1;
+        self.journal.put(
+            Kind::Meta,
+            GLOBAL_VERSION_KEY.to_vec(),
+            &self.global_version,
+        );
         let Some(name) = target.resource() else {
             return CommitResult {
                 version: self.global_version,
@@ -239,20 +365,33 @@ impl Resources {
             };
         };
         let mut appended_index = None;
+        let mut replaced_items = None;
         if let (Some(resource), Some(carried)) = (self.resources.get_mut(name), carried.as_ref()) {
             match (*target, &mut resource.value) {
                 (Target::Set { .. }, stored) => {
+                    if let Value::Array(items) = stored {
+                        replaced_items = Some(items.len());
+                    }
                     stored.clone_from(carried);
                     resource.replaced += 1;
                 }
                 (Target::Append { .. }, Value::Array(items)) => {
-                    appended_index = u64::try_from(items.len()).ok();
+                    appended_index = Some(items.len());
                     items.push(carried.clone());
                 }
                 _ => {}
             }
             resource.version += 1;
         }
+        for index in 0..replaced_items.unwrap_or(0) {
+            self.journal.delete(Kind::QueueItem, item_key(name, index));
+        }
+        self.journal_resource(name, replaced_items.is_some() || appended_index.is_none());
+        if let (Some(index), Some(item)) = (appended_index, carried.as_ref()) {
+            self.journal
+                .put(Kind::QueueItem, item_key(name, index), item);
+        }
+        let appended_index = appended_index.and_then(|index| u64::try_from(index).ok());
         CommitResult {
             version: self.version_of(Some(name)),
             resource: Some(name.to_string()),
@@ -382,4 +521,14 @@ pub enum PageError {
     Replaced,
     /// A position past the end of the queue.
     BadIndex,
+}
+
+/// The (resource, index) of a queue item's key.
+fn item_parts(key: &[u8]) -> Option<(String, usize)> {
+    let [name, index] = <[&[u8]; 2]>::try_from(records::split_key(key)?).ok()?;
+    let index = u64::from_be_bytes(index.try_into().ok()?);
+    Some((
+        String::from_utf8(name.to_vec()).ok()?,
+        usize::try_from(index).ok()?,
+    ))
 }

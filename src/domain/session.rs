@@ -22,6 +22,7 @@ use crate::domain::decision::Reason;
 use crate::domain::error::{Error, Result};
 use crate::domain::policy::{ActorProfile, Limits};
 use crate::domain::proposal::SessionRef;
+use crate::domain::records::{self, Change, Journal, Kind, Record};
 use crate::domain::table::Table;
 
 /// Call ids remembered per session when the profile sets no decision budget.
@@ -35,8 +36,10 @@ pub fn decided_call_bytes(call_id: &str) -> usize {
 
 /// One call id decided in a session: the fingerprint it was decided for and
 /// the budget refusal it got, if the budget refused it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct DecidedCall {
+    /// Stored in the record's key, not its value.
+    #[serde(skip)]
     call_id: Box<str>,
     fingerprint: Fingerprint,
     refused: Option<Reason>,
@@ -103,7 +106,9 @@ impl DecidedCalls {
     }
 }
 
-#[derive(Debug, Clone)]
+/// Stored without its call ids (each is a record of its own, so that a
+/// decision writes one small record, not the whole session).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Session {
     /// The identity of the host credential that made the session: its
     /// namespace.
@@ -115,6 +120,7 @@ pub struct Session {
     pub last_seen: Timestamp,
     /// Every call id charged in this session (at most the profile's
     /// decision budget, or [`MAX_CALLS_PER_SESSION`]).
+    #[serde(skip)]
     pub decided: DecidedCalls,
     pub decisions: u64,
     pub tool_attempts: u64,
@@ -327,6 +333,30 @@ pub struct Sessions {
     per_host: HashMap<String, usize>,
     /// Σ [`decided_call_bytes`] of the call ids the sessions remember.
     decided_bytes: usize,
+    /// Call ids remembered and sessions dropped since the state last took
+    /// the changes.
+    journal: Journal,
+    /// Sessions opened or changed since then (written whole when the
+    /// changes are taken, so that a session changed twice is written once).
+    changed: Vec<(String, String)>,
+}
+
+fn session_key(host: &str, session_id: &str) -> Vec<u8> {
+    records::key(&[host.as_bytes(), session_id.as_bytes()])
+}
+
+fn decided_key(host: &str, session_id: &str, call_id: &str) -> Vec<u8> {
+    records::key(&[host.as_bytes(), session_id.as_bytes(), call_id.as_bytes()])
+}
+
+/// The parts of a key made by [`records::key`], as text, when it has `N`.
+fn key_parts<const N: usize>(key: &[u8]) -> Option<[String; N]> {
+    let parts = records::split_key(key)?;
+    let texts: Option<Vec<String>> = parts
+        .into_iter()
+        .map(|part| String::from_utf8(part.to_vec()).ok())
+        .collect();
+    texts?.try_into().ok()
 }
 
 impl Sessions {
@@ -380,7 +410,10 @@ impl Sessions {
             .map(|session| &**session)
     }
 
+    /// The session to change (written when the changes are taken).
     pub fn get_mut(&mut self, host: &str, session_id: &str) -> Option<&mut Session> {
+        self.changed
+            .push((host.to_string(), session_id.to_string()));
         let hash = self.hash(host, session_id);
         self.sessions
             .find_mut(hash, |session| {
@@ -443,6 +476,8 @@ impl Sessions {
                 .insert_unique(hash, Box::new(Session::new(session, now)));
             *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
         }
+        self.changed
+            .push((session.host.clone(), session.session_id.clone()));
         let entry = self
             .sessions
             .find_mut(hash, |existing| existing.is(session))
@@ -463,10 +498,11 @@ impl Sessions {
         limits: &Limits,
     ) -> Result<()> {
         let entry = self.open(session, now, limits)?;
-        let mut remembered = 0;
+        let mut decided = None;
         if charge.decision {
-            remembered = entry.decided.insert(call_id, fingerprint, charge.refused);
+            let remembered = entry.decided.insert(call_id, fingerprint, charge.refused);
             entry.decisions += 1;
+            decided = Some(remembered);
         }
         if charge.tool_attempt {
             entry.tool_attempts += 1;
@@ -476,7 +512,16 @@ impl Sessions {
         {
             entry.stopped_reason.get_or_insert(reason);
         }
-        self.count_decided_bytes(remembered);
+        if let Some(remembered) = decided {
+            self.count_decided_bytes(remembered);
+            let call = DecidedCall {
+                call_id: call_id.into(),
+                fingerprint,
+                refused: charge.refused,
+            };
+            let key = decided_key(&session.host, &session.session_id, call_id);
+            self.journal.put(Kind::DecidedCall, key, &call);
+        }
         Ok(())
     }
 
@@ -511,11 +556,19 @@ impl Sessions {
     /// Drops sessions idle for longer than the policy's TTL.
     pub fn evict_idle(&mut self, now: Timestamp, limits: &Limits) {
         let idle_millis = u64::try_from(limits.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
-        let per_host = &mut self.per_host;
+        let (per_host, journal) = (&mut self.per_host, &mut self.journal);
         let mut freed = 0usize;
         self.sessions.retain(|session| {
             let keep = now.millis_since(session.last_seen) < idle_millis;
             if !keep {
+                journal.delete(
+                    Kind::Session,
+                    session_key(&session.host, &session.session_id),
+                );
+                for call in session.decided.calls.iter() {
+                    let key = decided_key(&session.host, &session.session_id, &call.call_id);
+                    journal.delete(Kind::DecidedCall, key);
+                }
                 freed = freed.saturating_add(session.decided.bytes());
                 if let Some(count) = per_host.get_mut(&session.host) {
                     *count = count.saturating_sub(1);
@@ -527,5 +580,60 @@ impl Sessions {
             keep
         });
         self.decided_bytes = self.decided_bytes.saturating_sub(freed);
+    }
+
+    /// The sessions of stored records (recovery): each session with the
+    /// call ids it decided. A call id whose session is gone is dropped.
+    pub fn restore(sessions: &[Record], calls: &[Record]) -> Result<Sessions> {
+        let mut restored = Sessions::default();
+        for record in sessions {
+            let session: Session = records::decode(record)?;
+            let hash = restored.hash(&session.host, &session.session_id);
+            *restored.per_host.entry(session.host.clone()).or_insert(0) += 1;
+            restored.sessions.insert_unique(hash, Box::new(session));
+        }
+        for record in calls {
+            let mut call: DecidedCall = records::decode(record)?;
+            let Some([host, session_id, call_id]) = key_parts::<3>(&record.key) else {
+                return Err(Error::Internal(
+                    "the store holds a decided call whose key does not decode; \
+                     run `toolgate store check`"
+                        .into(),
+                ));
+            };
+            call.call_id = call_id.into();
+            let hash = restored.hash(&host, &session_id);
+            let Some(session) = restored.sessions.find_mut(hash, |session| {
+                session.host == host && session.session_id == session_id
+            }) else {
+                continue;
+            };
+            let added = session
+                .decided
+                .insert(&call.call_id, call.fingerprint, call.refused);
+            restored.decided_bytes = restored.decided_bytes.saturating_add(added);
+        }
+        Ok(restored)
+    }
+
+    /// The records written or dropped since the last call, in order: call
+    /// ids and dropped sessions as they happened, then every session
+    /// changed since, whole.
+    pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
+        self.journal.take_into(out)?;
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.sort_unstable();
+        changed.dedup();
+        for (host, session_id) in changed {
+            let hash = self.hash(&host, &session_id);
+            let found = self.sessions.find(hash, |session| {
+                session.host == host && session.session_id == session_id
+            });
+            if let Some(session) = found {
+                let key = session_key(&host, &session_id);
+                self.journal.put(Kind::Session, key, &**session);
+            }
+        }
+        self.journal.take_into(out)
     }
 }

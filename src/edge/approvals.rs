@@ -33,7 +33,7 @@ impl ApprovalsService {
 
     /// Grant, deny or revoke as the authenticated reviewer; `note_field`
     /// names the note (`comment`, `reason`) in errors.
-    fn review(
+    async fn review(
         &self,
         caller: &Caller,
         verdict: Verdict,
@@ -44,7 +44,8 @@ impl ApprovalsService {
         let note = Note::new(note_field, note)?;
         let approval = self
             .engine
-            .review(id, verdict, &caller.identity, note.into_string())?;
+            .review(id, verdict, &caller.identity, note.into_string())
+            .await?;
         Ok(approval.into())
     }
 }
@@ -154,11 +155,12 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        unary(request, Reach::Reviewer, |caller, message| {
+        unary(request, Reach::Reviewer, |caller, message| async move {
             let id = approval_id("approval_id", &message.approval_id)?;
-            let approval = self.engine.get_approval_for(id, &caller.identity)?;
+            let approval = self.engine.get_approval_for(id, &caller.identity).await?;
             Ok(approval.into())
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -166,15 +168,16 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        unary(request, Reach::Reviewer, |caller, message| {
+        unary(request, Reach::Reviewer, |caller, message| async move {
             let mut query = list_query(message)?;
             query.viewer = Some(caller.identity.clone());
-            let page = self.engine.list_approvals(&query)?;
+            let page = self.engine.list_approvals(&query).await?;
             Ok(pb::ListApprovalsResponse {
                 approvals: page.approvals.into_iter().map(pb::Approval::from).collect(),
                 next_page_token: page.next.map(approval_page_token).unwrap_or_default(),
             })
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -182,10 +185,12 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::GrantApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        unary(request, Reach::Reviewer, |caller, message| {
+        unary(request, Reach::Reviewer, |caller, message| async move {
             let note = ("comment", message.comment);
             self.review(&caller, Verdict::Grant, &message.approval_id, note)
+                .await
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -193,10 +198,12 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::DenyApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        unary(request, Reach::Reviewer, |caller, message| {
+        unary(request, Reach::Reviewer, |caller, message| async move {
             let note = ("reason", message.reason);
             self.review(&caller, Verdict::Deny, &message.approval_id, note)
+                .await
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -204,10 +211,12 @@ impl Approvals for ApprovalsService {
         &self,
         request: Request<pb::RevokeApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
-        unary(request, Reach::Reviewer, |caller, message| {
+        unary(request, Reach::Reviewer, |caller, message| async move {
             let note = ("reason", message.reason);
             self.review(&caller, Verdict::Revoke, &message.approval_id, note)
+                .await
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

@@ -42,10 +42,14 @@ fn host_proposal(
 /// A session of this host, if it may assert the session's actor. One it may
 /// not is reported exactly like a missing one: the answer must not reveal
 /// that it exists.
-fn host_session(engine: &Engine, caller: &Caller, session_id: &str) -> Result<SessionSummary> {
+async fn host_session(
+    engine: &Engine,
+    caller: &Caller,
+    session_id: &str,
+) -> Result<SessionSummary> {
     check_identifier("session_id", session_id)?;
     let hidden = || Error::NotFound(format!("no session {session_id:?} for this host"));
-    match engine.session(&caller.identity, session_id) {
+    match engine.session(&caller.identity, session_id).await {
         Ok(session) if caller.may_assert(&session.actor) => Ok(session),
         Ok(_) | Err(Error::NotFound(_)) => Err(hidden()),
         Err(other) => Err(other),
@@ -59,11 +63,12 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::DecideResponse>, Status> {
-        unary(request, Reach::Host, |caller, message| {
+        unary(request, Reach::Host, |caller, message| async move {
             let (session, proposal) = host_proposal(&caller, message.session, message.proposal)?;
-            let (decision, policy_revision) = self.engine.decide(&session, &proposal)?;
+            let (decision, policy_revision) = self.engine.decide(&session, &proposal).await?;
             Ok(decide_response(decision, policy_revision))
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -71,11 +76,12 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::DispatchRequest>,
     ) -> Result<Response<pb::DispatchResponse>, Status> {
-        unary(request, Reach::Host, |caller, message| {
+        unary(request, Reach::Host, |caller, message| async move {
             let (session, proposal) = host_proposal(&caller, message.session, message.proposal)?;
-            let (dispatched, policy_revision) = self.engine.dispatch(&session, &proposal)?;
+            let (dispatched, policy_revision) = self.engine.dispatch(&session, &proposal).await?;
             Ok(dispatch_response(dispatched, policy_revision))
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -83,11 +89,12 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::AssessManifestRequest>,
     ) -> Result<Response<pb::AssessManifestResponse>, Status> {
-        unary(request, Reach::Host, |_, message| {
+        unary(request, Reach::Host, |_, message| async move {
             let manifest = required(message.manifest, "manifest")?;
             let manifest = Manifest::try_from(manifest).map_err(|error| error.under("manifest"))?;
-            Ok(self.engine.assess_manifest(&manifest)?.into())
+            Ok(self.engine.assess_manifest(&manifest).await?.into())
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -95,9 +102,10 @@ impl PolicyDecisionPoint for PdpService {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::SessionInfo>, Status> {
-        unary(request, Reach::Host, |caller, message| {
-            let session = host_session(&self.engine, &caller, &message.session_id)?;
+        unary(request, Reach::Host, |caller, message| async move {
+            let session = host_session(&self.engine, &caller, &message.session_id).await?;
             Ok(session_info(session))
         })
+        .await
     }
 }

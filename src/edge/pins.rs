@@ -29,16 +29,18 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::PinManifestRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        unary(request, Reach::Reviewer, |caller, message| {
+        unary(request, Reach::Reviewer, |caller, message| async move {
             let expected =
                 optional_fingerprint(&message.expected_fingerprint, "expected_fingerprint")?;
             let manifest = Manifest::try_from(required(message.manifest, "manifest")?)
                 .map_err(|error| error.under("manifest"))?;
             let record = self
                 .engine
-                .pin_manifest(&caller.identity, manifest, expected)?;
+                .pin_manifest(&caller.identity, manifest, expected)
+                .await?;
             Ok(record.into())
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -46,11 +48,12 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::ListPinsRequest>,
     ) -> Result<Response<pb::ListPinsResponse>, Status> {
-        unary(request, Reach::Reviewer, |_, _| {
-            let pins = self.engine.list_pins()?;
+        unary(request, Reach::Reviewer, |_, _| async move {
+            let pins = self.engine.list_pins().await?;
             let pins = pins.into_iter().map(pb::Pin::from).collect();
             Ok(pb::ListPinsResponse { pins })
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -58,12 +61,14 @@ impl ManifestPins for PinsService {
         &self,
         request: Request<pb::RemovePinRequest>,
     ) -> Result<Response<pb::Pin>, Status> {
-        unary(request, Reach::Reviewer, |caller, message| {
+        unary(request, Reach::Reviewer, |caller, message| async move {
             check_server_id("server_id", &message.server_id)?;
             let record = self
                 .engine
-                .remove_pin(&caller.identity, &message.server_id)?;
+                .remove_pin(&caller.identity, &message.server_id)
+                .await?;
             Ok(record.into())
         })
+        .await
     }
 }

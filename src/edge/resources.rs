@@ -30,11 +30,12 @@ impl Resources for ResourcesService {
         &self,
         request: Request<pb::GetResourceRequest>,
     ) -> Result<Response<pb::Resource>, Status> {
-        unary(request, Reach::HostOrReviewer, |_, message| {
+        unary(request, Reach::HostOrReviewer, |_, message| async move {
             let read = ResourceRead::new(message.name, message.page_size, &message.page_token)?;
-            let page = self.engine.read_resource(&read)?;
+            let page = self.engine.read_resource(&read).await?;
             Ok(resource_page(read.name, page))
         })
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -42,14 +43,18 @@ impl Resources for ResourcesService {
         &self,
         request: Request<pb::ListResourcesRequest>,
     ) -> Result<Response<pb::ListResourcesResponse>, Status> {
-        unary(request, Reach::HostOrReviewer, |_, message| {
+        unary(request, Reach::HostOrReviewer, |_, message| async move {
             let listing = ResourceListing::new(message.page_size, message.page_token)?;
-            let page = self.engine.list_resources(
-                listing.after.as_deref(),
-                listing.page_size,
-                listing.max_bytes,
-            )?;
+            let page = self
+                .engine
+                .list_resources(
+                    listing.after.as_deref(),
+                    listing.page_size,
+                    listing.max_bytes,
+                )
+                .await?;
             Ok(page.into())
         })
+        .await
     }
 }

@@ -313,7 +313,7 @@ async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut sink_health: Si
     loop {
         ticker.tick().await;
         sink_health.update().await;
-        if let Err(error) = engine.sweep() {
+        if let Err(error) = engine.sweep().await {
             tracing::error!(%error, "approval sweep failed");
         }
         metrics.upkeep();

@@ -1,10 +1,15 @@
 //! `Engine`: the cheap-to-clone handle every RPC goes through. It holds the
-//! current policy snapshot, the clock and the one `State`.
+//! current policy snapshot, the clock, the one `State` and the writer of the
+//! store the state is kept in.
 //!
 //! Locking: `State` sits behind a `std::sync::Mutex`. Every operation is
 //! synchronous and short (no I/O, no `.await` while held), so a blocking
 //! mutex is cheaper than an async one and cannot be held across a suspension
-//! point by construction. The policy sits behind an `RwLock<Arc<Policy>>`:
+//! point by construction. Under the lock an operation also hands its changes
+//! to the group-commit writer, in commit order; after the lock it waits
+//! until they (and every change it could have observed) are durable, and
+//! only then are its answer, its audit line and its ledger events released
+//! ([`store::writer`](crate::store::writer)). The policy sits behind an `RwLock<Arc<Policy>>`:
 //! readers clone the `Arc` (a snapshot) and release the lock at once; a
 //! reload swaps the whole `Arc`.
 
@@ -35,6 +40,9 @@ use crate::domain::state::{State, Stats};
 use crate::ops::audit;
 use crate::ops::audit::blank;
 use crate::ops::metrics::Metrics;
+use crate::store::Store;
+use crate::store::memory::MemoryStore;
+use crate::store::writer::Writer;
 
 /// Ledger transitions buffered per watcher before it is told it lagged.
 pub const WATCH_BUFFER: usize = 1024;
@@ -63,13 +71,34 @@ struct Shared {
     coalescer: audit::Coalescer,
     /// Counts policy swaps, so that watch streams re-check their credential.
     reloads: tokio::sync::watch::Sender<u64>,
+    /// Makes the state's changes durable (group commit).
+    writer: Writer,
+    /// Set when a change could not be handed to the writer: the state is
+    /// then ahead of the store, and every call is refused.
+    broken: std::sync::OnceLock<String>,
 }
 
 impl Engine {
-    pub fn new(policy: Policy, clock: Arc<dyn Clock>) -> Self {
+    /// An engine on a new memory store: it forgets everything when dropped
+    /// (tests, benchmarks, `serve --store memory`).
+    pub fn new(policy: Policy, clock: Arc<dyn Clock>) -> Result<Self> {
+        Engine::open(policy, clock, Box::new(MemoryStore::new()))
+    }
+
+    /// An engine on the state `store` holds (recovery): the state is
+    /// restored under `policy`, what is due expires against `clock`, and
+    /// what that changed is committed before the engine answers anything.
+    pub fn open(policy: Policy, clock: Arc<dyn Clock>, mut store: Box<dyn Store>) -> Result<Self> {
+        let unavailable =
+            |error: crate::store::StoreError| Error::Unavailable(format!("the store: {error}"));
+        let records = store.load().map_err(unavailable)?;
+        let mut state = State::restore(&policy, records)?;
+        let expired = state.sweep(&policy, clock.now());
+        store.commit(&state.take_changes()?).map_err(unavailable)?;
+        let writer = Writer::start(store)
+            .map_err(|error| Error::Internal(format!("the store writer did not start: {error}")))?;
         let (events, _) = broadcast::channel(WATCH_BUFFER);
-        let state = State::new(&policy);
-        Engine {
+        let engine = Engine {
             shared: Arc::new(Shared {
                 policy: RwLock::new(Arc::new(policy)),
                 clock,
@@ -80,8 +109,27 @@ impl Engine {
                 closing: tokio::sync::watch::Sender::new(false),
                 coalescer: audit::Coalescer::default(),
                 reloads: tokio::sync::watch::Sender::new(0),
+                writer,
+                broken: std::sync::OnceLock::new(),
             }),
-        }
+        };
+        engine.publish(expired);
+        Ok(engine)
+    }
+
+    /// The store's name ("memory", "sqlite").
+    pub fn store_name(&self) -> &'static str {
+        self.shared.writer.store_name()
+    }
+
+    /// Commits what is pending and stops the store's writer: the last step
+    /// of a shutdown. Every call after it is refused.
+    pub fn close_store(&self) {
+        let _ = self
+            .shared
+            .broken
+            .set("toolgate has shut down its store".into());
+        self.shared.writer.close();
     }
 
     pub fn now(&self) -> Timestamp {
@@ -130,7 +178,16 @@ impl Engine {
     /// Attaches the metrics that decisions, dispatches and ledger
     /// transitions are counted in (once; later calls are ignored).
     pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
-        let _ = self.shared.metrics.set(metrics);
+        let for_batches = Arc::clone(&metrics);
+        if self.shared.metrics.set(metrics).is_ok() {
+            self.shared.writer.on_batch(Box::new(move |batch| {
+                for_batches.store_batch(
+                    batch.operations,
+                    batch.sync.as_secs_f64(),
+                    batch.store_bytes,
+                );
+            }));
+        }
     }
 
     fn metrics(&self) -> Option<&Metrics> {
@@ -220,12 +277,18 @@ impl Engine {
 
     /// Decide (SPEC §4). Refusals are `Ok` answers; errors are invalid
     /// arguments, exhausted capacity or an internal failure (fail closed).
-    pub fn decide(&self, session: &SessionRef, proposal: &Proposal) -> Result<(Decision, String)> {
+    pub async fn decide(
+        &self,
+        session: &SessionRef,
+        proposal: &Proposal,
+    ) -> Result<(Decision, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
-        let (decision, created) = self.with_expiry(&policy, |state, now| {
-            state.decide(&policy, now, session, proposal, screened)
-        })?;
+        let (decision, created) = self
+            .with_expiry(&policy, |state, now| {
+                state.decide(&policy, now, session, proposal, screened)
+            })
+            .await?;
         self.publish(created);
         if let Some(metrics) = self.metrics() {
             metrics.decision(decision.reason);
@@ -247,16 +310,18 @@ impl Engine {
     }
 
     /// Dispatch (SPEC §6): commit one approved change exactly once.
-    pub fn dispatch(
+    pub async fn dispatch(
         &self,
         session: &SessionRef,
         proposal: &Proposal,
     ) -> Result<(Dispatched, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
-        let (dispatched, events) = self.with_expiry(&policy, |state, now| {
-            state.dispatch(&policy, now, session, proposal, screened)
-        })?;
+        let (dispatched, events) = self
+            .with_expiry(&policy, |state, now| {
+                state.dispatch(&policy, now, session, proposal, screened)
+            })
+            .await?;
         self.publish(events);
         let result = dispatched.result.as_ref();
         if let Some(metrics) = self.metrics() {
@@ -285,55 +350,63 @@ impl Engine {
         Ok((dispatched, policy.revision.clone()))
     }
 
+    /// The sizes of the state in memory (metrics, tests).
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.state()?.stats())
     }
 
-    /// A resource's current value and version.
+    /// A resource's value and version in memory, which the next answer
+    /// builds on (tests; an answer to a client reads through
+    /// [`Engine::read_resource`], which waits until what it read is
+    /// durable).
     pub fn resource(&self, name: &str) -> Result<(Value, u64)> {
         self.state()?.resource(name)
     }
 
+    /// An approval as it stands in memory (tests; see [`Engine::resource`]).
+    pub fn get_approval(&self, id: Uuid) -> Result<Approval> {
+        self.state()?.get_approval(id)
+    }
+
     /// One page of a resource: a queue a page at a time.
-    pub fn resource_page(
+    pub async fn resource_page(
         &self,
         name: &str,
         start: Option<PagePosition>,
         max_items: usize,
         max_bytes: usize,
     ) -> Result<ResourcePage> {
-        self.state()?
-            .resource_page(name, start, max_items, max_bytes)
+        self.committed(|state, _| state.resource_page(name, start, max_items, max_bytes))
+            .await
     }
 
     /// The page of a resource a `GetResource` asks for, bounded in bytes by
     /// what one answer may carry under the policy in force.
-    pub fn read_resource(&self, read: &ResourceRead) -> Result<ResourcePage> {
+    pub async fn read_resource(&self, read: &ResourceRead) -> Result<ResourcePage> {
         let max_bytes = self
             .policy()
             .server
             .max_message_bytes
             .saturating_sub(ANSWER_OVERHEAD_BYTES);
         self.resource_page(&read.name, read.start, read.max_items, max_bytes)
+            .await
     }
 
     /// A session of the host credential `host` (sessions are namespaced by
     /// host identity).
-    pub fn session(&self, host: &str, session_id: &str) -> Result<SessionSummary> {
+    pub async fn session(&self, host: &str, session_id: &str) -> Result<SessionSummary> {
         let policy = self.policy();
-        self.state()?
-            .session(host, session_id, policy.limits.decision_cost)
-    }
-
-    pub fn get_approval(&self, id: Uuid) -> Result<Approval> {
-        self.with_expiry(&self.policy(), |state, _| state.get_approval(id))
+        self.committed(|state, _| state.session(host, session_id, policy.limits.decision_cost))
+            .await
     }
 
     /// One approval as reviewer `viewer` may see it: one it may not see is
     /// `NOT_FOUND`, exactly like one that does not exist.
-    pub fn get_approval_for(&self, id: Uuid, viewer: &str) -> Result<Approval> {
+    pub async fn get_approval_for(&self, id: Uuid, viewer: &str) -> Result<Approval> {
         let policy = self.policy();
-        let approval = self.with_expiry(&policy, |state, _| state.get_approval(id))?;
+        let approval = self
+            .with_expiry(&policy, |state, _| state.get_approval(id))
+            .await?;
         if crate::domain::ledger::visible_to(&approval, viewer, &policy) {
             Ok(approval)
         } else {
@@ -341,24 +414,26 @@ impl Engine {
         }
     }
 
-    pub fn list_approvals(&self, query: &ListQuery) -> Result<Page> {
+    pub async fn list_approvals(&self, query: &ListQuery) -> Result<Page> {
         let policy = self.policy();
         self.with_expiry(&policy, |state, _| Ok(state.list_approvals(&policy, query)))
+            .await
     }
 
     /// A page of resources as (name, canonical JSON, version), and the name
     /// to continue after when more follow.
-    pub fn list_resources(
+    pub async fn list_resources(
         &self,
         after: Option<&str>,
         page_size: usize,
         max_bytes: usize,
     ) -> Result<crate::domain::state::ResourceList> {
-        Ok(self.state()?.list_resources(after, page_size, max_bytes))
+        self.committed(|state, _| Ok(state.list_resources(after, page_size, max_bytes)))
+            .await
     }
 
     /// Grant, deny or revoke by the authenticated reviewer.
-    pub fn review(
+    pub async fn review(
         &self,
         id: Uuid,
         verdict: Verdict,
@@ -366,9 +441,11 @@ impl Engine {
         note: String,
     ) -> Result<Approval> {
         let policy = self.policy();
-        let reviewed = self.with_expiry(&policy, |state, now| {
-            state.review(&policy, now, id, verdict, reviewer, note)
-        });
+        let reviewed = self
+            .with_expiry(&policy, |state, now| {
+                state.review(&policy, now, id, verdict, reviewer, note)
+            })
+            .await;
         let event = match reviewed {
             Ok(event) => event,
             Err(error) => {
@@ -403,31 +480,70 @@ impl Engine {
 
     /// Expires due approvals and evicts idle sessions; run periodically so
     /// that `approval_expired` is reported even when nothing else happens.
-    pub fn sweep(&self) -> Result<()> {
+    pub async fn sweep(&self) -> Result<()> {
         let policy = self.policy();
-        let now = self.now();
-        let expired = self.state()?.sweep(&policy, now);
+        let expired = self
+            .committed(|state, now| Ok(state.sweep(&policy, now)))
+            .await?;
         self.publish(expired);
         self.report_coalesced();
         Ok(())
     }
 
-    /// Runs one operation under the state lock after expiring what is due,
-    /// then publishes the expirations (even when the operation fails). The
-    /// caller passes the policy snapshot it already holds.
-    fn with_expiry<T>(
+    /// Runs one operation under the state lock after expiring what is due
+    /// and waits until it is durable ([`Engine::committed`]), then publishes
+    /// the expirations (even when the operation fails). The caller passes
+    /// the policy snapshot it already holds.
+    async fn with_expiry<T>(
         &self,
         policy: &Policy,
         operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
     ) -> Result<T> {
-        let now = self.now();
-        let (expired, result) = {
-            let mut state = self.state()?;
-            let expired = state.expire_due(policy, now);
-            (expired, operation(&mut state, now))
-        };
+        let (expired, result) = self
+            .committed(|state, now| {
+                let expired = state.expire_due(policy, now);
+                Ok((expired, operation(state, now)))
+            })
+            .await?;
         self.publish(expired);
         result
+    }
+
+    /// Runs one operation under the state lock, hands what it changed to
+    /// the writer there (in commit order), and returns its result once every
+    /// change it made or could have observed is durable. When the store
+    /// fails first the result is withheld: UNAVAILABLE, as for every call
+    /// after it.
+    async fn committed<T>(
+        &self,
+        operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
+    ) -> Result<T> {
+        let now = self.now();
+        let (result, number) = {
+            let mut state = self.state()?;
+            let result = operation(&mut state, now);
+            (result, self.hand_to_writer(&mut state)?)
+        };
+        self.shared
+            .writer
+            .durable(number)
+            .await
+            .map_err(|error| store_failed(&error.to_string()))?;
+        result
+    }
+
+    /// Hands the state's changes to the writer (under the state lock): the
+    /// number the answer must wait for. A change that cannot be encoded
+    /// breaks the engine for good: the state is ahead of the store.
+    fn hand_to_writer(&self, state: &mut State) -> Result<u64> {
+        match state.take_changes() {
+            Ok(changes) => Ok(self.shared.writer.append(changes)),
+            Err(error) => {
+                tracing::error!(%error, "a change could not be made durable; every call is refused from now on");
+                let _ = self.shared.broken.set(error.to_string());
+                Err(store_failed(&error.to_string()))
+            }
+        }
     }
 
     /// The policy in force now, as an immutable snapshot.
@@ -471,6 +587,9 @@ impl Engine {
         }
         if let Ok(mut state) = self.state() {
             state.adopt_policy(&policy);
+            // Nobody is answered about the new resources: they are stored
+            // with the next batch, without waiting.
+            let _ = self.hand_to_writer(&mut state);
         }
         let new_policy = Arc::new(policy);
         match self.shared.policy.write() {
@@ -485,16 +604,26 @@ impl Engine {
 
     /// Locks the state. A poisoned lock means an operation panicked halfway:
     /// refuse everything rather than act on possibly inconsistent state.
+    /// Refuses everything once the store failed: the state in memory is
+    /// then ahead of what a restart would recover.
     fn state(&self) -> Result<MutexGuard<'_, State>> {
+        if let Some(broken) = self.shared.broken.get() {
+            return Err(store_failed(broken));
+        }
+        if let Some(error) = self.shared.writer.failure() {
+            return Err(store_failed(&error.to_string()));
+        }
         self.shared
             .state
             .lock()
             .map_err(|_| Error::Internal("state is unavailable after an internal failure".into()))
     }
 
-    pub fn assess_manifest(&self, manifest: &Manifest) -> Result<Assessment> {
+    pub async fn assess_manifest(&self, manifest: &Manifest) -> Result<Assessment> {
         let policy = self.policy();
-        let assessment = self.state()?.assess_manifest(&policy, manifest);
+        let assessment = self
+            .committed(|state, _| Ok(state.assess_manifest(&policy, manifest)))
+            .await?;
         audit!(
             "manifest_assessed",
             server_id = %manifest.server_id,
@@ -507,28 +636,30 @@ impl Engine {
         Ok(assessment)
     }
 
-    pub fn pin_manifest(
+    pub async fn pin_manifest(
         &self,
         reviewer: &str,
         manifest: Manifest,
         expected: Option<Fingerprint>,
     ) -> Result<PinRecord> {
-        let now = self.shared.clock.now();
         let record = self
-            .state()?
-            .pin_manifest(now, reviewer, manifest, expected)?;
+            .committed(|state, now| state.pin_manifest(now, reviewer, manifest, expected))
+            .await?;
         audit_pin_change("pinned", &record, reviewer);
         Ok(record)
     }
 
-    pub fn list_pins(&self) -> Result<Vec<PinRecord>> {
+    pub async fn list_pins(&self) -> Result<Vec<PinRecord>> {
         let policy = self.policy();
-        Ok(self.state()?.list_pins(&policy))
+        self.committed(|state, _| Ok(state.list_pins(&policy)))
+            .await
     }
 
-    pub fn remove_pin(&self, reviewer: &str, server_id: &str) -> Result<PinRecord> {
+    pub async fn remove_pin(&self, reviewer: &str, server_id: &str) -> Result<PinRecord> {
         let policy = self.policy();
-        let record = self.state()?.remove_pin(&policy, server_id)?;
+        let record = self
+            .committed(|state, _| state.remove_pin(&policy, server_id))
+            .await?;
         audit_pin_change("removed", &record, reviewer);
         Ok(record)
     }
@@ -542,4 +673,12 @@ fn audit_pin_change(action: &'static str, record: &PinRecord, reviewer: &str) {
         fingerprint = %record.fingerprint,
         reviewer,
     );
+}
+
+/// The answer to every call once the store failed.
+fn store_failed(why: &str) -> Error {
+    Error::Unavailable(format!(
+        "the store failed ({why}); toolgate refuses every call until it is restarted \
+         and recovers from what the store holds"
+    ))
 }

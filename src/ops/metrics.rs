@@ -55,6 +55,11 @@ const BUCKETS: [f64; 14] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0,
 ];
 
+/// Buckets of `toolgate_store_batch_operations`: operations per batch.
+const BATCH_BUCKETS: [f64; 13] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+];
+
 /// The registered handles.
 pub struct Metrics {
     handle: PrometheusHandle,
@@ -70,6 +75,9 @@ pub struct Metrics {
     log_refused: Counter,
     transport_refused: HashMap<&'static str, Counter>,
     log_sink: std::sync::OnceLock<SinkStatus>,
+    store_batch_operations: Histogram,
+    store_sync_seconds: Histogram,
+    store_bytes: Gauge,
 }
 
 /// Calls refused by the transport checks (the `reason` label of
@@ -100,7 +108,14 @@ impl Metrics {
     pub fn new() -> Arc<Metrics> {
         let builder = PrometheusBuilder::new();
         // The buckets are valid constants; without them latency falls back to a summary.
-        let builder = match builder.set_buckets(&BUCKETS) {
+        let builder = match builder.set_buckets(&BUCKETS).and_then(|builder| {
+            builder.set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Full(
+                    "toolgate_store_batch_operations".into(),
+                ),
+                &BATCH_BUCKETS,
+            )
+        }) {
             Ok(with_buckets) => with_buckets,
             Err(_) => PrometheusBuilder::new(),
         };
@@ -192,8 +207,16 @@ impl Metrics {
                 (reason, counter)
             })
             .collect();
+        let store_batch_operations =
+            recorder.register_histogram(&key("toolgate_store_batch_operations", &[]), &metadata);
+        let store_sync_seconds =
+            recorder.register_histogram(&key("toolgate_store_sync_seconds", &[]), &metadata);
+        let store_bytes = recorder.register_gauge(&key("toolgate_store_bytes", &[]), &metadata);
         Arc::new(Metrics {
             handle: recorder.handle(),
+            store_batch_operations,
+            store_sync_seconds,
+            store_bytes,
             rpc_latency,
             decisions,
             dispatches,
@@ -206,6 +229,14 @@ impl Metrics {
             transport_refused,
             log_sink: std::sync::OnceLock::new(),
         })
+    }
+
+    /// One group commit of the store: the operations it made durable, how
+    /// long its transaction and sync took, and the store's size after it.
+    pub fn store_batch(&self, operations: usize, sync_seconds: f64, store_bytes: u64) {
+        self.store_batch_operations.record(operations as f64);
+        self.store_sync_seconds.record(sync_seconds);
+        self.store_bytes.set(store_bytes as f64);
     }
 
     /// Reports the log sink's state at scrape time (once per server).

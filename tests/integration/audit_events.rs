@@ -426,7 +426,7 @@ async fn a_flood_of_rejections_is_coalesced_counted_and_never_stalls_the_server(
     assert_eq!(scrape_sample(&server, metric).await, extra as f64);
 
     // Once the flood has stopped, the next sweep reports its count.
-    server.engine.sweep().expect("sweep");
+    server.engine.sweep().await.expect("sweep");
     let reported = audit.one_more("audit_coalesced", 0);
     assert_eq!(reported["of"], "request_rejected");
     assert_eq!(reported["coalesced"], extra);

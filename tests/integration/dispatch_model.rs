@@ -610,7 +610,7 @@ impl Run {
             );
         }
         // A sweep at the current time processes every expiry that is due.
-        self.server.engine.sweep().expect("sweep");
+        self.server.engine.sweep().await.expect("sweep");
         let stats = self.server.engine.stats().expect("stats");
         assert_eq!(
             (stats.receipts, stats.pending_approvals),

@@ -27,5 +27,7 @@ mod log_sink;
 mod manifest;
 mod operations;
 mod properties;
+mod recovery;
 mod service_surface;
+mod store_cli;
 mod transport;

@@ -86,6 +86,12 @@ async fn metrics_show_the_traffic() {
     assert_eq!(sample("toolgate_approvals_pending"), 1.0);
     assert_eq!(sample("toolgate_sessions"), 1.0);
     assert_eq!(sample("toolgate_load_shed_total"), 0.0);
+    // Every answered call that changed the state (the four Decides and the
+    // Dispatch, not the refused call) was made durable in some batch.
+    assert_eq!(sample("toolgate_store_batch_operations_sum"), 5.0);
+    assert!(sample("toolgate_store_batch_operations_count") >= 1.0);
+    assert!(sample("toolgate_store_sync_seconds_count") >= 1.0);
+    assert!(sample("toolgate_store_bytes") > 0.0);
     let revision = server.engine.policy().revision.clone();
     assert_eq!(
         sample(&format!(r#"toolgate_policy_info{{revision="{revision}"}}"#)),

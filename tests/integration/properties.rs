@@ -31,6 +31,7 @@ use proptest::test_runner::TestRunner;
 use tokio::sync::broadcast::error::TryRecvError;
 use uuid::Uuid;
 
+use crate::support::block_on;
 use crate::support::model::{
     self, DispatchChange, Effect, Id, Model, Review, Rules, Standing, Tool, Value,
 };
@@ -187,7 +188,7 @@ impl Harness {
     fn new(coverage: Arc<Coverage>) -> Harness {
         let policy = policies::parse(&policy_text("properties"));
         let clock = ManualClock::starting_at(EPOCH);
-        let engine = Engine::new(policy, Arc::new(clock.clone()));
+        let engine = Engine::new(policy, Arc::new(clock.clone())).expect("engine");
         let events = engine.subscribe();
         Harness {
             clock,
@@ -290,7 +291,7 @@ impl Harness {
             Op::Advance { seconds } => {
                 self.clock.advance(Duration::from_secs(seconds));
                 self.model.now += seconds * 1000;
-                self.engine.sweep().expect("sweep");
+                block_on(self.engine.sweep()).expect("sweep");
                 // Nothing else moves the clock: the sweep is when every
                 // expiry that came due was processed.
                 let expired = self.model.swept();
@@ -324,10 +325,11 @@ impl Harness {
         let (expected, change) =
             self.model
                 .predict_decide(&session_id, "agent", WORKSPACES[workspace], &call);
-        let (decision, _) = self
-            .engine
-            .decide(&self.session(workspace), &self.proposal(index))
-            .expect("decide answers");
+        let (decision, _) = block_on(
+            self.engine
+                .decide(&self.session(workspace), &self.proposal(index)),
+        )
+        .expect("decide answers");
         let expect =
             expected.map_err(|code| TestCaseError::fail(format!("the model expected {code:?}")))?;
         if self.denied.contains(&key) {
@@ -383,10 +385,11 @@ impl Harness {
         let (expected, change, charge) =
             self.model
                 .predict_dispatch(&session_id, "agent", WORKSPACES[workspace], &call);
-        let (answer, _) = self
-            .engine
-            .dispatch(&self.session(workspace), &self.proposal(index))
-            .expect("dispatch answers");
+        let (answer, _) = block_on(
+            self.engine
+                .dispatch(&self.session(workspace), &self.proposal(index)),
+        )
+        .expect("dispatch answers");
         if answer.status == DispatchStatus::Ok && !answer.replayed {
             prop_assert!(
                 !self.denied.contains(&key),
@@ -509,9 +512,10 @@ impl Harness {
             Verdict::Revoke => Review::Revoke,
         };
         let expected = self.model.predict_review(&id, review);
-        let answer = self
-            .engine
-            .review(uuid(&id), verdict, "lead", String::new());
+        let answer = block_on(
+            self.engine
+                .review(uuid(&id), verdict, "lead", String::new()),
+        );
         let next = match expected {
             Ok(next) => next,
             Err(_) => {
@@ -569,7 +573,7 @@ impl Harness {
         for workspace in 0..WORKSPACES.len() {
             let session_id = self.session(workspace).session_id;
             let expected = self.model.session(&session_id);
-            match self.engine.session("", &session_id) {
+            match block_on(self.engine.session("", &session_id)) {
                 Ok(summary) => {
                     let Some(expected) = expected else {
                         return Err(TestCaseError::fail(format!("session {session_id} exists")));

@@ -8,6 +8,7 @@ import pathlib
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -78,6 +79,12 @@ class Server:
 
     def __init__(self, policy_path: pathlib.Path | None, extra_args=()):
         args = [toolgate_bin(), "serve", "--listen", "127.0.0.1:0", *extra_args]
+        # The durable default, in a directory of this server's own, unless
+        # the test chose a store itself.
+        self._data = None
+        if "--data-dir" not in extra_args and "--store" not in extra_args:
+            self._data = tempfile.TemporaryDirectory(prefix="toolgate-data-")
+            args += ["--data-dir", str(pathlib.Path(self._data.name) / "data")]
         if policy_path is not None:
             args += ["--config", str(policy_path)]
         self.process = subprocess.Popen(
@@ -116,6 +123,8 @@ class Server:
             self.process.kill()
             self.process.wait()
         self._drain.join(timeout=10)
+        if self._data is not None:
+            self._data.cleanup()
         return "".join(self._seen)
 
 

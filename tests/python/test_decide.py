@@ -202,7 +202,12 @@ def test_sighup_reloads_and_a_bad_file_keeps_the_old_policy(pb, tmp_path):
 def test_embedded_policy_prints_a_reviewer_token_once(pb):
     pb2, pb2_grpc = pb
     server = Server(None, [])
-    token_line = server.stderr_line()
+    # Log lines (the store, the recovery) may come first.
+    token_line = ""
+    for _ in range(10):
+        token_line = server.stderr_line()
+        if "reviewer token" in token_line:
+            break
     assert "reviewer token" in token_line
     token = token_line.rsplit(" ", 1)[1].strip()
     with grpc.insecure_channel(server.address) as channel:

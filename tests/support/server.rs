@@ -55,7 +55,22 @@ impl TestServer {
     /// Starts a server, with a metrics listener on `127.0.0.1:0` when asked.
     pub async fn start_with_options(policy: Policy, with_metrics: bool) -> TestServer {
         let clock = ManualClock::starting_at(EPOCH);
-        let engine = Engine::new(policy, Arc::new(clock.clone()));
+        let engine = Engine::new(policy, Arc::new(clock.clone())).expect("engine");
+        TestServer::serve(engine, clock, with_metrics).await
+    }
+
+    /// Starts a server on the state `store` holds (a restart), at the time
+    /// `clock` shows.
+    pub async fn start_on(
+        policy: Policy,
+        store: Box<dyn toolgate::store::Store>,
+        clock: ManualClock,
+    ) -> TestServer {
+        let engine = Engine::open(policy, Arc::new(clock.clone()), store).expect("recovered");
+        TestServer::serve(engine, clock, false).await
+    }
+
+    async fn serve(engine: Engine, clock: ManualClock, with_metrics: bool) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");

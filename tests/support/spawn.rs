@@ -91,6 +91,15 @@ impl Serve {
         if self.metrics {
             serve.args(["--metrics-listen", "127.0.0.1:0"]);
         }
+        // The durable default, in this test's own directory, unless the test
+        // chose a store itself.
+        if !self
+            .args
+            .iter()
+            .any(|arg| arg == "--data-dir" || arg == "--store")
+        {
+            serve.arg("--data-dir").arg(directory.path().join("data"));
+        }
         serve.args(&self.args);
         let mut command = wrap(serve);
         command

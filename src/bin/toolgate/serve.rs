@@ -2,7 +2,9 @@
 //! loaded and checked against the listen address ([`Policy::check_listen`],
 //! the non-loopback guard), the listeners bound, SIGHUP reload
 //! ([`reload`]) and, on the embedded policy, the reviewer token
-//! ([`bootstrap`]); then the library's server until SIGTERM or Ctrl-C.
+//! ([`bootstrap`]); the state recovered from the store ([`open_engine`]);
+//! then the library's server until SIGTERM or Ctrl-C, and the store's last
+//! batch committed.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -21,7 +23,11 @@ use toolgate::engine::{bootstrap, reload};
 use toolgate::ops::audit::{self, AuditFormat, AuditLayer};
 use toolgate::ops::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
 
-use crate::args::{LogFormat, ServeArgs};
+use toolgate::store::Store;
+use toolgate::store::memory::MemoryStore;
+use toolgate::store::sqlite::SqliteStore;
+
+use crate::args::{DEFAULT_DATA_DIR, LogFormat, ServeArgs, StoreKind};
 
 /// Logs go to stderr through a background writer ([`logwriter`]), so a
 /// Decide never waits for a `write` system call. It is not lossy: when its
@@ -99,7 +105,13 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
-    let engine = Engine::new(policy, Arc::new(SystemClock));
+    let engine = match open_engine(&args, policy) {
+        Ok(engine) => engine,
+        Err(error) => {
+            tracing::error!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -163,9 +175,16 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         let options = toolgate::server::ServeOptions {
             log_sink: Some(log_sink),
         };
-        match toolgate::server::serve_with_options(listeners, engine, options, shutdown_signal())
-            .await
-        {
+        let served = toolgate::server::serve_with_options(
+            listeners,
+            engine.clone(),
+            options,
+            shutdown_signal(),
+        )
+        .await;
+        // Every answer given was durable already; this only ends the writer.
+        engine.close_store();
+        match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 tracing::error!(%error, "server failed");
@@ -173,6 +192,48 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// The engine on the store `--store` names, with the state it holds
+/// recovered (and how long that took, logged).
+fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
+    let started = std::time::Instant::now();
+    let store: Box<dyn Store> = match args.store {
+        StoreKind::Memory => {
+            if let Some(dir) = &args.data_dir {
+                return Err(format!(
+                    "--data-dir {} has no effect with --store memory; give one or the other",
+                    dir.display()
+                ));
+            }
+            tracing::warn!(
+                "--store memory: the state (approvals, receipts, sessions, pins, resources) \
+                 is forgotten when this process exits"
+            );
+            Box::new(MemoryStore::new())
+        }
+        StoreKind::Sqlite => {
+            let dir = args
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+            let store = SqliteStore::open(&dir).map_err(|error| error.to_string())?;
+            tracing::info!(data_dir = %dir.display(), "state kept in {} (sqlite)", dir.display());
+            Box::new(store)
+        }
+    };
+    let engine = Engine::open(policy, Arc::new(SystemClock), store)
+        .map_err(|error| format!("cannot recover the state: {error}"))?;
+    let stats = engine.stats().map_err(|error| error.to_string())?;
+    tracing::info!(
+        store = engine.store_name(),
+        approvals = stats.approvals,
+        receipts = stats.receipts,
+        sessions = stats.sessions,
+        millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "state recovered"
+    );
+    Ok(engine)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::domain::canonical::Fingerprint;
+use crate::domain::canonical::{self, Fingerprint};
 use crate::domain::clock::Timestamp;
 use crate::domain::error::{Error, Result};
 use crate::domain::manifest::{
@@ -10,6 +10,7 @@ use crate::domain::manifest::{
 };
 use crate::domain::pins::{ApiPin, MAX_API_PINS, PinRecord, PinSource};
 use crate::domain::policy::Policy;
+use crate::domain::records::Kind;
 
 use super::*;
 use crate::domain::pins::api_pin_record;
@@ -37,10 +38,10 @@ impl State {
         let pin = self.pin(policy, &manifest.server_id);
         let assessment = manifest::assess(manifest, pin);
         if pin.is_some() {
-            self.last_assessed.insert(
-                manifest.server_id.clone(),
-                LastAssessment::from(&assessment),
-            );
+            let last = LastAssessment::from(&assessment);
+            let key = manifest.server_id.as_bytes().to_vec();
+            self.journal.put(Kind::Assessment, key, &last);
+            self.last_assessed.insert(manifest.server_id.clone(), last);
         }
         assessment
     }
@@ -97,6 +98,8 @@ impl State {
             pinned_at: now,
         };
         let record = api_pin_record(&api_pin);
+        let key = record.server_id.as_bytes().to_vec();
+        self.journal.put(Kind::Pin, key, &StoredPin::of(&api_pin));
         self.api_pins.insert(record.server_id.clone(), api_pin);
         Ok(record)
     }
@@ -132,8 +135,12 @@ impl State {
     /// Removes an API pin. A policy pin is changed by editing the policy.
     pub fn remove_pin(&mut self, policy: &Policy, server_id: &str) -> Result<PinRecord> {
         if let Some(api_pin) = self.api_pins.remove(server_id) {
+            self.journal
+                .delete(Kind::Pin, server_id.as_bytes().to_vec());
             if !policy.pins.contains_key(server_id) {
                 self.last_assessed.remove(server_id);
+                self.journal
+                    .delete(Kind::Assessment, server_id.as_bytes().to_vec());
             }
             return Ok(api_pin_record(&api_pin));
         }
@@ -143,5 +150,44 @@ impl State {
             )));
         }
         Err(Error::NotFound(format!("no pin for server {server_id:?}")))
+    }
+}
+
+/// An API pin as it is stored: the manifest as its canonical JSON text
+/// (the form `Manifest::from_json` reads).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct StoredPin {
+    manifest: String,
+    fingerprint: Fingerprint,
+    pinned_by: String,
+    pinned_at: Timestamp,
+}
+
+impl StoredPin {
+    fn of(pin: &ApiPin) -> Self {
+        StoredPin {
+            manifest: canonical::to_canonical(&pin.manifest.to_value()),
+            fingerprint: pin.fingerprint,
+            pinned_by: pin.pinned_by.clone(),
+            pinned_at: pin.pinned_at,
+        }
+    }
+
+    /// The pin, when its manifest still has the fingerprint it was pinned
+    /// with.
+    pub(super) fn into_pin(self) -> Result<ApiPin> {
+        let manifest = Manifest::from_json(self.manifest.as_bytes())?;
+        if manifest.fingerprint() != self.fingerprint {
+            return Err(Error::Internal(format!(
+                "the stored pin of {:?} does not match its fingerprint; run `toolgate store check`",
+                manifest.server_id
+            )));
+        }
+        Ok(ApiPin {
+            manifest: Arc::new(manifest),
+            fingerprint: self.fingerprint,
+            pinned_by: self.pinned_by,
+            pinned_at: self.pinned_at,
+        })
     }
 }

@@ -18,6 +18,7 @@ use crate::domain::manifest::LastAssessment;
 use crate::domain::pins::ApiPin;
 use crate::domain::policy::{Limits, Policy};
 use crate::domain::receipts::ReceiptLog;
+use crate::domain::records::{self, Change, Journal, Kind, Record};
 use crate::domain::resources::Resources;
 use crate::domain::session::Sessions;
 
@@ -36,6 +37,9 @@ pub struct State {
     /// charge is settled, so that every room made on the way (an approval
     /// request, a receipt) leaves room for them too. Zero between calls.
     charging_bytes: usize,
+    /// Pins and assessments written or dropped since the changes were last
+    /// taken (the ledger, sessions, resources and receipts keep their own).
+    journal: Journal,
 }
 
 /// One page of resources (ListResources). (A page of one queue is a
@@ -79,7 +83,67 @@ impl State {
             resources: Resources::new(&policy.state),
             receipts: ReceiptLog::default(),
             charging_bytes: 0,
+            journal: Journal::default(),
         }
+    }
+
+    /// The state the store's records describe (recovery), under the policy
+    /// in force. Indexes are rebuilt; nothing expires here (the engine
+    /// expires what is due against its clock before the first call).
+    /// Resources the policy declares that the store does not hold yet are
+    /// journaled, to be stored by the first commit.
+    pub fn restore(policy: &Policy, stored: Vec<Record>) -> Result<State> {
+        let mut by_kind: HashMap<Kind, Vec<Record>> = HashMap::new();
+        for record in stored {
+            by_kind.entry(record.kind).or_default().push(record);
+        }
+        let mut take = |kind: Kind| by_kind.remove(&kind).unwrap_or_default();
+        let approvals = take(Kind::Approval)
+            .iter()
+            .map(records::decode)
+            .collect::<Result<Vec<_>>>()?;
+        let mut resources =
+            Resources::restore(&policy.state, &take(Kind::Resource), &take(Kind::QueueItem))?;
+        for record in take(Kind::Meta) {
+            if Resources::is_global_version(&record) {
+                resources.restore_global_version(&record)?;
+            }
+        }
+        let mut api_pins = HashMap::new();
+        for record in take(Kind::Pin) {
+            let stored: manifests::StoredPin = records::decode(&record)?;
+            let pin = stored.into_pin()?;
+            api_pins.insert(pin.manifest.server_id.clone(), pin);
+        }
+        let mut last_assessed = HashMap::new();
+        for record in take(Kind::Assessment) {
+            let server_id = String::from_utf8(record.key.clone()).map_err(|_| {
+                Error::Internal("the store holds an assessment whose key is not UTF-8".into())
+            })?;
+            last_assessed.insert(server_id, records::decode(&record)?);
+        }
+        Ok(State {
+            api_pins,
+            last_assessed,
+            ledger: Ledger::restore(approvals),
+            sessions: Sessions::restore(&take(Kind::Session), &take(Kind::DecidedCall))?,
+            resources,
+            receipts: ReceiptLog::restore(&take(Kind::Receipt))?,
+            charging_bytes: 0,
+            journal: Journal::default(),
+        })
+    }
+
+    /// Every record written or dropped since the last call, in the order
+    /// the operations made them: what the store must keep.
+    pub fn take_changes(&mut self) -> Result<Vec<Change>> {
+        let mut changes = Vec::new();
+        self.ledger.take_changes(&mut changes)?;
+        self.sessions.take_changes(&mut changes)?;
+        self.resources.take_changes(&mut changes)?;
+        self.receipts.take_changes(&mut changes)?;
+        self.journal.take_into(&mut changes)?;
+        Ok(changes)
     }
 
     pub fn stats(&self) -> Stats {

@@ -1,0 +1,304 @@
+//! Recovery (issue 15): everything the state holds, made through the API
+//! before a restart, is there after it, on each store, through a real
+//! server and client: approvals in every status, a grant usable exactly
+//! once, receipts that replay with their ids, resources and their versions,
+//! sessions and their counters, API pins and the latest assessment. What
+//! fell due while the server was down expires when it comes back.
+
+use std::time::Duration;
+
+use toolgate::store::Store;
+use toolgate::store::memory::MemoryStore;
+use toolgate::store::sqlite::SqliteStore;
+
+use crate::support::policies::repo_path;
+use crate::support::tokens::EXAMPLE_REVIEWER;
+use crate::support::{
+    EPOCH, Manifest, ManualClock, Policy, TestServer, authed, pb, pin_request, proposal, session,
+};
+
+fn policy() -> Policy {
+    Policy::load(&repo_path("tests/fixtures/policies/recovery.toml")).expect("recovery policy")
+}
+
+fn agent_session() -> pb::Session {
+    session("agent", "s1", "w")
+}
+
+/// Sets `note`: `c-granted` is meant to commit after `c-done` (version 0),
+/// so it carries version 1.
+fn set_note(call_id: &str, value: &str) -> pb::Proposal {
+    let arguments = serde_json::json!({ "item": "note", "value": value }).to_string();
+    let version = u64::from(call_id == "c-granted");
+    proposal(call_id, "agent", "set_item", version, &arguments)
+}
+
+fn post(call_id: &str, version: u64) -> pb::Proposal {
+    let arguments = serde_json::json!({ "text": call_id }).to_string();
+    proposal(call_id, "agent", "post", version, &arguments)
+}
+
+fn search(call_id: &str) -> pb::Proposal {
+    proposal(call_id, "agent", "search_docs", 0, r#"{"query":"lamp"}"#)
+}
+
+fn docs_search() -> pb::Manifest {
+    let bytes =
+        std::fs::read(repo_path("examples/manifests/docs-search.json")).expect("example manifest");
+    pb::Manifest::from(&Manifest::from_json(&bytes).expect("example manifest is valid"))
+}
+
+/// An approval id a Decide asked for.
+async fn requested(server: &TestServer, call: &pb::Proposal) -> String {
+    let answer = server.decide_ok("", &agent_session(), call).await;
+    assert_eq!(answer.reason, "approval-required", "{answer:?}");
+    answer.approval_id
+}
+
+async fn dispatched(server: &TestServer, call: &pb::Proposal) -> pb::DispatchResponse {
+    server
+        .dispatch("", &agent_session(), call)
+        .await
+        .expect("Dispatch answers")
+}
+
+async fn status_of(server: &TestServer, approval_id: &str) -> String {
+    let approval = server
+        .get_approval(EXAMPLE_REVIEWER, approval_id)
+        .await
+        .expect("the approval is kept");
+    approval.status().as_str_name().to_string()
+}
+
+/// What the first run made, to check after the restart.
+struct Made {
+    pending: String,
+    granted: String,
+    consumed: String,
+    note_receipt: pb::DispatchResponse,
+    post_receipts: Vec<pb::DispatchResponse>,
+    session: pb::SessionInfo,
+}
+
+async fn make_everything(server: &TestServer) -> Made {
+    let pending = requested(server, &set_note("c-pending", "a")).await;
+    let granted = requested(server, &set_note("c-granted", "b")).await;
+    server
+        .grant(EXAMPLE_REVIEWER, &granted)
+        .await
+        .expect("grant");
+    let consumed = requested(server, &set_note("c-done", "c")).await;
+    server
+        .grant(EXAMPLE_REVIEWER, &consumed)
+        .await
+        .expect("grant");
+    let note_receipt = dispatched(server, &set_note("c-done", "c")).await;
+    assert_eq!(note_receipt.status(), pb::DispatchStatus::Ok);
+    let mut post_receipts = Vec::new();
+    for (index, call_id) in ["c-post1", "c-post2"].into_iter().enumerate() {
+        let answer = dispatched(server, &post(call_id, index as u64)).await;
+        assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
+        post_receipts.push(answer);
+    }
+    server
+        .pins()
+        .pin_manifest(authed(
+            pin_request(Some(docs_search()), ""),
+            EXAMPLE_REVIEWER,
+        ))
+        .await
+        .expect("pin");
+    let assessed = server
+        .pdp()
+        .assess_manifest(pb::AssessManifestRequest {
+            manifest: Some(docs_search()),
+        })
+        .await
+        .expect("assess")
+        .into_inner();
+    assert!(assessed.accepted);
+    let read = server
+        .decide_ok("", &agent_session(), &search("c-read1"))
+        .await;
+    assert_eq!(read.reason, "allowed");
+    let session = server.get_session("", "s1").await.expect("session");
+    Made {
+        pending,
+        granted,
+        consumed,
+        note_receipt,
+        post_receipts,
+        session,
+    }
+}
+
+async fn check_everything(server: &TestServer, made: &Made) {
+    // The pending request fell due while the server was down.
+    assert_eq!(
+        status_of(server, &made.pending).await,
+        "APPROVAL_STATUS_EXPIRED"
+    );
+    assert_eq!(
+        status_of(server, &made.granted).await,
+        "APPROVAL_STATUS_GRANTED"
+    );
+    assert_eq!(
+        status_of(server, &made.consumed).await,
+        "APPROVAL_STATUS_CONSUMED"
+    );
+    // The session's counters and decided call ids are kept: a decided call
+    // id answers as before and costs nothing.
+    let session = server.get_session("", "s1").await.expect("session kept");
+    assert_eq!(session.decisions, made.session.decisions);
+    assert_eq!(session.tool_attempts, made.session.tool_attempts);
+    assert_eq!(session.executed_tools, made.session.executed_tools);
+    // Every acknowledged commit replays with its receipt, and commits
+    // nothing again.
+    let replay = dispatched(server, &set_note("c-done", "c")).await;
+    assert!(replay.replayed, "{replay:?}");
+    assert_eq!(replay.receipt_id, made.note_receipt.receipt_id);
+    for (index, first) in made.post_receipts.iter().enumerate() {
+        let replay = dispatched(server, &post(&format!("c-post{}", index + 1), index as u64)).await;
+        assert!(replay.replayed, "{replay:?}");
+        assert_eq!(
+            (replay.receipt_id.as_str(), replay.version),
+            (first.receipt_id.as_str(), first.version)
+        );
+    }
+    let queue = server.resource(EXAMPLE_REVIEWER, "queue").await;
+    assert_eq!(
+        (queue.value_json.as_str(), queue.version),
+        (r#"[{"text":"c-post1"},{"text":"c-post2"}]"#, 2)
+    );
+    let note = server.resource(EXAMPLE_REVIEWER, "note").await;
+    assert_eq!((note.value_json.as_str(), note.version), (r#""c""#, 1));
+    // The grant made before the restart commits once after it.
+    let granted = dispatched(server, &set_note("c-granted", "b")).await;
+    assert_eq!(
+        (granted.status(), granted.replayed),
+        (pb::DispatchStatus::Ok, false)
+    );
+    assert_eq!(
+        status_of(server, &made.granted).await,
+        "APPROVAL_STATUS_CONSUMED"
+    );
+    // A pending proposal that expired may be asked for again.
+    let again = requested(server, &set_note("c-pending", "a")).await;
+    assert_ne!(again, made.pending);
+    // The API pin and its assessment hold: the gated tool stays open.
+    let read = server
+        .decide_ok("", &agent_session(), &search("c-read2"))
+        .await;
+    assert_eq!(read.reason, "allowed", "{read:?}");
+}
+
+/// Makes everything on a server of `store()`, restarts on `store()` again
+/// past the pending TTL (not the grant's), and checks everything.
+async fn survives_a_restart(store: impl Fn() -> Box<dyn Store>) {
+    let clock = ManualClock::starting_at(EPOCH);
+    let first = TestServer::start_on(policy(), store(), clock.clone()).await;
+    let made = make_everything(&first).await;
+    first.engine.close_store();
+    first.stop().await;
+    clock.advance(Duration::from_secs(301));
+    let second = TestServer::start_on(policy(), store(), clock.clone()).await;
+    check_everything(&second, &made).await;
+    second.engine.close_store();
+    second.stop().await;
+    // And once more, with nothing between: the state is stable.
+    let third = TestServer::start_on(policy(), store(), clock).await;
+    let replay = dispatched(&third, &set_note("c-granted", "b")).await;
+    assert!(replay.replayed);
+    assert_eq!(
+        third.resource(EXAMPLE_REVIEWER, "note").await.value_json,
+        r#""b""#
+    );
+    third.stop().await;
+}
+
+#[tokio::test]
+async fn everything_survives_a_restart_on_the_memory_store() {
+    let store = MemoryStore::new();
+    survives_a_restart(|| Box::new(store.clone())).await;
+}
+
+#[tokio::test]
+async fn everything_survives_a_restart_on_the_sqlite_store() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data = directory.path().join("data");
+    survives_a_restart(|| Box::new(SqliteStore::open(&data).expect("open the store"))).await;
+}
+
+/// The memory store, refusing every commit after the first `commits`: what
+/// a full or failing disk does to the SQLite store, without one.
+struct RefusesAfter {
+    store: MemoryStore,
+    commits: usize,
+}
+
+impl Store for RefusesAfter {
+    fn name(&self) -> &'static str {
+        "refuses-after"
+    }
+
+    fn load(&mut self) -> toolgate::store::StoreResult<Vec<toolgate::domain::records::Record>> {
+        self.store.load()
+    }
+
+    fn commit(
+        &mut self,
+        changes: &[toolgate::domain::records::Change],
+    ) -> toolgate::store::StoreResult<()> {
+        if self.commits == 0 {
+            return Err(toolgate::store::StoreError("disk full".into()));
+        }
+        self.commits -= 1;
+        self.store.commit(changes)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.store.size_bytes()
+    }
+}
+
+#[tokio::test]
+async fn a_failed_commit_withholds_its_answer_and_refuses_everything_after() {
+    let store = MemoryStore::new();
+    let clock = ManualClock::starting_at(EPOCH);
+    // One commit at start (recovery), one for the first Post.
+    let failing = RefusesAfter {
+        store: store.clone(),
+        commits: 2,
+    };
+    let server = TestServer::start_on(policy(), Box::new(failing), clock.clone()).await;
+    let first = dispatched(&server, &post("c-post1", 0)).await;
+    assert_eq!(first.status(), pb::DispatchStatus::Ok);
+    // The next commit fails: its answer is never released as a success.
+    let refused = server
+        .dispatch("", &agent_session(), &post("c-post2", 1))
+        .await
+        .expect_err("the store refused the commit");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("disk full"), "{refused:?}");
+    // Every later call is refused too, reads included: the state in memory
+    // is ahead of the store.
+    let read = server
+        .decide("", &agent_session(), &search("c-read"))
+        .await
+        .expect_err("refused");
+    assert_eq!(read.code(), tonic::Code::Unavailable);
+    server.stop().await;
+    // A restart recovers what was acknowledged, and only that.
+    let restarted = TestServer::start_on(policy(), Box::new(store), clock).await;
+    let queue = restarted.resource(EXAMPLE_REVIEWER, "queue").await;
+    assert_eq!(
+        (queue.value_json.as_str(), queue.version),
+        (r#"[{"text":"c-post1"}]"#, 1)
+    );
+    let retry = dispatched(&restarted, &post("c-post2", 1)).await;
+    assert_eq!(
+        (retry.status(), retry.replayed),
+        (pb::DispatchStatus::Ok, false)
+    );
+    restarted.stop().await;
+}
