@@ -1566,8 +1566,9 @@ async fn acknowledged_state_survives_sigkill_at_random_moments() {
     let mut rng = StdRng::seed_from_u64(seed);
     let policy = policy_text("crash");
     let directory = tempfile::tempdir().expect("temp dir");
+    // Made by the first start, owner-only (toolgate refuses a directory
+    // others can read).
     let data = directory.path().join("data");
-    std::fs::create_dir(&data).expect("data dir");
     let logs = directory.path().join("toolgate.log");
     let record = Arc::new(Mutex::new(Record::default()));
     let failures = Failures::default();

@@ -25,8 +25,7 @@ def servers(tmp_path):
     directory each time; whatever still runs at the end is killed."""
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY.read_text())
-    data = tmp_path / "data"
-    data.mkdir()
+    data = tmp_path / "data"  # made by the first start, owner-only
     started = []
 
     def start():
