@@ -270,9 +270,12 @@ fn same_result(known: &Receipt, answer: &pb::DispatchResponse) -> bool {
 
 // ----- failures ---------------------------------------------------------------
 
+/// Failures of one kind: how many, and the first few.
+type Examples = (usize, Vec<String>);
+
 /// Failures by kind: a count and the first few examples.
 #[derive(Default, Clone)]
-struct Failures(Arc<Mutex<BTreeMap<&'static str, (usize, Vec<String>)>>>);
+struct Failures(Arc<Mutex<BTreeMap<&'static str, Examples>>>);
 
 impl Failures {
     fn add(&self, kind: &'static str, detail: String) {
