@@ -232,11 +232,16 @@ impl Resources {
             };
             restored.resources.insert(name, resource);
         }
-        // Items come in key order: by resource, then by index.
+        let mut ordered = Vec::with_capacity(items.len());
         for record in items {
             let Some((name, index)) = item_parts(&record.key) else {
                 return Err(corrupt("a queue item whose key does not decode"));
             };
+            ordered.push((name, index, record));
+        }
+        // Each queue's items in index order, each index once.
+        ordered.sort_unstable_by(|left, right| (&left.0, left.1).cmp(&(&right.0, right.1)));
+        for (name, index, record) in ordered {
             let item: Value = records::decode(record)?;
             match restored
                 .resources

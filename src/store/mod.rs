@@ -35,7 +35,7 @@ pub trait Store: Send + 'static {
     /// "sqlite").
     fn name(&self) -> &'static str;
 
-    /// Every record, for recovery at start.
+    /// Every record, for recovery at start, in any order.
     fn load(&mut self) -> StoreResult<Vec<Record>>;
 
     /// Applies `changes` in order, all or none, and returns only once they
@@ -46,3 +46,6 @@ pub trait Store: Send + 'static {
     /// Bytes the store holds (on disk, for a durable store).
     fn size_bytes(&self) -> u64;
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,22 +1,236 @@
-//! The durable store: SQLite in WAL mode (placeholder; being written).
+//! The durable store: SQLite in WAL mode with `synchronous=FULL`, so that a
+//! commit returns only once its WAL frames are synced, in a data directory
+//! one process owns.
+//!
+//! # The data directory
+//!
+//! - `DIR` itself: owner-only (0700). [`SqliteStore::open`] creates it so
+//!   and refuses one that group or others can enter (`chmod 700 DIR`).
+//! - `DIR/lock`: held (`flock`, [`File::try_lock`]) for the life of the
+//!   store, so that a second toolgate on the same directory is refused
+//!   instead of writing beside the first. It holds the owner's pid, for the
+//!   refusal's message; the lock, not the file, is what counts.
+//! - `DIR/toolgate.sqlite3`, with `-wal` and `-shm` beside it while the
+//!   store is open: one table per [`Kind`], `(k BLOB PRIMARY KEY, v BLOB)
+//!   WITHOUT ROWID`, the schema's version in `PRAGMA user_version`.
+//!
+//! # Schema versions
+//!
+//! [`MIGRATIONS`]`[n]` takes a store from version `n` to `n + 1`; opening
+//! applies the missing ones in one transaction (version 0 is a new, empty
+//! file). A store of a version newer than this binary knows is refused
+//! untouched. A new [`Kind`] needs a migration that creates its table:
+//! opening checks that every kind's table is there.
+//!
+//! # Operations
+//!
+//! [`check`] and [`backup`] never take the lock: they read through their own
+//! read-only connection, which WAL lets run beside a serving toolgate's
+//! writer, and each sees one consistent snapshot. So both work on a
+//! running server's directory as on a stopped one.
+//!
+//! To restore a backup: stop toolgate, make a new directory (`mkdir -m 700
+//! NEW`), copy the backup into it as `NEW/toolgate.sqlite3`, and start
+//! toolgate on `NEW` (or move `NEW` where the old directory was).
 
-use std::path::Path;
+use std::fs::{self, DirBuilder, File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::backup::{Backup, StepResult};
+use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
 use super::{Store, StoreError, StoreResult};
-use crate::domain::records::{Change, Record};
+use crate::domain::records::{Change, Kind, Record};
 
+/// The database file's name in the data directory.
+pub const DB_FILE: &str = "toolgate.sqlite3";
+/// The lock file's name in the data directory.
+pub const LOCK_FILE: &str = "lock";
+
+/// One step of the schema: takes a store from version `n` (its index in
+/// [`MIGRATIONS`]) to `n + 1`, inside the opening transaction.
+pub type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
+
+/// The schema's history, oldest first. Append only: a released migration is
+/// never changed, since stores made with it exist.
+pub const MIGRATIONS: &[Migration] = &[create_v1_tables];
+
+/// The schema version this binary writes (and the newest it can open).
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// The tables of version 1, spelled out rather than taken from
+/// [`Kind::ALL`]: a kind added later comes with a migration of its own.
+const V1_TABLES: [&str; 9] = [
+    "meta",
+    "approvals",
+    "sessions",
+    "decided_calls",
+    "resources",
+    "queue_items",
+    "receipts",
+    "pins",
+    "assessments",
+];
+
+pub(super) fn create_v1_tables(transaction: &Transaction<'_>) -> rusqlite::Result<()> {
+    for table in V1_TABLES {
+        transaction.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS {table} \
+             (k BLOB PRIMARY KEY NOT NULL, v BLOB NOT NULL) WITHOUT ROWID"
+        ))?;
+    }
+    Ok(())
+}
+
+/// How long a statement waits for another connection's lock (a backup's or
+/// check's read, a checkpoint) before it fails as busy.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The page cache, in KiB (SQLite's negative form): 64 MiB.
+const CACHE_KIB: i64 = 65_536;
+/// WAL pages between automatic checkpoints (SQLite's default, 4 MB). A
+/// checkpoint runs inside the commit that crosses the mark, so its size is
+/// that commit's stall: measured here (`measure_commit_rates_and_size`),
+/// 10000 pages gave the same commits a second but worst commits of 45 ms
+/// (batches of 64) and 90 ms (1024) against 7-15 and 15-19 ms; and the WAL
+/// recovery reads at start stays small.
+const WAL_AUTOCHECKPOINT_PAGES: i64 = 1_000;
+/// The WAL is cut back to this size after a checkpoint, so that one burst
+/// does not leave a large file behind.
+const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+/// Prepared statements kept: an upsert and a delete per kind, a select per
+/// kind for load, and room to spare.
+const STATEMENT_CACHE: usize = 64;
+
+/// The durable store (see the module documentation).
 #[derive(Debug)]
 pub struct SqliteStore {
-    _private: (),
+    // Fields drop in order: the connection closes (checkpointing the WAL)
+    // before the lock is released.
+    connection: Connection,
+    statements: Vec<KindStatements>,
+    dir: PathBuf,
+    _lock: File,
+}
+
+/// The SQL of one kind's table.
+#[derive(Debug)]
+struct KindStatements {
+    kind: Kind,
+    upsert: String,
+    delete: String,
+    select: String,
+}
+
+impl KindStatements {
+    fn new(kind: Kind) -> Self {
+        let table = kind.table();
+        KindStatements {
+            kind,
+            upsert: format!(
+                "INSERT INTO {table}(k, v) VALUES (?1, ?2) \
+                 ON CONFLICT(k) DO UPDATE SET v = excluded.v"
+            ),
+            delete: format!("DELETE FROM {table} WHERE k = ?1"),
+            select: format!("SELECT k, v FROM {table} ORDER BY k"),
+        }
+    }
 }
 
 impl SqliteStore {
-    /// Opens the store in `dir`, creating it when absent.
+    /// Opens the store in `dir`, creating the directory (0700) and the
+    /// database when absent, and migrating an older schema. Refused: a
+    /// directory group or others can enter, one another store holds (in
+    /// this process or another), a schema newer than this binary's.
     pub fn open(dir: &Path) -> StoreResult<Self> {
-        Err(StoreError(format!(
-            "the SQLite store ({}) is not built yet",
-            dir.display()
-        )))
+        prepare_dir(dir)?;
+        let lock = take_lock(dir)?;
+        let db_path = dir.join(DB_FILE);
+        let failed = |step: &str| {
+            let step = step.to_string();
+            move |error| store_error(dir, &step, error)
+        };
+        // Created here so that it, and the WAL files SQLite gives the same
+        // mode, are the owner's only (SQLite's own default is 0644).
+        if !db_path.exists() {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&db_path)
+                .and_then(|_| sync_parent(&db_path))
+                .map_err(|error| {
+                    StoreError(format!("cannot create {}: {error}", db_path.display()))
+                })?;
+        }
+        let mut connection = Connection::open_with_flags(
+            &db_path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(failed("opening the database"))?;
+        connection
+            .busy_timeout(BUSY_TIMEOUT)
+            .map_err(failed("setting busy_timeout"))?;
+        // Before anything writes (journal_mode=WAL rewrites the header): a
+        // store of a newer schema, or a database that is not a store, is
+        // left exactly as it is.
+        let version = user_version(&connection).map_err(failed("reading the schema version"))?;
+        refuse_newer(dir, version)?;
+        refuse_foreign(&connection, dir, version)?;
+        let mode: String = connection
+            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+            .map_err(failed("setting journal_mode=WAL"))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError(format!(
+                "the SQLite store at {}: the file system does not allow WAL mode \
+                 (journal_mode is {mode}); put the data directory on a local file system",
+                dir.display()
+            )));
+        }
+        for (pragma, value) in [
+            ("synchronous", 2), // FULL
+            ("cache_size", -CACHE_KIB),
+            ("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES),
+            ("journal_size_limit", JOURNAL_SIZE_LIMIT),
+        ] {
+            connection
+                .pragma_update(None, pragma, value)
+                .map_err(failed(&format!("setting {pragma}")))?;
+        }
+        migrate(&mut connection, dir, MIGRATIONS)?;
+        let present = tables(&connection).map_err(failed("reading the schema"))?;
+        if let Some(missing) = Kind::ALL
+            .iter()
+            .find(|kind| !present.iter().any(|table| table == kind.table()))
+        {
+            return Err(StoreError(format!(
+                "the SQLite store at {} has no {} table (schema version {SCHEMA_VERSION}); \
+                 run `toolgate store check --data-dir {}`",
+                dir.display(),
+                missing.table(),
+                dir.display()
+            )));
+        }
+        connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        Ok(SqliteStore {
+            connection,
+            statements: Kind::ALL.into_iter().map(KindStatements::new).collect(),
+            dir: dir.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The connection, for tests that break the store on purpose.
+    #[cfg(test)]
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.connection
     }
 }
 
@@ -26,14 +240,627 @@ impl Store for SqliteStore {
     }
 
     fn load(&mut self) -> StoreResult<Vec<Record>> {
-        Ok(Vec::new())
+        let SqliteStore {
+            connection,
+            statements,
+            dir,
+            ..
+        } = self;
+        let failed = |step: &str, error| store_error(dir, step, error);
+        // One read transaction: every table as of the same commit.
+        let transaction = connection
+            .transaction()
+            .map_err(|error| failed("beginning the load", error))?;
+        let mut records = Vec::new();
+        for statements in statements.iter() {
+            let table = statements.kind.table();
+            let mut select = transaction
+                .prepare_cached(&statements.select)
+                .map_err(|error| failed(&format!("reading {table}"), error))?;
+            let rows = select
+                .query_map([], |row| {
+                    Ok(Record {
+                        kind: statements.kind,
+                        key: row.get(0)?,
+                        value: row.get(1)?,
+                    })
+                })
+                .map_err(|error| failed(&format!("reading {table}"), error))?;
+            for row in rows {
+                records.push(row.map_err(|error| failed(&format!("reading {table}"), error))?);
+            }
+        }
+        transaction
+            .commit()
+            .map_err(|error| failed("ending the load", error))?;
+        Ok(records)
     }
 
-    fn commit(&mut self, _changes: &[Change]) -> StoreResult<()> {
-        Err(StoreError("not built yet".into()))
+    fn commit(&mut self, changes: &[Change]) -> StoreResult<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let SqliteStore {
+            connection,
+            statements,
+            dir,
+            ..
+        } = self;
+        let failed = |step: &str, error| store_error(dir, step, error);
+        // IMMEDIATE: the write lock is taken at BEGIN, so that nothing after
+        // it can fail for want of it. A transaction dropped before its
+        // commit rolls back: all or nothing.
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|error| failed("beginning a commit", error))?;
+        for change in changes {
+            let table = change.kind.table();
+            let statements = statements
+                .iter()
+                .find(|statements| statements.kind == change.kind)
+                .ok_or_else(|| {
+                    StoreError(format!(
+                        "the SQLite store at {}: no statements for the {table} table",
+                        dir.display()
+                    ))
+                })?;
+            let applied = match &change.value {
+                Some(value) => transaction
+                    .prepare_cached(&statements.upsert)
+                    .and_then(|mut upsert| upsert.execute((&change.key, value))),
+                None => transaction
+                    .prepare_cached(&statements.delete)
+                    .and_then(|mut delete| delete.execute([&change.key])),
+            };
+            applied.map_err(|error| {
+                let what = if change.value.is_some() {
+                    "writing"
+                } else {
+                    "deleting"
+                };
+                failed(&format!("{what} a {table} record"), error)
+            })?;
+        }
+        transaction
+            .commit()
+            .map_err(|error| failed("committing", error))
     }
 
     fn size_bytes(&self) -> u64 {
-        0
+        files_size(&self.dir.join(DB_FILE))
     }
+}
+
+/// A failed step of the store at `dir`: the step and SQLite's message,
+/// never a record's contents.
+fn store_error(dir: &Path, step: &str, error: rusqlite::Error) -> StoreError {
+    StoreError(format!(
+        "the SQLite store at {}: {step}: {error}",
+        dir.display()
+    ))
+}
+
+/// Bytes of a database file and its WAL.
+fn files_size(db_path: &Path) -> u64 {
+    let wal = wal_path(db_path);
+    [db_path, wal.as_path()]
+        .into_iter()
+        .filter_map(|path| fs::metadata(path).ok())
+        .map(|metadata| metadata.len())
+        .sum()
+}
+
+fn wal_path(db_path: &Path) -> PathBuf {
+    let mut name = db_path.as_os_str().to_os_string();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// Syncs the directory that names `path`, so that a file or directory just
+/// created there survives a power loss (SQLite syncs the directory of the
+/// WAL it creates, not of a database file it did not create).
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    File::open(parent)?.sync_all()
+}
+
+/// Creates `dir` (0700) when absent; refuses one that is not a directory or
+/// that group or others can reach.
+fn prepare_dir(dir: &Path) -> StoreResult<()> {
+    match fs::metadata(dir) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .and_then(|()| sync_parent(dir))
+            .map_err(|error| {
+                StoreError(format!(
+                    "cannot create the data directory {}: {error}",
+                    dir.display()
+                ))
+            }),
+        Err(error) => Err(StoreError(format!(
+            "cannot read the data directory {}: {error}",
+            dir.display()
+        ))),
+        Ok(metadata) if !metadata.is_dir() => Err(StoreError(format!(
+            "the data directory {} is not a directory",
+            dir.display()
+        ))),
+        Ok(metadata) => match loose_permissions(dir, &metadata) {
+            Some(message) => Err(StoreError(message)),
+            None => Ok(()),
+        },
+    }
+}
+
+/// Why `dir` is too open, if it is: the store's records (credentials'
+/// sessions, approvals, receipts) are the owner's only.
+fn loose_permissions(dir: &Path, metadata: &fs::Metadata) -> Option<String> {
+    let mode = metadata.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "the data directory {dir} is accessible to group or others (mode {mode:04o}); \
+             it must be the owner's only: run `chmod 700 {dir}`",
+            dir = dir.display()
+        )
+    })
+}
+
+/// Takes `DIR/lock` for the life of the store, or says who holds it.
+fn take_lock(dir: &Path) -> StoreResult<File> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|error| StoreError(format!("cannot open {}: {error}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let pid = match holder.trim() {
+                pid if !pid.is_empty() && pid.bytes().all(|byte| byte.is_ascii_digit()) => {
+                    format!(" (pid {pid})")
+                }
+                _ => String::new(),
+            };
+            return Err(StoreError(format!(
+                "another toolgate process{pid} holds {}: stop it, or use another data directory",
+                dir.display()
+            )));
+        }
+        Err(TryLockError::Error(error)) => {
+            return Err(StoreError(format!(
+                "cannot lock {}: {error}",
+                path.display()
+            )));
+        }
+    }
+    // Ours now: the pid is only for the message above.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| writeln!(file, "{}", std::process::id()));
+    Ok(file)
+}
+
+fn user_version(connection: &Connection) -> rusqlite::Result<u32> {
+    connection.pragma_query_value(None, "user_version", |row| row.get(0))
+}
+
+fn refuse_newer(dir: &Path, version: u32) -> StoreResult<()> {
+    if version > SCHEMA_VERSION {
+        return Err(StoreError(newer_message(dir, version, SCHEMA_VERSION)));
+    }
+    Ok(())
+}
+
+fn newer_message(dir: &Path, version: u32, known: u32) -> String {
+    format!(
+        "the store at {} has schema version {version}; this toolgate knows up to \
+         {known}: upgrade toolgate",
+        dir.display()
+    )
+}
+
+/// Refuses a database of version 0 that has tables: not a new file, so
+/// someone else's (a toolgate store has a version from its first commit).
+fn refuse_foreign(connection: &Connection, dir: &Path, version: u32) -> StoreResult<()> {
+    if version != 0 {
+        return Ok(());
+    }
+    let existing =
+        tables(connection).map_err(|error| store_error(dir, "reading the schema", error))?;
+    if existing.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError(format!(
+        "{} is not a toolgate store: it has tables ({}) but no schema version",
+        dir.join(DB_FILE).display(),
+        existing.join(", ")
+    )))
+}
+
+/// The tables of the main database, by name.
+fn tables(connection: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut select =
+        connection.prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")?;
+    let names = select.query_map([], |row| row.get(0))?;
+    names.collect()
+}
+
+/// Brings the schema to the version `migrations` end at ([`MIGRATIONS`]:
+/// [`SCHEMA_VERSION`]) in one transaction: all the missing steps or none.
+pub(super) fn migrate(
+    connection: &mut Connection,
+    dir: &Path,
+    migrations: &[Migration],
+) -> StoreResult<()> {
+    let target = migrations.len() as u32;
+    let failed = |step: &str, error| store_error(dir, step, error);
+    let transaction = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|error| failed("beginning the migration", error))?;
+    let version =
+        user_version(&transaction).map_err(|error| failed("reading the schema version", error))?;
+    if version > target {
+        return Err(StoreError(newer_message(dir, version, target)));
+    }
+    if version == target {
+        return Ok(());
+    }
+    refuse_foreign(&transaction, dir, version)?;
+    for (from, migration) in migrations.iter().enumerate().skip(version as usize) {
+        migration(&transaction).map_err(|error| {
+            failed(
+                &format!("migrating from schema version {from} to {}", from + 1),
+                error,
+            )
+        })?;
+    }
+    transaction
+        .pragma_update(None, "user_version", target)
+        .map_err(|error| failed("setting the schema version", error))?;
+    transaction
+        .commit()
+        .map_err(|error| failed("committing the migration", error))
+}
+
+// ----- operations: check and backup ------------------------------------------
+
+/// One table's name and records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCount {
+    pub table: String,
+    pub records: u64,
+}
+
+/// What [`check`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckReport {
+    /// The database file.
+    pub path: PathBuf,
+    pub schema_version: u32,
+    /// Every kind's table, in [`Kind::ALL`] order (none before version 1).
+    pub tables: Vec<TableCount>,
+    /// The database file and its WAL.
+    pub bytes: u64,
+    /// What is wrong; empty when the store is sound.
+    pub problems: Vec<String>,
+}
+
+impl CheckReport {
+    pub fn ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    pub fn records(&self) -> u64 {
+        self.tables.iter().map(|table| table.records).sum()
+    }
+}
+
+/// What [`backup`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupReport {
+    pub file: PathBuf,
+    pub schema_version: u32,
+    /// Every kind's table in the copy, in [`Kind::ALL`] order.
+    pub tables: Vec<TableCount>,
+    pub bytes: u64,
+}
+
+impl BackupReport {
+    pub fn records(&self) -> u64 {
+        self.tables.iter().map(|table| table.records).sum()
+    }
+}
+
+/// The most `integrity_check` lines a report carries.
+const INTEGRITY_LINES: u32 = 100;
+
+/// Checks the store in `dir` offline: SQLite's `integrity_check`, the schema
+/// version, every kind's table, the directory's mode; counts each table's
+/// records. Reads through a read-only connection and never takes the lock,
+/// so it also checks a running server's store (a consistent snapshot of
+/// it); it changes no record (on a stopped store it leaves behind the empty
+/// `-wal` and `-shm` files a reader needs, as any reader does). An `Err` is a store that cannot be read at all
+/// (no directory, no database); a store that reads but is damaged is an
+/// `Ok` report with problems.
+pub fn check(dir: &Path) -> StoreResult<CheckReport> {
+    let (db_path, mut problems) = existing_store(dir)?;
+    let mut report = CheckReport {
+        path: db_path.clone(),
+        schema_version: 0,
+        tables: Vec::new(),
+        bytes: files_size(&db_path),
+        problems: Vec::new(),
+    };
+    let mut connection = open_read_only(dir, &db_path)?;
+    let corrupt_or = |step: &str, error: rusqlite::Error, problems: &mut Vec<String>| {
+        if is_corruption(&error) {
+            problems.push(format!("the database is damaged ({step}: {error})"));
+            Ok(())
+        } else {
+            Err(store_error(dir, step, error))
+        }
+    };
+    // One read transaction: the counts and the check of the same commit.
+    let transaction = match connection.transaction() {
+        Ok(transaction) => transaction,
+        Err(error) => {
+            corrupt_or("beginning a read", error, &mut problems)?;
+            report.problems = problems;
+            return Ok(report);
+        }
+    };
+    match user_version(&transaction) {
+        Ok(version) => report.schema_version = version,
+        Err(error) => {
+            corrupt_or("reading the schema version", error, &mut problems)?;
+            report.problems = problems;
+            return Ok(report);
+        }
+    }
+    if report.schema_version > SCHEMA_VERSION {
+        problems.push(newer_message(dir, report.schema_version, SCHEMA_VERSION));
+        report.problems = problems;
+        return Ok(report);
+    }
+    match integrity_check(&transaction) {
+        Ok(lines) => problems.extend(
+            lines
+                .into_iter()
+                .filter(|line| line != "ok")
+                .map(|line| format!("integrity_check: {line}")),
+        ),
+        Err(error) => corrupt_or("integrity_check", error, &mut problems)?,
+    }
+    if report.schema_version == SCHEMA_VERSION {
+        match table_counts(&transaction) {
+            Ok((tables, missing)) => {
+                report.tables = tables;
+                problems.extend(
+                    missing
+                        .into_iter()
+                        .map(|table| format!("the {table} table is missing")),
+                );
+            }
+            Err(error) => corrupt_or("counting records", error, &mut problems)?,
+        }
+    }
+    // A version below this binary's (0: created, never migrated) is sound:
+    // the next start migrates it.
+    drop(transaction);
+    report.problems = problems;
+    Ok(report)
+}
+
+/// Copies the store in `dir` to the new file `file`: one consistent
+/// snapshot through SQLite's online backup API, taken from a read-only
+/// connection without the lock, so that it works beside a running server
+/// that keeps committing (which meanwhile cannot restart the WAL, so a
+/// long backup lets it grow). Refuses to overwrite `file`; removes what it
+/// wrote when it fails. The copy is synced and opens as a store (see the
+/// module documentation for restoring it).
+pub fn backup(dir: &Path, file: &Path) -> StoreResult<BackupReport> {
+    let (db_path, _) = existing_store(dir)?;
+    let source = open_read_only(dir, &db_path)?;
+    let version = user_version(&source)
+        .map_err(|error| store_error(dir, "reading the schema version", error))?;
+    refuse_newer(dir, version)?;
+    // create_new claims the name: an existing file is never overwritten,
+    // and the copy is the owner's only.
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .map_err(|error| match error.kind() {
+            std::io::ErrorKind::AlreadyExists => StoreError(format!(
+                "{} exists: a backup never overwrites a file; remove it or name another",
+                file.display()
+            )),
+            _ => StoreError(format!("cannot create {}: {error}", file.display())),
+        })?;
+    let copied = copy_into(&source, file).and_then(|report| sync_to_disk(file).map(|()| report));
+    drop(source);
+    match copied {
+        Ok(report) => Ok(report),
+        Err(error) => {
+            for suffix in ["", "-journal", "-wal", "-shm"] {
+                let mut path = file.as_os_str().to_os_string();
+                path.push(suffix);
+                let _ = fs::remove_file(PathBuf::from(path));
+            }
+            Err(error)
+        }
+    }
+}
+
+/// How often, and how long apart, a backup retries a source that is busy.
+const BACKUP_RETRIES: u32 = 200;
+const BACKUP_PAUSE: Duration = Duration::from_millis(25);
+
+/// Copies every page of `source` into the (empty) `file` and reads the copy
+/// back: its schema version and records.
+fn copy_into(source: &Connection, file: &Path) -> StoreResult<BackupReport> {
+    let failed = |step: &str, error: &dyn std::fmt::Display| {
+        StoreError(format!("the backup to {}: {step}: {error}", file.display()))
+    };
+    let mut destination = Connection::open_with_flags(
+        file,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|error| failed("opening the copy", &error))?;
+    {
+        let backup = Backup::new(source, &mut destination)
+            .map_err(|error| failed("starting the backup", &error))?;
+        // Every page in one step: one read transaction on the source, so
+        // one snapshot however fast the server writes (a step at a time
+        // would restart whenever it commits).
+        let mut retries = 0;
+        loop {
+            match backup
+                .step(-1)
+                .map_err(|error| failed("copying pages", &error))?
+            {
+                StepResult::Done => break,
+                StepResult::More => {}
+                StepResult::Busy | StepResult::Locked if retries < BACKUP_RETRIES => {
+                    retries += 1;
+                    std::thread::sleep(BACKUP_PAUSE);
+                }
+                _ => {
+                    return Err(StoreError(format!(
+                        "the backup to {}: the store stayed busy; try again",
+                        file.display()
+                    )));
+                }
+            }
+        }
+    }
+    // The copy's header says WAL, as the source's does: made a single
+    // rollback-journal file again, it needs no -wal or -shm beside it
+    // wherever it is kept. A store opened on it goes back to WAL.
+    destination
+        .pragma_update(None, "journal_mode", "DELETE")
+        .map_err(|error| failed("making the copy one file", &error))?;
+    let schema_version =
+        user_version(&destination).map_err(|error| failed("reading the copy back", &error))?;
+    let (tables, missing) =
+        table_counts(&destination).map_err(|error| failed("reading the copy back", &error))?;
+    if schema_version == SCHEMA_VERSION
+        && let Some(table) = missing.first()
+    {
+        return Err(failed(
+            "reading the copy back",
+            &format!("no {table} table"),
+        ));
+    }
+    destination
+        .close()
+        .map_err(|(_, error)| failed("closing the copy", &error))?;
+    Ok(BackupReport {
+        file: file.to_path_buf(),
+        schema_version,
+        tables,
+        bytes: files_size(file),
+    })
+}
+
+/// Syncs `file` and the directory that names it.
+fn sync_to_disk(file: &Path) -> StoreResult<()> {
+    let failed = |step: &str, error: std::io::Error| {
+        StoreError(format!("the backup to {}: {step}: {error}", file.display()))
+    };
+    File::open(file)
+        .and_then(|copy| copy.sync_all())
+        .map_err(|error| failed("syncing the copy", error))?;
+    sync_parent(file).map_err(|error| failed("syncing its directory", error))
+}
+
+/// The database file of the store in `dir`, and what is wrong with the
+/// directory's mode (a problem for [`check`], not a reason not to read).
+fn existing_store(dir: &Path) -> StoreResult<(PathBuf, Vec<String>)> {
+    let metadata = fs::metadata(dir).map_err(|error| {
+        StoreError(format!(
+            "no store at {}: cannot read the directory: {error}",
+            dir.display()
+        ))
+    })?;
+    if !metadata.is_dir() {
+        return Err(StoreError(format!(
+            "no store at {}: not a directory",
+            dir.display()
+        )));
+    }
+    let db_path = dir.join(DB_FILE);
+    if !db_path.is_file() {
+        return Err(StoreError(format!(
+            "no store at {}: it holds no {DB_FILE}",
+            dir.display()
+        )));
+    }
+    Ok((
+        db_path,
+        loose_permissions(dir, &metadata).into_iter().collect(),
+    ))
+}
+
+fn open_read_only(dir: &Path, db_path: &Path) -> StoreResult<Connection> {
+    let connection = Connection::open_with_flags(
+        db_path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|error| store_error(dir, "opening the database", error))?;
+    connection
+        .busy_timeout(BUSY_TIMEOUT)
+        .map_err(|error| store_error(dir, "setting busy_timeout", error))?;
+    Ok(connection)
+}
+
+fn is_corruption(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase)
+    )
+}
+
+fn integrity_check(connection: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut lines = Vec::new();
+    connection.pragma(None, "integrity_check", INTEGRITY_LINES, |row| {
+        lines.push(row.get(0)?);
+        Ok(())
+    })?;
+    Ok(lines)
+}
+
+/// Each kind's table's records, and the kinds' tables that are missing.
+fn table_counts(connection: &Connection) -> rusqlite::Result<(Vec<TableCount>, Vec<String>)> {
+    let present = tables(connection)?;
+    let mut counts = Vec::new();
+    let mut missing = Vec::new();
+    for kind in Kind::ALL {
+        let table = kind.table();
+        if !present.iter().any(|name| name == table) {
+            missing.push(table.to_string());
+            continue;
+        }
+        let records: i64 =
+            connection.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| {
+                row.get(0)
+            })?;
+        counts.push(TableCount {
+            table: table.to_string(),
+            records: records.unsigned_abs(),
+        });
+    }
+    Ok((counts, missing))
 }

@@ -47,12 +47,13 @@ pub struct BatchReport {
 pub type OnBatch = Box<dyn Fn(&BatchReport) + Send + Sync>;
 
 /// How far the store has got.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Progress {
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Progress {
     /// Every batch up to this number is durable.
-    Durable(u64),
-    /// A commit failed: nothing more will be.
-    Failed(StoreError),
+    durable: u64,
+    /// Why nothing more will be: a commit failed, the writer panicked, or
+    /// it was closed.
+    stopped: Option<StoreError>,
 }
 
 #[derive(Debug, Default)]
@@ -95,7 +96,7 @@ impl Writer {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
-            progress: tokio::sync::watch::Sender::new(Progress::Durable(0)),
+            progress: tokio::sync::watch::Sender::new(Progress::default()),
             on_batch: OnceLock::new(),
         });
         let thread = std::thread::Builder::new()
@@ -149,10 +150,7 @@ impl Writer {
 
     /// Why the store stopped, if a commit failed.
     pub fn failure(&self) -> Option<StoreError> {
-        match &*self.shared.progress.borrow() {
-            Progress::Durable(_) => None,
-            Progress::Failed(error) => Some(error.clone()),
-        }
+        self.shared.progress.borrow().stopped.clone()
     }
 
     /// Resolves once batch `number` (and every one before it) is durable;
@@ -160,15 +158,15 @@ impl Writer {
     pub async fn durable(&self, number: u64) -> Result<(), StoreError> {
         let mut progress = self.shared.progress.subscribe();
         let reached = progress
-            .wait_for(|progress| match progress {
-                Progress::Durable(durable) => *durable >= number,
-                Progress::Failed(_) => true,
-            })
+            .wait_for(|progress| progress.durable >= number || progress.stopped.is_some())
             .await;
         match reached.as_deref() {
-            Ok(Progress::Durable(_)) => Ok(()),
-            Ok(Progress::Failed(error)) => Err(error.clone()),
-            Err(_) => Err(StoreError("the store writer stopped".into())),
+            Ok(progress) if progress.durable >= number => Ok(()),
+            Ok(Progress {
+                stopped: Some(error),
+                ..
+            }) => Err(error.clone()),
+            _ => Err(StoreError("the store writer stopped".into())),
         }
     }
 
@@ -197,9 +195,28 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Marks the writer stopped when its thread ends, however it ends, so that
+/// no answer waits for a batch that will never be written.
+struct StopOnExit<'a>(&'a Shared);
+
+impl Drop for StopOnExit<'_> {
+    fn drop(&mut self) {
+        let why = match std::thread::panicking() {
+            true => "the store writer failed (a panic); restart to recover",
+            false => "the store is closed",
+        };
+        self.0.progress.send_modify(|progress| {
+            progress
+                .stopped
+                .get_or_insert_with(|| StoreError(why.into()));
+        });
+    }
+}
+
 /// The writer thread: a batch of everything pending, one commit, then the
 /// next, until closed and drained or a commit fails.
 fn run(shared: &Shared, mut store: Box<dyn Store>) {
+    let _stop_on_exit = StopOnExit(shared);
     let mut spare = Vec::new();
     loop {
         let (changes, operations, last) = {
@@ -233,7 +250,9 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
                         store_bytes: store.size_bytes(),
                     });
                 }
-                shared.progress.send_replace(Progress::Durable(last));
+                shared
+                    .progress
+                    .send_modify(|progress| progress.durable = last);
             }
             Err(error) => {
                 tracing::error!(
@@ -242,7 +261,9 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
                     "the store refused a commit; every call is refused from now on \
                      (restart to recover from what the store holds)"
                 );
-                shared.progress.send_replace(Progress::Failed(error));
+                shared
+                    .progress
+                    .send_modify(|progress| progress.stopped = Some(error));
                 return;
             }
         }
@@ -308,5 +329,9 @@ mod tests {
         let mut loaded = store.clone();
         assert_eq!(Store::load(&mut loaded).unwrap().len(), 2);
         writer.close();
+        // What is appended after the close is refused, never waited for.
+        let late = writer.append(vec![put(b"c", b"3")]);
+        assert!(writer.durable(late).await.is_err());
+        assert!(writer.durable(second).await.is_ok());
     }
 }

@@ -29,4 +29,5 @@ mod operations;
 mod properties;
 mod recovery;
 mod service_surface;
+mod store_cli;
 mod transport;

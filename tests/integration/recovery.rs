@@ -228,3 +228,77 @@ async fn everything_survives_a_restart_on_the_sqlite_store() {
     let data = directory.path().join("data");
     survives_a_restart(|| Box::new(SqliteStore::open(&data).expect("open the store"))).await;
 }
+
+/// The memory store, refusing every commit after the first `commits`: what
+/// a full or failing disk does to the SQLite store, without one.
+struct RefusesAfter {
+    store: MemoryStore,
+    commits: usize,
+}
+
+impl Store for RefusesAfter {
+    fn name(&self) -> &'static str {
+        "refuses-after"
+    }
+
+    fn load(&mut self) -> toolgate::store::StoreResult<Vec<toolgate::domain::records::Record>> {
+        self.store.load()
+    }
+
+    fn commit(
+        &mut self,
+        changes: &[toolgate::domain::records::Change],
+    ) -> toolgate::store::StoreResult<()> {
+        if self.commits == 0 {
+            return Err(toolgate::store::StoreError("disk full".into()));
+        }
+        self.commits -= 1;
+        self.store.commit(changes)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.store.size_bytes()
+    }
+}
+
+#[tokio::test]
+async fn a_failed_commit_withholds_its_answer_and_refuses_everything_after() {
+    let store = MemoryStore::new();
+    let clock = ManualClock::starting_at(EPOCH);
+    // One commit at start (recovery), one for the first Post.
+    let failing = RefusesAfter {
+        store: store.clone(),
+        commits: 2,
+    };
+    let server = TestServer::start_on(policy(), Box::new(failing), clock.clone()).await;
+    let first = dispatched(&server, &post("c-post1", 0)).await;
+    assert_eq!(first.status(), pb::DispatchStatus::Ok);
+    // The next commit fails: its answer is never released as a success.
+    let refused = server
+        .dispatch("", &agent_session(), &post("c-post2", 1))
+        .await
+        .expect_err("the store refused the commit");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("disk full"), "{refused:?}");
+    // Every later call is refused too, reads included: the state in memory
+    // is ahead of the store.
+    let read = server
+        .decide("", &agent_session(), &search("c-read"))
+        .await
+        .expect_err("refused");
+    assert_eq!(read.code(), tonic::Code::Unavailable);
+    server.stop().await;
+    // A restart recovers what was acknowledged, and only that.
+    let restarted = TestServer::start_on(policy(), Box::new(store), clock).await;
+    let queue = restarted.resource(EXAMPLE_REVIEWER, "queue").await;
+    assert_eq!(
+        (queue.value_json.as_str(), queue.version),
+        (r#"[{"text":"c-post1"}]"#, 1)
+    );
+    let retry = dispatched(&restarted, &post("c-post2", 1)).await;
+    assert_eq!(
+        (retry.status(), retry.replayed),
+        (pb::DispatchStatus::Ok, false)
+    );
+    restarted.stop().await;
+}

@@ -39,6 +39,7 @@ pub use toolgate::domain::ledger::{ApprovalEvent, ApprovalStatus, EventKind, Ver
 pub use toolgate::domain::manifest::Manifest;
 pub use toolgate::domain::policy::Policy;
 pub use toolgate::domain::proposal::{MAX_ARGUMENTS_BYTES, Proposal, SessionRef};
+pub use toolgate::domain::records::{Change, Kind};
 pub use toolgate::domain::state::Stats;
 pub use toolgate::engine::Engine;
 pub use toolgate::fuzzing;
@@ -47,6 +48,8 @@ pub use toolgate::ops::audit::{
 };
 pub use toolgate::pb;
 pub use toolgate::server::{Listeners, serve_with};
+pub use toolgate::store::Store;
+pub use toolgate::store::sqlite::{self, SqliteStore};
 
 /// Runs an engine operation to its answer on this thread (for tests that
 /// drive the engine without a server): the operation waits for the store's

@@ -1,5 +1,6 @@
 //! The command line, as clap reads it: `serve`, the offline tools
-//! (`canonical`, `fingerprint`, `manifest fingerprint`, `check-config`)
+//! (`canonical`, `fingerprint`, `manifest fingerprint`, `check-config`,
+//! `store check`, `store backup`)
 //! and the reviewer/operator clients (`approvals`, `pins`, `resource`,
 //! `manifest assess`). The types only; each command runs in its own module.
 
@@ -43,6 +44,8 @@ pub enum Command {
     /// on stderr); 1 with the error (naming the key path) on stderr
     /// otherwise, or on any warning with `--strict`.
     CheckConfig(CheckConfigArgs),
+    /// Check or back up the durable store (offline; also beside a running server).
+    Store(StoreArgs),
 }
 
 /// Where and how the client commands talk to a running server. Each option
@@ -255,6 +258,41 @@ pub struct CheckConfigArgs {
     pub strict: bool,
 }
 
+/// The data directory of `serve` and the store commands when `--data-dir`
+/// is not given.
+pub const DEFAULT_DATA_DIR: &str = "./toolgate-data";
+
+/// The store commands. They read through a read-only SQLite connection and
+/// never take the data directory's lock, so they work on a running
+/// server's store (a consistent snapshot of it) as on a stopped one.
+///
+/// Exit status: 0 on success; 1 when `check` finds a problem; 2 for usage
+/// errors and a store that cannot be read at all.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The data directory (as `serve` uses it).
+    #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    #[command(subcommand)]
+    pub command: StoreCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Check the store's integrity (SQLite integrity_check), schema version
+    /// and directory mode, and count each table's records.
+    Check,
+    /// Write a consistent copy of the store to FILE (never overwritten).
+    ///
+    /// To restore: stop toolgate, `mkdir -m 700 NEW`, copy FILE to
+    /// `NEW/toolgate.sqlite3`, and start toolgate with NEW as its data
+    /// directory.
+    Backup {
+        /// The copy to write; must not exist.
+        file: PathBuf,
+    },
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Policy file (TOML); the embedded default policy serves without one.
@@ -288,12 +326,9 @@ pub struct ServeArgs {
     pub store: StoreKind,
     /// The durable store's directory (created owner-only; one process at a
     /// time) [default: ./toolgate-data].
-    #[arg(long, value_name = "DIR", env = "TOOLGATE_DATA_DIR")]
+    #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 }
-
-/// The durable store's directory when `--data-dir` is not given.
-pub const DEFAULT_DATA_DIR: &str = "toolgate-data";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StoreKind {

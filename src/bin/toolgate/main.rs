@@ -20,6 +20,7 @@ mod output;
 mod pins;
 mod resource;
 mod serve;
+mod store;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -35,5 +36,6 @@ fn main() -> ExitCode {
         Command::Pins(args) => pins::run_pins(args),
         Command::Resource(args) => resource::run_resource(args),
         Command::CheckConfig(args) => check_config::run_check_config(&args),
+        Command::Store(args) => store::run_store(&args),
     }
 }

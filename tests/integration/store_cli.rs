@@ -1,0 +1,260 @@
+//! `toolgate store check` and `toolgate store backup`, run as the built
+//! binary on a store this test process made with the library, also while
+//! this process holds the store's lock and keeps committing: the commands
+//! read beside a running server, from a process of their own.
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::Duration;
+
+use crate::support::spawn;
+use crate::support::{Change, Kind, SqliteStore, Store, sqlite};
+
+/// What one run of the binary did.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    /// The value of a `key  value` line.
+    fn field(&self, key: &str) -> Option<&str> {
+        self.stdout.lines().find_map(|line| {
+            let (name, value) = line.split_once(' ')?;
+            (name == key).then(|| value.trim_start())
+        })
+    }
+}
+
+fn store_command(data_dir: &Path, args: &[&str]) -> Run {
+    let output = spawn::command()
+        .arg("store")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .output()
+        .expect("run toolgate");
+    Run {
+        code: output.status.code(),
+        stdout: String::from_utf8(output.stdout).expect("utf-8 stdout"),
+        stderr: String::from_utf8(output.stderr).expect("utf-8 stderr"),
+    }
+}
+
+fn put(kind: Kind, key: &[u8], value: &[u8]) -> Change {
+    Change {
+        kind,
+        key: key.to_vec(),
+        value: Some(value.to_vec()),
+    }
+}
+
+/// Two records of every kind, and `extra` receipts.
+fn records(extra: u32) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for kind in Kind::ALL {
+        for key in [b"a", b"b"] {
+            changes.push(put(kind, key, b"{\"value\":1}"));
+        }
+    }
+    for index in 0..extra {
+        changes.push(put(Kind::Receipt, &index.to_be_bytes(), &[b'r'; 300]));
+    }
+    changes
+}
+
+fn private_dir(parent: &Path, name: &str) -> PathBuf {
+    let dir = parent.join(name);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .expect("mkdir");
+    dir
+}
+
+/// `TABLE  RECORDS` rows of the report, by table.
+fn table_rows(run: &Run) -> Vec<(String, u64)> {
+    run.stdout
+        .lines()
+        .skip_while(|line| !line.starts_with("TABLE"))
+        .skip(1)
+        .map_while(|line| {
+            let (table, records) = line.split_once(' ')?;
+            Some((table.to_string(), records.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn store_check_and_backup_on_a_stopped_store() {
+    let parent = tempfile::tempdir().expect("temp dir");
+    let dir = parent.path().join("data");
+    let mut store = SqliteStore::open(&dir).expect("open");
+    store.commit(&records(10)).expect("commit");
+    drop(store);
+
+    let run = store_command(&dir, &["check"]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stderr, "");
+    assert_eq!(
+        run.field("store"),
+        Some(dir.join(sqlite::DB_FILE).to_str().expect("utf-8"))
+    );
+    assert_eq!(run.field("schema"), Some("1"));
+    assert_eq!(run.field("records"), Some("28"));
+    let bytes: u64 = run
+        .field("bytes")
+        .expect("bytes")
+        .parse()
+        .expect("a number");
+    assert!(bytes >= fs::metadata(dir.join(sqlite::DB_FILE)).expect("db").len());
+    let rows = table_rows(&run);
+    assert_eq!(rows.len(), Kind::ALL.len(), "{run:?}");
+    for (kind, (table, records)) in Kind::ALL.iter().zip(&rows) {
+        assert_eq!(table, kind.table());
+        assert_eq!(*records, if *kind == Kind::Receipt { 12 } else { 2 });
+    }
+    assert_eq!(run.stdout.lines().last(), Some("ok"));
+
+    let file = parent.path().join("backup.sqlite3");
+    let run = store_command(&dir, &["backup", file.to_str().expect("utf-8")]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.field("backup"), file.to_str());
+    assert_eq!(run.field("records"), Some("28"));
+    assert_eq!(run.field("schema"), Some("1"));
+    assert!(
+        run.field("restore")
+            .is_some_and(|restore| restore.starts_with("mkdir -m 700 NEW && cp ")),
+        "{run:?}"
+    );
+    // Never over an existing file.
+    let again = store_command(&dir, &["backup", file.to_str().expect("utf-8")]);
+    assert_eq!(again.code, Some(2), "{again:?}");
+    assert!(
+        again.stderr.starts_with("error: ") && again.stderr.contains("never overwrites"),
+        "{again:?}"
+    );
+    assert_eq!(again.stdout, "");
+
+    // Restored as the help says, it is the same store.
+    let restored = private_dir(parent.path(), "restored");
+    fs::copy(&file, restored.join(sqlite::DB_FILE)).expect("copy");
+    let run = store_command(&restored, &["check"]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.field("records"), Some("28"));
+    let mut copy = SqliteStore::open(&restored).expect("open the restored copy");
+    assert_eq!(copy.load().expect("load").len(), 28);
+}
+
+#[test]
+fn store_check_and_backup_beside_a_writing_store() {
+    let parent = tempfile::tempdir().expect("temp dir");
+    let dir = parent.path().join("data");
+    let mut store = SqliteStore::open(&dir).expect("open");
+    store.commit(&records(0)).expect("commit");
+    // This process holds the lock and keeps committing, as a server would.
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(AtomicU64::new(0));
+    let writer = thread::spawn({
+        let (stop, committed) = (stop.clone(), committed.clone());
+        move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                let batch: Vec<Change> = (0..50u32)
+                    .map(|index| {
+                        put(
+                            Kind::Receipt,
+                            &[n.to_be_bytes(), u64::from(index).to_be_bytes()].concat(),
+                            &[b'w'; 300],
+                        )
+                    })
+                    .collect();
+                store.commit(&batch).expect("commit");
+                committed.store(n, Ordering::SeqCst);
+                thread::sleep(Duration::from_millis(1));
+            }
+            store
+        }
+    });
+    while committed.load(Ordering::SeqCst) < 5 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    // The lock is held: a second store is refused...
+    let error = SqliteStore::open(&dir).expect_err("locked");
+    assert!(error.0.contains("another toolgate process"), "{error}");
+    // ...but check and backup, in processes of their own, read.
+    for attempt in 0..3 {
+        let before = committed.load(Ordering::SeqCst);
+        let run = store_command(&dir, &["check"]);
+        assert_eq!(run.code, Some(0), "{run:?}");
+        let records: u64 = run.field("records").expect("records").parse().expect("n");
+        assert!(records >= 18 + before * 50, "{records} < {before} batches");
+        assert_eq!((records - 18) % 50, 0, "whole batches only: {records}");
+
+        let before = committed.load(Ordering::SeqCst);
+        let file = parent.path().join(format!("backup{attempt}"));
+        let run = store_command(&dir, &["backup", file.to_str().expect("utf-8")]);
+        assert_eq!(run.code, Some(0), "{run:?}");
+        let restored = private_dir(parent.path(), &format!("restored{attempt}"));
+        fs::rename(&file, restored.join(sqlite::DB_FILE)).expect("move");
+        let mut copy = SqliteStore::open(&restored).expect("open the backup");
+        let records = copy.load().expect("load").len() as u64;
+        assert!(records >= 18 + before * 50, "{records} < {before} batches");
+        assert_eq!((records - 18) % 50, 0, "whole batches only: {records}");
+        assert_eq!(run.field("records"), Some(records.to_string().as_str()));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let store = writer.join().expect("writer");
+    drop(store);
+    assert_eq!(store_command(&dir, &["check"]).code, Some(0));
+}
+
+#[test]
+fn store_check_exit_codes() {
+    let parent = tempfile::tempdir().expect("temp dir");
+    // No store: exit 2, and nothing created.
+    let absent = parent.path().join("absent");
+    let run = store_command(&absent, &["check"]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.starts_with("error: no store at "), "{run:?}");
+    assert_eq!(run.stdout, "");
+    assert!(!absent.exists());
+    let run = store_command(&absent, &["backup", "copy"]);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    // A usage error: exit 2.
+    assert_eq!(store_command(&absent, &["backup"]).code, Some(2));
+
+    // A problem: exit 1, the report and each problem on stdout.
+    let dir = parent.path().join("data");
+    let mut store = SqliteStore::open(&dir).expect("open");
+    store.commit(&records(0)).expect("commit");
+    drop(store);
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o750)).expect("chmod");
+    let run = store_command(&dir, &["check"]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(run.field("records"), Some("18"));
+    let problem = run
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("problem: "))
+        .expect("a problem line");
+    assert!(
+        problem.contains(&format!("run `chmod 700 {}`", dir.display())),
+        "{problem}"
+    );
+    assert!(!run.stdout.lines().any(|line| line == "ok"), "{run:?}");
+    assert_eq!(
+        run.stderr,
+        format!(
+            "error: the store at {} failed its check (1 problem)\n",
+            dir.display()
+        )
+    );
+}
