@@ -97,7 +97,11 @@ mod tests {
             .unwrap();
         assert_eq!(store.size_bytes(), 1 + 3 + 2 + 1);
         store
-            .commit(&[change(b"a", Some(b"12345")), change(b"bb", None), change(b"c", None)])
+            .commit(&[
+                change(b"a", Some(b"12345")),
+                change(b"bb", None),
+                change(b"c", None),
+            ])
             .unwrap();
         assert_eq!(store.size_bytes(), 1 + 5);
         let walked: usize = store

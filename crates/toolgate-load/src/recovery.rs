@@ -70,7 +70,12 @@ fn generator(fill: Fill, count: u64, pool: &CommitPool) -> Generator {
         }
         Some(match fill {
             Fill::Decisions => Call::Decide(
-                decide(format!("n{}", index / 1000), format!("n{index}"), "note", index),
+                decide(
+                    format!("n{}", index / 1000),
+                    format!("n{index}"),
+                    "note",
+                    index,
+                ),
                 Expect::Decide {
                     outcome: pb::Outcome::Allow,
                     reason: "allowed",
@@ -215,8 +220,14 @@ async fn restarts(
 ) -> BoxResult<(Vec<Restart>, Option<(ServerProcess, Vec<Channel>)>)> {
     let mut done = Vec::new();
     for time in 0..times.max(1) {
-        let (server, channels, recovered) =
-            start(launcher, label, policy, Some(dir.to_path_buf()), args.connections).await?;
+        let (server, channels, recovered) = start(
+            launcher,
+            label,
+            policy,
+            Some(dir.to_path_buf()),
+            args.connections,
+        )
+        .await?;
         let wall = server.startup;
         eprintln!(
             "   restart {time} of {label}: state recovered in {} ms ({} approvals, {} receipts, {} sessions), listening after {}",
@@ -281,7 +292,10 @@ fn restart_row(text: &mut String, store: &str, restarts: &[Restart]) {
         .filter(|restart| !restart.stop.is_zero())
         .map(|restart| restart.stop)
         .collect();
-    let last = restarts.last().map(|restart| restart.recovered).unwrap_or_default();
+    let last = restarts
+        .last()
+        .map(|restart| restart.recovered)
+        .unwrap_or_default();
     let _ = writeln!(
         text,
         "| {store} | {} | {} | {} | {} / {} / {} | {} |",
@@ -332,24 +346,30 @@ pub async fn recovery(args: &RunArgs, launcher: &Launcher, workdir: &Workdir) ->
     // of the fills below also makes, to subtract.
     let (server, channels, _) =
         start(launcher, "decisions", &policy, None, args.connections).await?;
-    let decisions = fill(args, &server, &channels, Fill::Decisions, &CommitPool::new(0)).await?;
+    let decisions = fill(
+        args,
+        &server,
+        &channels,
+        Fill::Decisions,
+        &CommitPool::new(0),
+    )
+    .await?;
     let (_, decision_bytes, _) = stop(server, channels)?;
 
     // Approvals, then receipts, in one store.
     let (server, channels, _) =
         start(launcher, "approvals", &policy, None, args.connections).await?;
-    let approvals = fill(args, &server, &channels, Fill::Approvals, &CommitPool::new(0)).await?;
-    let (dir, approval_bytes, _) = stop(server, channels)?;
-    let (approval_restarts, running) = restarts(
+    let approvals = fill(
         args,
-        launcher,
-        &policy,
-        &dir,
-        "approvals",
-        times,
-        true,
+        &server,
+        &channels,
+        Fill::Approvals,
+        &CommitPool::new(0),
     )
     .await?;
+    let (dir, approval_bytes, _) = stop(server, channels)?;
+    let (approval_restarts, running) =
+        restarts(args, launcher, &policy, &dir, "approvals", times, true).await?;
     let Some((server, channels)) = running else {
         return Err("the approvals store is not running".into());
     };
@@ -362,8 +382,16 @@ pub async fn recovery(args: &RunArgs, launcher: &Launcher, workdir: &Workdir) ->
     )
     .await?;
     let (dir, both_bytes, _) = stop(server, channels)?;
-    let (both_restarts, _) =
-        restarts(args, launcher, &policy, &dir, "approvals + receipts", times, false).await?;
+    let (both_restarts, _) = restarts(
+        args,
+        launcher,
+        &policy,
+        &dir,
+        "approvals + receipts",
+        times,
+        false,
+    )
+    .await?;
 
     let per = |bytes: u64, base: u64| bytes.saturating_sub(base) as f64 / count as f64;
     let per_decision = per(decision_bytes, empty_bytes);
@@ -412,7 +440,10 @@ pub async fn recovery(args: &RunArgs, launcher: &Launcher, workdir: &Workdir) ->
         &format!("{count} pending approvals + {count} receipts"),
         &both_restarts,
     );
-    let last = both_restarts.last().map(|restart| restart.recovered).unwrap_or_default();
+    let last = both_restarts
+        .last()
+        .map(|restart| restart.recovered)
+        .unwrap_or_default();
     if last.approvals != count as u64 || last.receipts != count as u64 {
         let _ = writeln!(
             text,

@@ -327,7 +327,10 @@ async fn throughput(
         connected: baseline,
         commits: CommitPool::new(args.commit_pool),
     });
-    let kinds: Vec<Kind> = servers.iter().map(|server| server.connected.kind()).collect();
+    let kinds: Vec<Kind> = servers
+        .iter()
+        .map(|server| server.connected.kind())
+        .collect();
     println!("## Throughput and latency: toolgate (durable, memory) vs the no-op baseline\n");
     println!(
         "Policy: `bench.toml` written by toolgate-load (host and reviewer credentials, limits raised so no budget or cap is hit, {} resources, version scope `resource`); every request carries a host bearer token. The durable server keeps its state in SQLite in a fresh data directory (`--data-dir`), the memory server with `--store memory`; both release an answer only after its changes went through the group commit. Server CPU/req is the server process's user+system CPU time over the measured window divided by the answers (10 ms clock ticks); client CPU/req is the load generator's. Ops/batch: operations per group commit (`toolgate_store_batch_operations` sum / count over the rounds); sync: the mean time of a batch's transaction and sync (`toolgate_store_sync_seconds`), with the upper bound of the bucket holding the 99th percentile.\n",
@@ -656,7 +659,10 @@ fn summary(kinds: &[Kind], results: &[ScenarioResult], disk: &[(Kind, u64)]) -> 
             let _ = write!(
                 text,
                 " **{}** |",
-                report::ratio(result.closed[*a].throughput(), result.closed[*b].throughput())
+                report::ratio(
+                    result.closed[*a].throughput(),
+                    result.closed[*b].throughput()
+                )
             );
         }
         let _ = write!(text, " {} |", report::rate(result.open_rate));
@@ -770,14 +776,18 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
             );
         }
     }
-    if let (Some(first), Some(baseline)) = (kinds.iter().position(|kind| kind.is_toolgate()), baseline)
+    if let (Some(first), Some(baseline)) =
+        (kinds.iter().position(|kind| kind.is_toolgate()), baseline)
     {
         let name = kinds[first].name();
         for result in results {
             let ratio =
                 result.closed[first].throughput() / result.closed[baseline].throughput().max(1e-9);
             let p99_ratio = result.open[first].percentile(0.99).as_secs_f64()
-                / result.open[baseline].percentile(0.99).as_secs_f64().max(1e-12);
+                / result.open[baseline]
+                    .percentile(0.99)
+                    .as_secs_f64()
+                    .max(1e-12);
             match result.scenario {
                 Scenario::DecideAllow => {
                     let _ = writeln!(

@@ -486,7 +486,9 @@ pub async fn callers(
                 report::latency(stats.percentile(0.99)),
                 report::rate(
                     stats.store.batches
-                        / (stats.elapsed + window.warmup * stats.rounds).as_secs_f64().max(1e-9)
+                        / (stats.elapsed + window.warmup * stats.rounds)
+                            .as_secs_f64()
+                            .max(1e-9)
                 ),
                 report::latency(stats.server_cpu_per_request()),
                 stats.error_count() + stats.wrong,

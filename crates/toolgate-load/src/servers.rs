@@ -178,7 +178,11 @@ impl Launcher {
                 match store {
                     Store::Durable => {
                         let dir = data_dir.unwrap_or_else(|| self.fresh_data_dir(label));
-                        command.arg("--store").arg("sqlite").arg("--data-dir").arg(&dir);
+                        command
+                            .arg("--store")
+                            .arg("sqlite")
+                            .arg("--data-dir")
+                            .arg(&dir);
                         data_dir_used = Some(dir);
                     }
                     Store::Memory => {
