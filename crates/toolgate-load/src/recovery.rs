@@ -309,13 +309,12 @@ fn restart_row(text: &mut String, store: &str, restarts: &[Restart]) {
     );
 }
 
-fn fill_note(text: &mut String, what: &str, filled: &Filled) {
+fn fill_note(text: &mut String, what: &str, filled: &Filled, callers: usize) {
     let store: &StoreCounters = &filled.stats.store;
     let _ = writeln!(
         text,
-        "- filling {what}: {} req/s ({} callers), p99 {}, {} operations per batch, sync mean {}; while running: data directory {} (WAL included), `toolgate_store_bytes` {}",
+        "- filling {what}: {} req/s ({callers} closed-loop callers), p99 {}, {} operations per batch, sync mean {}; while running: data directory {} (WAL included), `toolgate_store_bytes` {}",
         report::rate(filled.stats.throughput()),
-        "closed loop",
         report::latency(filled.stats.percentile(0.99)),
         store
             .operations_per_batch()
@@ -423,9 +422,24 @@ pub async fn recovery(args: &RunArgs, launcher: &Launcher, workdir: &Workdir) ->
         per_receipt - per_decision,
     );
     text.push('\n');
-    fill_note(&mut text, &format!("{count} decisions"), &decisions);
-    fill_note(&mut text, &format!("{count} pending approvals"), &approvals);
-    fill_note(&mut text, &format!("{count} receipts"), &receipts);
+    fill_note(
+        &mut text,
+        &format!("{count} decisions"),
+        &decisions,
+        args.concurrency,
+    );
+    fill_note(
+        &mut text,
+        &format!("{count} pending approvals"),
+        &approvals,
+        args.concurrency,
+    );
+    fill_note(
+        &mut text,
+        &format!("{count} receipts"),
+        &receipts,
+        args.concurrency,
+    );
     text.push_str(
         "\n| store recovered | restarts | \"state recovered\" millis, median (min–max) | wall to listening, median (min–max) | approvals / receipts / sessions recovered | SIGTERM → exit |\n| --- | ---: | ---: | ---: | ---: | ---: |\n",
     );
