@@ -8,7 +8,14 @@ use std::sync::{Arc, Mutex};
 use super::{Store, StoreError, StoreResult};
 use crate::domain::records::{Change, Kind, Record};
 
-type Tables = BTreeMap<(Kind, Vec<u8>), Vec<u8>>;
+/// The records, and the bytes of their keys and values, kept up to date by
+/// every commit: the writer asks for the size after each batch, and
+/// counting it by walking every record made each batch cost O(records).
+#[derive(Debug, Default)]
+struct Tables {
+    records: BTreeMap<(Kind, Vec<u8>), Vec<u8>>,
+    bytes: usize,
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
@@ -35,6 +42,7 @@ impl Store for MemoryStore {
     fn load(&mut self) -> StoreResult<Vec<Record>> {
         Ok(self
             .records()?
+            .records
             .iter()
             .map(|((kind, key), value)| Record {
                 kind: *kind,
@@ -45,23 +53,63 @@ impl Store for MemoryStore {
     }
 
     fn commit(&mut self, changes: &[Change]) -> StoreResult<()> {
-        let mut records = self.records()?;
+        let mut tables = self.records()?;
+        let Tables { records, bytes } = &mut *tables;
         for change in changes {
+            let key_bytes = change.key.len();
             let key = (change.kind, change.key.clone());
-            match &change.value {
-                Some(value) => records.insert(key, value.clone()),
+            let replaced = match &change.value {
+                Some(value) => {
+                    *bytes += key_bytes + value.len();
+                    records.insert(key, value.clone())
+                }
                 None => records.remove(&key),
             };
+            if let Some(old) = replaced {
+                *bytes -= key_bytes + old.len();
+            }
         }
         Ok(())
     }
 
     fn size_bytes(&self) -> u64 {
-        self.records().map_or(0, |records| {
-            records
-                .iter()
-                .map(|((_, key), value)| key.len() + value.len())
-                .sum::<usize>() as u64
-        })
+        self.records().map_or(0, |tables| tables.bytes as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(key: &[u8], value: Option<&[u8]>) -> Change {
+        Change {
+            kind: Kind::Meta,
+            key: key.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+        }
+    }
+
+    #[test]
+    fn size_counts_the_records_kept_through_replacements_and_deletions() {
+        let mut store = MemoryStore::new();
+        store
+            .commit(&[change(b"a", Some(b"123")), change(b"bb", Some(b"4"))])
+            .unwrap();
+        assert_eq!(store.size_bytes(), 1 + 3 + 2 + 1);
+        store
+            .commit(&[
+                change(b"a", Some(b"12345")),
+                change(b"bb", None),
+                change(b"c", None),
+            ])
+            .unwrap();
+        assert_eq!(store.size_bytes(), 1 + 5);
+        let walked: usize = store
+            .load()
+            .unwrap()
+            .iter()
+            .map(|record| record.key.len() + record.value.len())
+            .sum();
+        assert_eq!(store.size_bytes(), walked as u64);
     }
 }

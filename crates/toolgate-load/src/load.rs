@@ -25,7 +25,7 @@ use tonic::transport::Channel;
 use toolgate::pb;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
-use crate::servers::{ServerProcess, machine_busy, own_cpu_time};
+use crate::servers::{ServerProcess, StoreCounters, machine_busy, own_cpu_time};
 
 pub type PdpClient = PolicyDecisionPointClient<Channel>;
 
@@ -222,6 +222,9 @@ pub struct RoundStats {
     pub round_p99s: Vec<Duration>,
     /// The generator ran out of requests before the round's end.
     pub exhausted: bool,
+    /// What the store's group commit did during the round (toolgate's
+    /// `/metrics`, read before and after it; zero for the baseline).
+    pub store: StoreCounters,
 }
 
 impl RoundStats {
@@ -242,6 +245,7 @@ impl RoundStats {
             repeated: 0,
             round_p99s: Vec::new(),
             exhausted: false,
+            store: StoreCounters::default(),
         }
     }
 
@@ -294,6 +298,7 @@ impl RoundStats {
         self.repeated += other.repeated;
         self.round_p99s.extend_from_slice(&other.round_p99s);
         self.exhausted |= other.exhausted;
+        self.store.add(&other.store);
     }
 
     pub fn error_count(&self) -> u64 {

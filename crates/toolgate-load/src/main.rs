@@ -3,13 +3,18 @@
 //!
 //! - `toolgate-load baseline-server --listen ADDR` serves the no-op
 //!   `PolicyDecisionPoint` (fixed answers): the ceiling for any gRPC PDP.
-//! - `toolgate-load run` starts `toolgate serve` and the baseline as child
-//!   processes on `127.0.0.1:0`, drives both over real gRPC (several
-//!   HTTP/2 connections, closed and open loop, alternating rounds), and
-//!   prints markdown tables: requests/s, latency percentiles, errors by gRPC
-//!   code, RSS, and the toolgate/baseline ratios; then the scaling figures
-//!   (memory per session and per pending approval, policy size, worker
-//!   threads).
+//! - `toolgate-load run` starts `toolgate serve` twice — on the durable
+//!   store in a fresh data directory and on `--store memory` — and the
+//!   baseline, as child processes on `127.0.0.1:0`, drives all three over
+//!   real gRPC (several HTTP/2 connections, closed and open loop,
+//!   alternating rounds), and prints markdown tables: requests/s, latency
+//!   percentiles, errors by gRPC code, RSS, the store's operations per group
+//!   commit, and the durable/memory, durable/baseline and memory/baseline
+//!   ratios; then the scaling figures (commit callers, memory per session
+//!   and per pending approval, policy size, worker threads) and recovery
+//!   (bytes on disk per approval and per receipt, restart time).
+//! - `toolgate-load recovery`: the recovery figures alone (`run --scenario
+//!   recovery`).
 //!
 //! # Layout
 //! - `policies`: the generated policy files and the 20-tool manifest.
@@ -18,7 +23,8 @@
 //! - `load`: closed and open loop, and what a round measures.
 //! - `scenarios`: each scenario's requests and setup.
 //! - `run`: the throughput scenarios, alternating toolgate and baseline.
-//! - `scaling`: memory, tool count, worker threads.
+//! - `scaling`: commit callers, memory, tool count, worker threads.
+//! - `recovery`: bytes on disk and restart time of a filled durable store.
 //! - `report`: markdown tables.
 
 use std::net::SocketAddr;
@@ -31,6 +37,7 @@ use clap::{Args, Parser, Subcommand};
 mod baseline;
 mod load;
 mod policies;
+mod recovery;
 mod report;
 mod run;
 mod scaling;
@@ -61,17 +68,33 @@ enum Command {
     },
     /// Run scenarios against toolgate and the baseline and print the tables.
     Run(RunArgs),
+    /// Fill a durable toolgate with approvals and receipts, restart it on
+    /// the same data directory, and print the bytes on disk and the
+    /// recovery time (`run --scenario recovery`).
+    Recovery(RunArgs),
 }
 
 /// Options of `run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Comma-separated: all, throughput (the seven load scenarios), scaling
-    /// (memory, tools, workers), or names: decide-allow, decide-pending,
-    /// decide-1000-sessions, dispatch-replay, dispatch-commit,
-    /// assess-manifest, mixed, memory, tools, workers.
+    /// Comma-separated: all, throughput (the eight load scenarios), scaling
+    /// (callers, memory, tools, workers), or names: decide-allow,
+    /// decide-pending, decide-1000-sessions, dispatch-replay,
+    /// dispatch-commit, dispatch-commit-direct, assess-manifest, mixed,
+    /// callers, memory, tools, workers, recovery.
     #[arg(long, default_value = "all")]
     pub scenario: String,
+    /// The stores toolgate is run on, comma-separated: durable (SQLite in a
+    /// fresh data directory, the default of `toolgate serve`) and/or memory
+    /// (`--store memory`). The first one is the server the open-loop rate
+    /// is taken from and the scaling figures run on.
+    #[arg(long, default_value = "durable,memory")]
+    pub stores: String,
+    /// Where the durable servers' data directories are made (default: the
+    /// run's temporary directory). Must be on the file system a deployment
+    /// would use: a tmpfs makes every sync free.
+    #[arg(long)]
+    pub data_root: Option<PathBuf>,
     /// Measured seconds per round.
     #[arg(long, default_value_t = 4.0)]
     pub duration: f64,
@@ -85,8 +108,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
     /// Closed-loop concurrent callers.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 256)]
     pub concurrency: usize,
+    /// Closed-loop callers compared in the commit-callers figure,
+    /// comma-separated.
+    #[arg(long, default_value = "64,256,1024")]
+    pub caller_counts: String,
     /// Open-loop rate in requests/s for every scenario (default: a fraction
     /// of toolgate's closed-loop throughput in the same scenario).
     #[arg(long)]
@@ -108,6 +135,13 @@ pub struct RunArgs {
     /// Sessions and pending approvals created for the memory figures.
     #[arg(long, default_value_t = 100_000)]
     pub memory_count: usize,
+    /// Approvals, receipts and decisions each filled into the durable store
+    /// for the recovery figures.
+    #[arg(long, default_value_t = 100_000)]
+    pub recovery_count: usize,
+    /// Restarts of the filled store timed for the recovery figures.
+    #[arg(long, default_value_t = 3)]
+    pub restarts: usize,
     /// Policy sizes (tools) for the tool-count figures, comma-separated.
     #[arg(long, default_value = "10,1000,10000")]
     pub tool_counts: String,
@@ -144,6 +178,35 @@ impl RunArgs {
         Duration::from_secs_f64(self.warmup.max(0.0))
     }
 
+    /// The stores of `--stores`, in order, each once.
+    pub fn stores(&self) -> BoxResult<Vec<servers::Store>> {
+        let mut stores = Vec::new();
+        for name in self
+            .stores
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+        {
+            let store = servers::Store::from_name(name)
+                .ok_or_else(|| format!("unknown store {name:?} (durable, memory)"))?;
+            if !stores.contains(&store) {
+                stores.push(store);
+            }
+        }
+        if stores.is_empty() {
+            return Err("--stores names no store".into());
+        }
+        Ok(stores)
+    }
+
+    /// The store the scaling figures run toolgate on: the first of `--stores`.
+    pub fn scaling_store(&self) -> servers::Store {
+        self.stores()
+            .ok()
+            .and_then(|stores| stores.first().copied())
+            .unwrap_or(servers::Store::Durable)
+    }
+
     pub fn quiet_wait(&self) -> Duration {
         Duration::from_secs_f64(self.quiet_wait.max(0.0))
     }
@@ -155,6 +218,8 @@ impl RunArgs {
             self.alternations = 1;
             self.commit_pool = self.commit_pool.min(20_000);
             self.memory_count = self.memory_count.min(10_000);
+            self.recovery_count = self.recovery_count.min(10_000);
+            self.restarts = self.restarts.min(1);
         }
     }
 }
@@ -165,6 +230,11 @@ fn main() -> ExitCode {
         Command::BaselineServer { listen, workers } => baseline::run(listen, workers),
         Command::Run(mut args) => {
             args.apply_quick();
+            run::run(args)
+        }
+        Command::Recovery(mut args) => {
+            args.apply_quick();
+            args.scenario = "recovery".into();
             run::run(args)
         }
     };

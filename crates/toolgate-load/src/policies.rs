@@ -37,18 +37,21 @@ pub fn commit_resource(slot: usize) -> String {
 /// TTLs and retention far longer than a run; pending approvals and records
 /// capped at 500,000, so that in the commit scenario the ledger evicts its
 /// consumed approvals and stops growing, as a deployment's would; the
-/// receipt log (kept for its retention, by contract) does grow.
+/// receipt log (kept for its retention, by contract) does grow, so the byte
+/// budget of the state is raised past what a run commits (8 GiB).
 const LIMITS: &str = r#"[limits]
 pending_ttl_seconds = 86400
 grant_ttl_seconds = 86400
 max_pending_per_actor = 500000
 max_pending_total = 500000
+max_pending_per_host = 500000
 max_approval_records = 500000
 approval_retention_seconds = 86400
 max_sessions = 1000000
 session_idle_seconds = 86400
 receipt_capacity = 10000000
 receipt_retention_seconds = 86400
+max_state_bytes = 8589934592
 "#;
 
 fn credentials() -> String {
@@ -75,8 +78,9 @@ sha256 = "{reviewer}"
 }
 
 /// The policy of the throughput scenarios: a read tool gated on a pinned
-/// 20-tool manifest, a threshold tool, and a `set` tool over
-/// `commit_resources` resources, versioned per resource.
+/// 20-tool manifest, a threshold tool, and two `set` tools over
+/// `commit_resources` resources, versioned per resource: `set_ticket`
+/// always needs approval, `set_direct` never does.
 pub fn throughput_policy(commit_resources: usize) -> String {
     let mut text =
         String::from("# Written by toolgate-load: the policy of the throughput scenarios.\n");
@@ -112,6 +116,14 @@ mode = "execute"
 roles = ["ticketer"]
 approvers = ["bench-approver"]
 approval = "always"
+cost = 1
+effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status" }}
+input_schema = {{ type = "object", required = ["ticket", "status"], additionalProperties = false, properties = {{ ticket = {{ type = "string", pattern = "^[a-z][a-z0-9-]{{0,31}}$" }}, status = {{ type = "string", enum = ["open", "done"] }} }} }}
+
+[tools.set_direct]
+mode = "execute"
+roles = ["ticketer"]
+approval = "never"
 cost = 1
 effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status" }}
 input_schema = {{ type = "object", required = ["ticket", "status"], additionalProperties = false, properties = {{ ticket = {{ type = "string", pattern = "^[a-z][a-z0-9-]{{0,31}}$" }}, status = {{ type = "string", enum = ["open", "done"] }} }} }}
@@ -181,6 +193,68 @@ input_schema = {{ type = "object", required = ["n"], additionalProperties = fals
 "#
     ));
     text.push_str(&credentials());
+    text
+}
+
+/// The recovery policy: pending approvals, sessions and receipts capped far
+/// above what the fill makes (`count` of each), a read tool (decisions
+/// only), an always-approved tool (one pending approval per call) and an
+/// approval-free `set` tool over `resources` resources, versioned per
+/// resource (receipts).
+pub fn recovery_policy(count: usize, resources: usize) -> String {
+    let cap = (count * 4).max(1000);
+    let mut text = String::from("# Written by toolgate-load: recovery and bytes on disk.\n");
+    let _ = write!(
+        text,
+        r#"[limits]
+pending_ttl_seconds = 86400
+grant_ttl_seconds = 86400
+max_pending_per_actor = {cap}
+max_pending_total = {cap}
+max_pending_per_host = {cap}
+max_approval_records = {cap}
+approval_retention_seconds = 86400
+max_sessions = {cap}
+max_sessions_per_host = {cap}
+session_idle_seconds = 86400
+receipt_capacity = {cap}
+receipt_retention_seconds = 86400
+max_state_bytes = 8589934592
+"#
+    );
+    text.push_str(&format!(
+        r#"
+[profiles.bench]
+roles = ["reader", "ticketer"]
+
+[actors.{ACTOR}]
+profile = "bench"
+
+[tools.note]
+mode = "read"
+roles = ["reader"]
+input_schema = {{ type = "object", required = ["n"], additionalProperties = false, properties = {{ n = {{ type = "integer" }} }} }}
+
+[tools.approve_me]
+mode = "execute"
+roles = ["ticketer"]
+approvers = ["bench-approver"]
+approval = "always"
+input_schema = {{ type = "object", required = ["n"], additionalProperties = false, properties = {{ n = {{ type = "integer" }} }} }}
+
+[tools.set_direct]
+mode = "execute"
+roles = ["ticketer"]
+approval = "never"
+effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status" }}
+input_schema = {{ type = "object", required = ["ticket", "status"], additionalProperties = false, properties = {{ ticket = {{ type = "string", pattern = "^[a-z][a-z0-9-]{{0,31}}$" }}, status = {{ type = "string", enum = ["open", "done"] }} }} }}
+"#
+    ));
+    text.push_str(&credentials());
+    text.push_str("\n[state]\nversion_scope = \"resource\"\n\n[state.resources]\n");
+    for slot in 0..resources {
+        let _ = writeln!(text, "{} = \"open\"", commit_resource(slot));
+    }
     text
 }
 
@@ -257,6 +331,10 @@ impl Workdir {
         ));
         std::fs::create_dir_all(&path)?;
         Ok(Workdir { path })
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
     }
 
     /// Writes `text` to `name` inside the directory and returns its path.

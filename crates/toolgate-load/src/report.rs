@@ -59,8 +59,25 @@ pub const QUANTILES: [(f64, &str); 4] = [
 /// The header of a latency table whose first column is `first`.
 pub fn header(first: &str) -> String {
     format!(
-        "| {first} | req/s | p50 | p90 | p99 | p99.9 | max | errors | wrong answers | server CPU/req | client CPU/req |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n"
+        "| {first} | req/s | p50 | p90 | p99 | p99.9 | max | errors | wrong answers | server CPU/req | client CPU/req | ops/batch | sync mean (p99 ≤) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n"
     )
+}
+
+/// The store's group commit in a round: operations per batch, and the mean
+/// sync with the bucket bound of its 99th percentile.
+pub fn store_cells(stats: &RoundStats) -> (String, String) {
+    let store = &stats.store;
+    let operations = store
+        .operations_per_batch()
+        .map_or_else(|| "–".to_string(), |ops| format!("{ops:.1}"));
+    let sync = store.mean_sync().map_or_else(
+        || "–".to_string(),
+        |mean| match store.sync_quantile_bound(0.99) {
+            Some(bound) => format!("{} ({})", latency(mean), latency(bound)),
+            None => latency(mean),
+        },
+    );
+    (operations, sync)
 }
 
 /// One row of a latency table.
@@ -69,9 +86,10 @@ pub fn row(first: &str, stats: &RoundStats) -> String {
     for (quantile, _) in QUANTILES {
         let _ = write!(line, " {} |", latency(stats.percentile(quantile)));
     }
+    let (operations, sync) = store_cells(stats);
     let _ = writeln!(
         line,
-        " {} | {} | {} | {} | {} |",
+        " {} | {} | {} | {} | {} | {operations} | {sync} |",
         latency(stats.max()),
         errors(stats),
         stats.wrong,
@@ -81,17 +99,17 @@ pub fn row(first: &str, stats: &RoundStats) -> String {
     line
 }
 
-/// The toolgate/baseline row: throughput ratio (higher is better) and
-/// latency ratios (lower is better).
-pub fn ratio_row(toolgate: &RoundStats, baseline: &RoundStats) -> String {
+/// A ratio row (`label`, e.g. durable/memory): throughput ratio (higher is
+/// better for the first) and latency ratios (lower is better).
+pub fn ratio_row(label: &str, first: &RoundStats, second: &RoundStats) -> String {
     let mut line = format!(
-        "| **toolgate/baseline** | **{}** |",
-        ratio(toolgate.throughput(), baseline.throughput())
+        "| **{label}** | **{}** |",
+        ratio(first.throughput(), second.throughput())
     );
     for (quantile, name) in QUANTILES {
         let text = ratio(
-            toolgate.percentile(quantile).as_secs_f64(),
-            baseline.percentile(quantile).as_secs_f64(),
+            first.percentile(quantile).as_secs_f64(),
+            second.percentile(quantile).as_secs_f64(),
         );
         if name == "p99" {
             let _ = write!(line, " **{text}** |");
@@ -101,11 +119,11 @@ pub fn ratio_row(toolgate: &RoundStats, baseline: &RoundStats) -> String {
     }
     let _ = writeln!(
         line,
-        " {} | | | {} | |",
-        ratio(toolgate.max().as_secs_f64(), baseline.max().as_secs_f64()),
+        " {} | | | {} | | | |",
+        ratio(first.max().as_secs_f64(), second.max().as_secs_f64()),
         ratio(
-            toolgate.server_cpu_per_request().as_secs_f64(),
-            baseline.server_cpu_per_request().as_secs_f64()
+            first.server_cpu_per_request().as_secs_f64(),
+            second.server_cpu_per_request().as_secs_f64()
         ),
     );
     line

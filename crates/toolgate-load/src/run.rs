@@ -1,6 +1,8 @@
-//! `toolgate-load run`: the throughput scenarios, each against toolgate and
-//! the baseline in alternating rounds (closed loop, then open loop at a
-//! fraction of toolgate's closed-loop throughput), then the scaling figures.
+//! `toolgate-load run`: the throughput scenarios, each against toolgate on
+//! every store of `--stores` (durable, memory) and the baseline in
+//! alternating rounds (closed loop, then open loop at a fraction of the
+//! first toolgate's closed-loop throughput), then the scaling and recovery
+//! figures.
 
 use std::fmt::Write as _;
 use std::process::Command;
@@ -8,19 +10,22 @@ use std::time::Instant;
 
 use crate::load::{RoundStats, Target, Window, closed_loop, open_loop, wait_for_quiet};
 use crate::policies::{Workdir, manifest_json, throughput_policy};
+use crate::recovery;
 use crate::report;
 use crate::scaling;
 use crate::scenarios::{self, CommitPool, Scenario, host_token, setup_fixtures};
-use crate::servers::{Kind, Launcher, ServerProcess};
+use crate::servers::{Kind, Launcher, ServerProcess, Store};
 use crate::{BoxResult, RunArgs};
 
 /// What `--scenario` selected.
 #[derive(Debug, Default)]
 struct Selection {
     throughput: Vec<Scenario>,
+    callers: bool,
     memory: bool,
     tools: bool,
     workers: bool,
+    recovery: bool,
 }
 
 impl Selection {
@@ -34,16 +39,21 @@ impl Selection {
             match name {
                 "all" => {
                     selection.throughput = scenarios::ALL.to_vec();
+                    selection.callers = true;
                     selection.memory = true;
                     selection.tools = true;
                     selection.workers = true;
+                    selection.recovery = true;
                 }
                 "throughput" => selection.throughput = scenarios::ALL.to_vec(),
                 "scaling" => {
+                    selection.callers = true;
                     selection.memory = true;
                     selection.tools = true;
                     selection.workers = true;
                 }
+                "callers" => selection.callers = true,
+                "recovery" => selection.recovery = true,
                 "memory" => selection.memory = true,
                 "tools" => selection.tools = true,
                 "workers" => selection.workers = true,
@@ -76,6 +86,17 @@ fn command_output(program: &str, arguments: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
+/// The file system `path` is on and its device (`stat -f`, `df`): the
+/// durable figures mean nothing on a tmpfs.
+fn file_system(path: &std::path::Path) -> String {
+    let path = path.to_string_lossy();
+    let kind = command_output("stat", &["-f", "-c", "%T", &path]).unwrap_or_default();
+    let device = command_output("df", &["--output=source", &path])
+        .and_then(|text| text.lines().nth(1).map(str::to_string))
+        .unwrap_or_default();
+    format!("file system {kind} on {device}")
+}
+
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -102,13 +123,22 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
         )
         .into());
     }
+    let stores = args.stores()?;
+    let workdir = Workdir::create()?;
+    let data_root = match &args.data_root {
+        Some(root) => {
+            std::fs::create_dir_all(root)?;
+            root.clone()
+        }
+        None => workdir.path().to_path_buf(),
+    };
     let launcher = Launcher {
         toolgate_bin,
         load_bin,
         workers: args.workers,
         server_log: args.server_log.clone(),
+        data_root,
     };
-    let workdir = Workdir::create()?;
     let started = Instant::now();
 
     let mut header = String::from("# toolgate-load run\n\n");
@@ -128,10 +158,11 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
     );
     let _ = writeln!(
         header,
-        "- load: {} connections, closed loop {} callers, open loop at {} of toolgate's closed-loop req/s{}; rounds of {:.1} s (+{:.1} s warm-up), {} alternations per load model; server workers: {}; load-generator threads: {}",
+        "- load: {} connections, closed loop {} callers, open loop at {} of the {} server's closed-loop req/s{}; rounds of {:.1} s (+{:.1} s warm-up), {} alternations per load model; server workers: {}; load-generator threads: {}",
         args.connections,
         args.concurrency,
         args.open_fraction,
+        stores[0].name(),
         args.rate
             .map(|rate| format!(" (fixed: {rate} req/s)"))
             .unwrap_or_default(),
@@ -144,11 +175,28 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
         ),
         args.client_threads,
     );
+    let _ = writeln!(
+        header,
+        "- toolgate stores: {}; durable data directories under {} ({})",
+        stores
+            .iter()
+            .map(|store| match store {
+                Store::Durable => "durable (`--store sqlite --data-dir` a fresh directory)",
+                Store::Memory => "memory (`--store memory`)",
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        launcher.data_root.display(),
+        file_system(&launcher.data_root),
+    );
     header.push_str("- the load generator and the servers share the machine's CPUs\n");
     println!("{header}");
 
     if !selection.throughput.is_empty() {
-        throughput(&args, &launcher, &workdir, &selection.throughput).await?;
+        throughput(&args, &launcher, &workdir, &stores, &selection.throughput).await?;
+    }
+    if selection.callers {
+        scaling::callers(&args, &launcher, &workdir, &stores).await?;
     }
     if selection.memory {
         scaling::memory(&args, &launcher, &workdir).await?;
@@ -158,6 +206,9 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
     }
     if selection.workers {
         scaling::workers(&args, &launcher, &workdir).await?;
+    }
+    if selection.recovery {
+        recovery::recovery(&args, &launcher, &workdir).await?;
     }
     println!("_Run took {:.0} s._", started.elapsed().as_secs_f64());
     Ok(())
@@ -181,6 +232,11 @@ impl Connected {
         connections: usize,
     ) -> BoxResult<Connected> {
         let server = launcher.start(kind, label, policy, workers)?;
+        Connected::on(server, connections).await
+    }
+
+    /// Connects to a server already started.
+    pub async fn on(server: ServerProcess, connections: usize) -> BoxResult<Connected> {
         let channels = server.connect(connections).await?;
         let rss_at_start = server.rss_bytes();
         Ok(Connected {
@@ -195,9 +251,20 @@ impl Connected {
             server: &self.server,
             channels: &self.channels,
             token: host_token(),
-            check: self.server.kind == Kind::Toolgate,
+            check: self.server.kind.is_toolgate(),
         }
     }
+
+    pub fn kind(&self) -> Kind {
+        self.server.kind
+    }
+}
+
+/// A server of the throughput scenarios, with the versions of its commit
+/// resources (each toolgate has its own).
+struct UnderTest {
+    connected: Connected,
+    commits: CommitPool,
 }
 
 /// A load model.
@@ -207,43 +274,46 @@ enum Model {
     Open(f64),
 }
 
-/// The merged rounds of both servers under one load model.
-struct Pair {
-    toolgate: RoundStats,
-    baseline: RoundStats,
-}
-
 struct ScenarioResult {
     scenario: Scenario,
-    closed: Pair,
-    open: Pair,
+    /// The merged rounds of each server, in the order of the servers.
+    closed: Vec<RoundStats>,
+    open: Vec<RoundStats>,
     open_rate: f64,
 }
 
-fn merge_into(slot: &mut Option<RoundStats>, stats: &RoundStats) {
-    match slot {
-        Some(merged) => merged.merge(stats),
-        None => *slot = Some(stats.clone()),
-    }
+/// The index of the server of `kind` among `kinds`.
+fn index_of(kinds: &[Kind], kind: Kind) -> Option<usize> {
+    kinds.iter().position(|other| *other == kind)
 }
 
 async fn throughput(
     args: &RunArgs,
     launcher: &Launcher,
     workdir: &Workdir,
+    stores: &[Store],
     selected: &[Scenario],
 ) -> BoxResult<()> {
     let policy = workdir.write("bench.toml", &throughput_policy(args.commit_pool))?;
     workdir.write("bench-docs.json", &manifest_json())?;
-    let toolgate = Connected::start(
-        launcher,
-        Kind::Toolgate,
-        "toolgate",
-        Some(&policy),
-        None,
-        args.connections,
-    )
-    .await?;
+    let mut servers = Vec::new();
+    for store in stores {
+        let kind = Kind::Toolgate(*store);
+        let connected = Connected::start(
+            launcher,
+            kind,
+            kind.name(),
+            Some(&policy),
+            None,
+            args.connections,
+        )
+        .await?;
+        setup_fixtures(&connected.channels[0]).await?;
+        servers.push(UnderTest {
+            connected,
+            commits: CommitPool::new(args.commit_pool),
+        });
+    }
     let baseline = Connected::start(
         launcher,
         Kind::Baseline,
@@ -253,87 +323,90 @@ async fn throughput(
         args.connections,
     )
     .await?;
-    setup_fixtures(&toolgate.channels[0]).await?;
-    let commits = CommitPool::new(args.commit_pool);
-    println!("## Throughput and latency: toolgate vs the no-op baseline\n");
+    servers.push(UnderTest {
+        connected: baseline,
+        commits: CommitPool::new(args.commit_pool),
+    });
+    let kinds: Vec<Kind> = servers
+        .iter()
+        .map(|server| server.connected.kind())
+        .collect();
+    println!("## Throughput and latency: toolgate (durable, memory) vs the no-op baseline\n");
     println!(
-        "Policy: `bench.toml` written by toolgate-load (host and reviewer credentials, limits raised so no budget or cap is hit, {} resources, version scope `resource`); every request carries a host bearer token. Server CPU/req is the server process's user+system CPU time over the measured window divided by the answers (10 ms clock ticks); client CPU/req is the load generator's.\n",
+        "Policy: `bench.toml` written by toolgate-load (host and reviewer credentials, limits raised so no budget or cap is hit, {} resources, version scope `resource`); every request carries a host bearer token. The durable server keeps its state in SQLite in a fresh data directory (`--data-dir`), the memory server with `--store memory`; both release an answer only after its changes went through the group commit. Server CPU/req is the server process's user+system CPU time over the measured window divided by the answers (10 ms clock ticks); client CPU/req is the load generator's. Ops/batch: operations per group commit (`toolgate_store_batch_operations` sum / count over the rounds); sync: the mean time of a batch's transaction and sync (`toolgate_store_sync_seconds`), with the upper bound of the bucket holding the 99th percentile.\n",
         args.commit_pool + 1
     );
     let mut results = Vec::new();
     for &scenario in selected {
         eprintln!("== {}", scenario.name());
-        let rss_before = (toolgate.server.rss_bytes(), baseline.server.rss_bytes());
-        let closed = alternate(
-            args,
-            scenario,
-            Model::Closed,
-            &toolgate,
-            &baseline,
-            &commits,
-        )
-        .await?;
+        let rss_before: Vec<u64> = servers
+            .iter()
+            .map(|server| server.connected.server.rss_bytes())
+            .collect();
+        let closed = alternate(args, scenario, Model::Closed, &servers).await?;
         let open_rate = args
             .rate
-            .unwrap_or(closed.toolgate.throughput() * args.open_fraction);
-        let open = alternate(
-            args,
-            scenario,
-            Model::Open(open_rate),
-            &toolgate,
-            &baseline,
-            &commits,
-        )
-        .await?;
-        let rss_after = (toolgate.server.rss_bytes(), baseline.server.rss_bytes());
+            .unwrap_or(closed[0].throughput() * args.open_fraction);
+        let open = alternate(args, scenario, Model::Open(open_rate), &servers).await?;
+        let rss_after: Vec<u64> = servers
+            .iter()
+            .map(|server| server.connected.server.rss_bytes())
+            .collect();
         let result = ScenarioResult {
             scenario,
             closed,
             open,
             open_rate,
         };
-        println!("{}", scenario_table(args, &result, rss_before, rss_after));
+        println!(
+            "{}",
+            scenario_table(args, &kinds, &result, &rss_before, &rss_after)
+        );
         results.push(result);
     }
-    println!("{}", summary(&results));
+    let disk: Vec<(Kind, u64)> = servers
+        .iter()
+        .filter_map(|server| {
+            let process = &server.connected.server;
+            process
+                .data_dir
+                .as_ref()
+                .map(|_| (process.kind, process.data_dir_bytes()))
+        })
+        .collect();
+    println!("{}", summary(&kinds, &results, &disk));
+    println!("{}", targets(&kinds, &results));
     Ok(())
 }
 
+/// The rounds of one load model over every server, the order rotating each
+/// alternation (A B C, B C A, C A B) to cancel drift.
 async fn alternate(
     args: &RunArgs,
     scenario: Scenario,
     model: Model,
-    toolgate: &Connected,
-    baseline: &Connected,
-    commits: &CommitPool,
-) -> BoxResult<Pair> {
+    servers: &[UnderTest],
+) -> BoxResult<Vec<RoundStats>> {
     let window = Window {
         warmup: args.warmup(),
         duration: args.duration(),
     };
-    let mut merged_toolgate = None;
-    let mut merged_baseline = None;
+    let mut merged: Vec<Option<RoundStats>> = vec![None; servers.len()];
     for round in 0..args.alternations.max(1) {
-        let order = if round % 2 == 0 {
-            [toolgate, baseline]
-        } else {
-            [baseline, toolgate]
-        };
-        for server in order {
-            let kind = server.server.kind;
+        for offset in 0..servers.len() {
+            let index = (round + offset) % servers.len();
+            let server = &servers[index];
+            let kind = server.connected.kind();
             let model_letter = match model {
                 Model::Closed => 'c',
                 Model::Open(_) => 'o',
             };
             let mut attempt = 0;
             let stats = loop {
-                // Unique per round and attempt: a "new call id" stays new.
+                // Unique per round, server and attempt: a "new call id" stays new.
                 let tag = format!("{model_letter}{round}{}{attempt}", &kind.name()[..1]);
                 wait_for_quiet(args.max_foreign_load, args.quiet_wait()).await;
-                let stats = one_round(
-                    args, scenario, model, &tag, server, toolgate, commits, window,
-                )
-                .await?;
+                let stats = one_round(args, scenario, model, &tag, server, window).await?;
                 let foreign = stats.foreign_load();
                 if foreign <= args.max_foreign_load || attempt >= MAX_REPEATS {
                     break RoundStats {
@@ -348,41 +421,47 @@ async fn alternate(
                 );
             };
             eprintln!(
-                "   {model_letter} round {round} {:<8} {:>9} req/s  p50 {:>9}  p99 {:>9}  errors {}  wrong {}",
+                "   {model_letter} round {round} {:<8} {:>9} req/s  p50 {:>9}  p99 {:>9}  ops/batch {:>6}  errors {}  wrong {}",
                 kind.name(),
                 report::rate(stats.throughput()),
                 report::latency(stats.percentile(0.5)),
                 report::latency(stats.percentile(0.99)),
+                stats
+                    .store
+                    .operations_per_batch()
+                    .map_or_else(|| "–".to_string(), |ops| format!("{ops:.1}")),
                 stats.error_count(),
                 stats.wrong,
             );
-            match kind {
-                Kind::Toolgate => merge_into(&mut merged_toolgate, &stats),
-                Kind::Baseline => merge_into(&mut merged_baseline, &stats),
-            }
+            merge_into(&mut merged[index], &stats);
         }
     }
-    match (merged_toolgate, merged_baseline) {
-        (Some(toolgate), Some(baseline)) => Ok(Pair { toolgate, baseline }),
-        _ => Err("no rounds ran".into()),
+    merged
+        .into_iter()
+        .map(|stats| stats.ok_or_else(|| "no rounds ran".into()))
+        .collect()
+}
+
+fn merge_into(slot: &mut Option<RoundStats>, stats: &RoundStats) {
+    match slot {
+        Some(merged) => merged.merge(stats),
+        None => *slot = Some(stats.clone()),
     }
 }
 
 /// How often a disturbed round is run again before it is kept anyway.
 const MAX_REPEATS: u32 = 3;
 
-#[allow(clippy::too_many_arguments)]
 async fn one_round(
     args: &RunArgs,
     scenario: Scenario,
     model: Model,
     tag: &str,
-    server: &Connected,
-    toolgate: &Connected,
-    commits: &CommitPool,
+    server: &UnderTest,
     window: Window,
 ) -> BoxResult<RoundStats> {
-    let kind = server.server.kind;
+    let connected = &server.connected;
+    let kind = connected.kind();
     let mut window = window;
     let prepared = if scenario == Scenario::DispatchCommit {
         let size = match model {
@@ -398,13 +477,17 @@ async fn one_round(
                 ((window.warmup + window.duration).as_secs_f64() * rate * 1.1) as usize + 1000
             }
         };
-        let grant_on = (kind == Kind::Toolgate).then_some(&toolgate.channels[..]);
+        let grant_on = kind.is_toolgate().then_some(&connected.channels[..]);
         let preparing = Instant::now();
-        let prepared = commits.prepare(tag, size, grant_on, 32).await?;
+        let prepared = server
+            .commits
+            .prepare(tag, size, grant_on, args.concurrency)
+            .await?;
         if grant_on.is_some() {
             eprintln!(
-                "   prepared {} granted proposals in {:.1} s",
+                "   prepared {} granted proposals on {} in {:.1} s",
                 prepared.len(),
+                kind.name(),
                 preparing.elapsed().as_secs_f64()
             );
         }
@@ -412,20 +495,42 @@ async fn one_round(
     } else {
         None
     };
-    let generator =
-        scenarios::generator(scenario, tag, prepared.map(|prepared| (commits, prepared)));
-    let target = server.target();
-    Ok(match model {
+    let generator = scenarios::generator(scenario, tag, &server.commits, prepared);
+    let target = connected.target();
+    let counters_before = connected.server.store_counters();
+    let mut stats = match model {
         Model::Closed => closed_loop(&target, generator, args.concurrency, window).await,
         Model::Open(rate) => open_loop(&target, generator, rate, window).await,
-    })
+    };
+    stats.store = connected.server.store_counters().since(&counters_before);
+    Ok(stats)
+}
+
+/// The label of the ratio of server `a` to server `b`.
+fn ratio_label(kinds: &[Kind], a: usize, b: usize) -> String {
+    format!("{}/{}", kinds[a].name(), kinds[b].name())
+}
+
+/// The ratio rows of a table: every toolgate store against every later
+/// server (durable/memory, durable/baseline, memory/baseline).
+fn ratio_pairs(kinds: &[Kind]) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::new();
+    for a in 0..kinds.len() {
+        for b in a + 1..kinds.len() {
+            if kinds[a].is_toolgate() {
+                pairs.push((a, b));
+            }
+        }
+    }
+    pairs
 }
 
 fn scenario_table(
     args: &RunArgs,
+    kinds: &[Kind],
     result: &ScenarioResult,
-    rss_before: (u64, u64),
-    rss_after: (u64, u64),
+    rss_before: &[u64],
+    rss_after: &[u64],
 ) -> String {
     let mut text = format!(
         "### {}\n\n{}.\n\n",
@@ -434,44 +539,34 @@ fn scenario_table(
     );
     text.push_str(&report::header("load / server"));
     let closed_label = format!("closed, {} callers", args.concurrency);
-    text.push_str(&report::row(
-        &format!("{closed_label}: toolgate"),
-        &result.closed.toolgate,
-    ));
-    text.push_str(&report::row(
-        &format!("{closed_label}: baseline"),
-        &result.closed.baseline,
-    ));
-    text.push_str(&report::ratio_row(
-        &result.closed.toolgate,
-        &result.closed.baseline,
-    ));
     let open_label = format!("open, {} req/s", report::rate(result.open_rate));
-    text.push_str(&report::row(
-        &format!("{open_label}: toolgate"),
-        &result.open.toolgate,
-    ));
-    text.push_str(&report::row(
-        &format!("{open_label}: baseline"),
-        &result.open.baseline,
-    ));
-    text.push_str(&report::ratio_row(
-        &result.open.toolgate,
-        &result.open.baseline,
-    ));
+    for (label, stats) in [(&closed_label, &result.closed), (&open_label, &result.open)] {
+        for (kind, stats) in kinds.iter().zip(stats) {
+            text.push_str(&report::row(&format!("{label}: {}", kind.name()), stats));
+        }
+        for (a, b) in ratio_pairs(kinds) {
+            text.push_str(&report::ratio_row(
+                &ratio_label(kinds, a, b),
+                &stats[a],
+                &stats[b],
+            ));
+        }
+    }
     text.push('\n');
-    let lag = |stats: &RoundStats| {
-        stats.send_lag.as_ref().map_or_else(String::new, |lag| {
-            report::latency(std::time::Duration::from_nanos(lag.value_at_quantile(0.99)))
-        })
+    let list = |value: &dyn Fn(usize) -> String| {
+        (0..kinds.len())
+            .map(|index| format!("{} {}", kinds[index].name(), value(index)))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     let _ = writeln!(
         text,
-        "- RSS: toolgate {} → {}, baseline {} → {}",
-        report::mib(rss_before.0),
-        report::mib(rss_after.0),
-        report::mib(rss_before.1),
-        report::mib(rss_after.1),
+        "- RSS: {}",
+        list(&|index| format!(
+            "{} → {}",
+            report::mib(rss_before[index]),
+            report::mib(rss_after[index])
+        ))
     );
     let rounds_p99 = |stats: &RoundStats| {
         stats
@@ -483,22 +578,25 @@ fn scenario_table(
     };
     let _ = writeln!(
         text,
-        "- p99 of each open-loop round: toolgate {}; baseline {}",
-        rounds_p99(&result.open.toolgate),
-        rounds_p99(&result.open.baseline),
+        "- p99 of each closed-loop round: {}",
+        list(&|index| rounds_p99(&result.closed[index]))
     );
     let _ = writeln!(
         text,
-        "- open loop send lag p99 (scheduled → sent, included in the latencies): toolgate {}, baseline {}",
-        lag(&result.open.toolgate),
-        lag(&result.open.baseline),
+        "- p99 of each open-loop round: {}",
+        list(&|index| rounds_p99(&result.open[index]))
     );
-    let all = [
-        &result.closed.toolgate,
-        &result.closed.baseline,
-        &result.open.toolgate,
-        &result.open.baseline,
-    ];
+    let lag = |stats: &RoundStats| {
+        stats.send_lag.as_ref().map_or_else(String::new, |lag| {
+            report::latency(std::time::Duration::from_nanos(lag.value_at_quantile(0.99)))
+        })
+    };
+    let _ = writeln!(
+        text,
+        "- open loop send lag p99 (scheduled → sent, included in the latencies): {}",
+        list(&|index| lag(&result.open[index]))
+    );
+    let all: Vec<&RoundStats> = result.closed.iter().chain(&result.open).collect();
     let rounds: u32 = all.iter().map(|stats| stats.rounds).sum();
     let repeated: u32 = all.iter().map(|stats| stats.repeated).sum();
     let foreign = all
@@ -510,110 +608,208 @@ fn scenario_table(
         "- other processes used up to {foreign:.2} cores during the rounds kept; {repeated} of {rounds} rounds were run again because they used more than {:.2}",
         args.max_foreign_load
     );
-    for (label, stats) in [
-        ("closed toolgate", &result.closed.toolgate),
-        ("closed baseline", &result.closed.baseline),
-        ("open toolgate", &result.open.toolgate),
-        ("open baseline", &result.open.baseline),
-    ] {
-        text.push_str(&report::notes(label, stats));
+    for (model, stats) in [("closed", &result.closed), ("open", &result.open)] {
+        for (kind, stats) in kinds.iter().zip(stats) {
+            text.push_str(&report::notes(&format!("{model} {}", kind.name()), stats));
+        }
     }
     text
 }
 
-fn summary(results: &[ScenarioResult]) -> String {
-    let mut text = String::from(
-        "### Summary: toolgate / baseline\n\n| scenario | closed req/s toolgate | closed req/s baseline | **throughput ratio** | closed p99 ratio | open rate | open p99 toolgate | open p99 baseline | **open p99 ratio** | open p99 ratio, median of rounds | server CPU/req toolgate | server CPU/req baseline | **server CPU ratio** | errors + wrong (toolgate) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+fn summary(kinds: &[Kind], results: &[ScenarioResult], disk: &[(Kind, u64)]) -> String {
+    let names: Vec<&str> = kinds.iter().map(|kind| kind.name()).collect();
+    let pairs = ratio_pairs(kinds);
+    let mut header = String::from("| scenario |");
+    let mut align = String::from("| --- |");
+    for name in &names {
+        let _ = write!(header, " closed req/s {name} |");
+        align.push_str(" ---: |");
+    }
+    for (a, b) in &pairs {
+        let _ = write!(header, " **{}** |", ratio_label(kinds, *a, *b));
+        align.push_str(" ---: |");
+    }
+    header.push_str(" open rate |");
+    align.push_str(" ---: |");
+    for name in &names {
+        let _ = write!(header, " open p99 {name} |");
+        align.push_str(" ---: |");
+    }
+    for name in &names {
+        let _ = write!(header, " server CPU/req {name} |");
+        align.push_str(" ---: |");
+    }
+    for (index, name) in names.iter().enumerate() {
+        if kinds[index].is_toolgate() {
+            let _ = write!(header, " ops/batch {name} (closed) |");
+            align.push_str(" ---: |");
+        }
+    }
+    header.push_str(" errors + wrong (toolgate) |\n");
+    align.push_str(" ---: |\n");
+    let mut text = format!(
+        "### Summary: toolgate on each store / baseline\n\nThroughput ratios of the closed loop (higher is better for the first named).\n\n{header}{align}"
     );
     for result in results {
-        let closed = &result.closed;
-        let open = &result.open;
-        let faults = closed.toolgate.error_count()
-            + closed.toolgate.wrong
-            + open.toolgate.error_count()
-            + open.toolgate.wrong;
+        let _ = write!(text, "| {} |", result.scenario.name());
+        for stats in &result.closed {
+            let _ = write!(text, " {} |", report::rate(stats.throughput()));
+        }
+        for (a, b) in &pairs {
+            let _ = write!(
+                text,
+                " **{}** |",
+                report::ratio(
+                    result.closed[*a].throughput(),
+                    result.closed[*b].throughput()
+                )
+            );
+        }
+        let _ = write!(text, " {} |", report::rate(result.open_rate));
+        for stats in &result.open {
+            let _ = write!(text, " {} |", report::latency(stats.percentile(0.99)));
+        }
+        for stats in &result.closed {
+            let _ = write!(
+                text,
+                " {} |",
+                report::latency(stats.server_cpu_per_request())
+            );
+        }
+        for (index, stats) in result.closed.iter().enumerate() {
+            if kinds[index].is_toolgate() {
+                let _ = write!(
+                    text,
+                    " {} |",
+                    stats
+                        .store
+                        .operations_per_batch()
+                        .map_or_else(|| "–".to_string(), |ops| format!("{ops:.1}"))
+                );
+            }
+        }
+        let faults: u64 = kinds
+            .iter()
+            .zip(result.closed.iter().zip(&result.open))
+            .filter(|(kind, _)| kind.is_toolgate())
+            .map(|(_, (closed, open))| {
+                closed.error_count() + closed.wrong + open.error_count() + open.wrong
+            })
+            .sum();
+        let _ = writeln!(text, " {faults} |");
+    }
+    for (kind, bytes) in disk {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | **{}** | {} | {} | {} | {} | **{}** | {} | {} | {} | **{}** | {} |",
-            result.scenario.name(),
-            report::rate(closed.toolgate.throughput()),
-            report::rate(closed.baseline.throughput()),
-            report::ratio(closed.toolgate.throughput(), closed.baseline.throughput()),
-            report::ratio(
-                closed.toolgate.percentile(0.99).as_secs_f64(),
-                closed.baseline.percentile(0.99).as_secs_f64()
-            ),
-            report::rate(result.open_rate),
-            report::latency(open.toolgate.percentile(0.99)),
-            report::latency(open.baseline.percentile(0.99)),
-            report::ratio(
-                open.toolgate.percentile(0.99).as_secs_f64(),
-                open.baseline.percentile(0.99).as_secs_f64()
-            ),
-            report::ratio(
-                open.toolgate.median_round_p99().as_secs_f64(),
-                open.baseline.median_round_p99().as_secs_f64()
-            ),
-            report::latency(closed.toolgate.server_cpu_per_request()),
-            report::latency(closed.baseline.server_cpu_per_request()),
-            report::ratio(
-                closed.toolgate.server_cpu_per_request().as_secs_f64(),
-                closed.baseline.server_cpu_per_request().as_secs_f64()
-            ),
-            faults,
+            "\n- the {} server's data directory after every scenario: {}",
+            kind.name(),
+            report::mib(*bytes)
         );
     }
-    text.push('\n');
-    for result in results {
-        let throughput_ratio =
-            result.closed.toolgate.throughput() / result.closed.baseline.throughput().max(1e-9);
-        let p99_ratio = result.open.toolgate.percentile(0.99).as_secs_f64()
-            / result
-                .open
-                .baseline
-                .percentile(0.99)
-                .as_secs_f64()
-                .max(1e-12);
-        let measured = result.closed.baseline.throughput() > 0.0
-            && result.open.baseline.percentile(0.99) > std::time::Duration::ZERO;
-        let verdict = |met: bool| match (measured, met) {
-            (false, _) => "no data",
-            (true, true) => "met",
-            (true, false) => "MISSED",
-        };
-        match result.scenario {
-            Scenario::DecideAllow => {
+    text
+}
+
+/// The targets of issue 15 (durable against memory) and the earlier ones
+/// (toolgate against the baseline), each with its measured value.
+fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
+    let durable = index_of(kinds, Kind::Toolgate(Store::Durable));
+    let memory = index_of(kinds, Kind::Toolgate(Store::Memory));
+    let baseline = index_of(kinds, Kind::Baseline);
+    let verdict = |met: bool| if met { "met" } else { "NOT MET" };
+    let find = |scenario: Scenario| results.iter().find(|result| result.scenario == scenario);
+    let mut text = String::from("### Targets\n\n");
+    if let Some(durable) = durable {
+        for scenario in [Scenario::DispatchCommit, Scenario::DispatchDirect] {
+            let Some(result) = find(scenario) else {
+                continue;
+            };
+            let rate = result.closed[durable].throughput();
+            let _ = writeln!(
+                text,
+                "- {}: durable commits ≥ 20,000/s: {} /s — {}",
+                scenario.name(),
+                report::rate(rate),
+                verdict(rate >= 20_000.0)
+            );
+            if let Some(memory) = memory {
+                let ratio = rate / result.closed[memory].throughput().max(1e-9);
                 let _ = writeln!(
                     text,
-                    "- target decide-allow throughput ≥ 0.90× baseline: {:.2}× — {}",
-                    throughput_ratio,
-                    verdict(throughput_ratio >= 0.90)
-                );
-                let median_ratio = result.open.toolgate.median_round_p99().as_secs_f64()
-                    / result
-                        .open
-                        .baseline
-                        .median_round_p99()
-                        .as_secs_f64()
-                        .max(1e-12);
-                let _ = writeln!(
-                    text,
-                    "- target decide-allow p99 at half of saturation ≤ 1.5× baseline: {:.2}× over all rounds — {}; {:.2}× as the median of the rounds' p99s — {}",
-                    p99_ratio,
-                    verdict(p99_ratio <= 1.5),
-                    median_ratio,
-                    verdict(median_ratio <= 1.5)
+                    "- {}: durable ≥ 0.5× memory: {ratio:.2}× ({} vs {} /s) — {}",
+                    scenario.name(),
+                    report::rate(rate),
+                    report::rate(result.closed[memory].throughput()),
+                    verdict(ratio >= 0.5)
                 );
             }
-            Scenario::DispatchCommit => {
-                let _ = writeln!(
-                    text,
-                    "- target dispatch-commit throughput ≥ 0.80× baseline: {:.2}× — {}",
-                    throughput_ratio,
-                    verdict(throughput_ratio >= 0.80)
-                );
+        }
+        if let (Some(memory), Some(result)) = (memory, find(Scenario::DecideAllow)) {
+            let ratio =
+                result.closed[durable].throughput() / result.closed[memory].throughput().max(1e-9);
+            let _ = writeln!(
+                text,
+                "- decide-allow: durable ≥ 0.8× memory: {ratio:.2}× — {}",
+                verdict(ratio >= 0.8)
+            );
+        }
+        if let (Some(memory), Some(result)) = (memory, find(Scenario::DecideSessions)) {
+            let ratio =
+                result.closed[durable].throughput() / result.closed[memory].throughput().max(1e-9);
+            let _ = writeln!(
+                text,
+                "- decide-1000-sessions (Decide ALLOW of a new call id: a write): durable / memory {ratio:.2}× (against the 0.8× of Decide ALLOW — {})",
+                verdict(ratio >= 0.8)
+            );
+        }
+        for result in results {
+            let p99 = result.open[durable].percentile(0.99);
+            let median = result.open[durable].median_round_p99();
+            let _ = writeln!(
+                text,
+                "- {}: durable p99 at half load ({} req/s) ≤ 5 ms: {} over all rounds — {}; {} as the median of the rounds' p99s — {}",
+                result.scenario.name(),
+                report::rate(result.open_rate),
+                report::latency(p99),
+                verdict(p99.as_secs_f64() <= 0.005),
+                report::latency(median),
+                verdict(median.as_secs_f64() <= 0.005),
+            );
+        }
+    }
+    if let (Some(first), Some(baseline)) =
+        (kinds.iter().position(|kind| kind.is_toolgate()), baseline)
+    {
+        let name = kinds[first].name();
+        for result in results {
+            let ratio =
+                result.closed[first].throughput() / result.closed[baseline].throughput().max(1e-9);
+            let p99_ratio = result.open[first].percentile(0.99).as_secs_f64()
+                / result.open[baseline]
+                    .percentile(0.99)
+                    .as_secs_f64()
+                    .max(1e-12);
+            match result.scenario {
+                Scenario::DecideAllow => {
+                    let _ = writeln!(
+                        text,
+                        "- decide-allow throughput ≥ 0.90× baseline ({name}): {ratio:.2}× — {}",
+                        verdict(ratio >= 0.90)
+                    );
+                    let _ = writeln!(
+                        text,
+                        "- decide-allow p99 at half of saturation ≤ 1.5× baseline ({name}): {p99_ratio:.2}× — {}",
+                        verdict(p99_ratio <= 1.5)
+                    );
+                }
+                Scenario::DispatchCommit => {
+                    let _ = writeln!(
+                        text,
+                        "- dispatch-commit throughput ≥ 0.80× baseline ({name}): {ratio:.2}× — {}",
+                        verdict(ratio >= 0.80)
+                    );
+                }
+                _ => {}
             }
-            _ => {}
         }
     }
     text

@@ -1,6 +1,9 @@
-//! Scaling figures: memory per session and per pending approval, Decide
+//! Scaling figures: durable and memory commits against the number of
+//! concurrent callers, memory per session and per pending approval, Decide
 //! latency against the size of the policy, throughput against the number
-//! of server worker threads.
+//! of server worker threads. toolgate runs on the first store of
+//! `--stores` (the durable one by default) but in the callers figure, which
+//! runs on each.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -14,8 +17,8 @@ use crate::policies::{
 };
 use crate::report;
 use crate::run::Connected;
-use crate::scenarios::{self, Scenario, session, setup_fixtures};
-use crate::servers::Kind;
+use crate::scenarios::{self, CommitPool, Scenario, session, setup_fixtures};
+use crate::servers::{Kind, Store};
 use crate::{BoxResult, RunArgs};
 
 /// Long enough for any finite request count to finish.
@@ -104,7 +107,7 @@ pub async fn memory(
     for case in &MEMORY_CASES {
         let server = Connected::start(
             launcher,
-            Kind::Toolgate,
+            Kind::Toolgate(args.scaling_store()),
             case.name,
             Some(&policy),
             None,
@@ -227,7 +230,7 @@ pub async fn tools(
         let policy = workdir.write(&format!("tools-{count}.toml"), &tools_policy(count.max(1)))?;
         let server = Connected::start(
             launcher,
-            Kind::Toolgate,
+            Kind::Toolgate(args.scaling_store()),
             &format!("{count} tools"),
             Some(&policy),
             None,
@@ -327,7 +330,7 @@ pub async fn workers(
     for &count in &counts {
         let toolgate = Connected::start(
             launcher,
-            Kind::Toolgate,
+            Kind::Toolgate(args.scaling_store()),
             &format!("toolgate w{count}"),
             Some(&policy),
             Some(count.max(1)),
@@ -354,7 +357,8 @@ pub async fn workers(
     for round in 0..args.alternations.max(1) {
         for (index, (count, toolgate, baseline)) in pairs.iter().enumerate() {
             for (side, server) in [(0, toolgate), (1, baseline)] {
-                let generator = scenarios::generator(Scenario::DecideAllow, "w", None);
+                let generator =
+                    scenarios::generator(Scenario::DecideAllow, "w", &CommitPool::new(0), None);
                 wait_for_quiet(args.max_foreign_load, args.quiet_wait()).await;
                 let stats =
                     closed_loop(&server.target(), generator, args.concurrency, window).await;
@@ -399,6 +403,97 @@ pub async fn workers(
             "\n- toolgate throughput, {last_count} workers / {first_count}: {}",
             report::ratio(last, first)
         );
+    }
+    println!("{text}");
+    Ok(())
+}
+
+/// Approval-free commits (the dispatch-commit-direct scenario), closed loop,
+/// against the number of concurrent callers, on a fresh toolgate per store:
+/// group commit batches what arrives during one sync, so its throughput
+/// needs callers in flight.
+pub async fn callers(
+    args: &RunArgs,
+    launcher: &crate::servers::Launcher,
+    workdir: &Workdir,
+    stores: &[Store],
+) -> BoxResult<()> {
+    eprintln!("== callers");
+    let counts = parse_list(&args.caller_counts)?;
+    let policy = workdir.write("callers.toml", &throughput_policy(args.commit_pool))?;
+    workdir.write("bench-docs.json", &manifest_json())?;
+    let mut servers = Vec::new();
+    for store in stores {
+        let kind = Kind::Toolgate(*store);
+        let server = Connected::start(
+            launcher,
+            kind,
+            &format!("callers {}", kind.name()),
+            Some(&policy),
+            None,
+            args.connections,
+        )
+        .await?;
+        setup_fixtures(&server.channels[0]).await?;
+        servers.push((server, CommitPool::new(args.commit_pool)));
+    }
+    let window = Window {
+        warmup: args.warmup(),
+        duration: args.duration(),
+    };
+    let mut merged: Vec<Vec<Option<RoundStats>>> = vec![vec![None; servers.len()]; counts.len()];
+    for round in 0..args.alternations.max(1) {
+        for (count_index, &callers) in counts.iter().enumerate() {
+            for offset in 0..servers.len() {
+                let index = (round + offset) % servers.len();
+                let (server, pool) = &servers[index];
+                let tag = format!("k{round}{callers}{}", &server.kind().name()[..1]);
+                let generator = scenarios::generator(Scenario::DispatchDirect, &tag, pool, None);
+                wait_for_quiet(args.max_foreign_load, args.quiet_wait()).await;
+                let before = server.server.store_counters();
+                let mut stats =
+                    closed_loop(&server.target(), generator, callers.max(1), window).await;
+                stats.store = server.server.store_counters().since(&before);
+                eprintln!(
+                    "   round {round} {:<8} {callers:>5} callers {:>9} commits/s  p99 {:>9}  ops/batch {}",
+                    server.kind().name(),
+                    report::rate(stats.throughput()),
+                    report::latency(stats.percentile(0.99)),
+                    report::store_cells(&stats).0,
+                );
+                match &mut merged[count_index][index] {
+                    Some(total) => total.merge(&stats),
+                    None => merged[count_index][index] = Some(stats),
+                }
+            }
+        }
+    }
+    let mut text = String::from(
+        "## Commits against concurrent callers\n\nApproval-free Dispatch commits (the dispatch-commit-direct scenario), closed loop; a fresh toolgate per store, the rounds alternating over the stores. An answer is released when its group commit is durable, so throughput is at most callers / (time a call waits for its batch): group commit needs callers in flight.\n\n| callers | store | commits/s | p50 | p99 | ops/batch | sync mean (p99 ≤) | batches/s (warm-up included) | server CPU/commit | errors + wrong |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for (count_index, &callers) in counts.iter().enumerate() {
+        for (index, (server, _)) in servers.iter().enumerate() {
+            let Some(stats) = &merged[count_index][index] else {
+                continue;
+            };
+            let (operations, sync) = report::store_cells(stats);
+            let _ = writeln!(
+                text,
+                "| {callers} | {} | {} | {} | {} | {operations} | {sync} | {} | {} | {} |",
+                server.kind().name(),
+                report::rate(stats.throughput()),
+                report::latency(stats.percentile(0.5)),
+                report::latency(stats.percentile(0.99)),
+                report::rate(
+                    stats.store.batches
+                        / (stats.elapsed + window.warmup * stats.rounds)
+                            .as_secs_f64()
+                            .max(1e-9)
+                ),
+                report::latency(stats.server_cpu_per_request()),
+                stats.error_count() + stats.wrong,
+            );
+        }
     }
     println!("{text}");
     Ok(())

@@ -26,16 +26,18 @@ pub enum Scenario {
     DecideSessions,
     DispatchReplay,
     DispatchCommit,
+    DispatchDirect,
     AssessManifest,
     Mixed,
 }
 
-pub const ALL: [Scenario; 7] = [
+pub const ALL: [Scenario; 8] = [
     Scenario::DecideAllow,
     Scenario::DecidePending,
     Scenario::DecideSessions,
     Scenario::DispatchReplay,
     Scenario::DispatchCommit,
+    Scenario::DispatchDirect,
     Scenario::AssessManifest,
     Scenario::Mixed,
 ];
@@ -51,6 +53,7 @@ impl Scenario {
             Scenario::DecideSessions => "decide-1000-sessions",
             Scenario::DispatchReplay => "dispatch-replay",
             Scenario::DispatchCommit => "dispatch-commit",
+            Scenario::DispatchDirect => "dispatch-commit-direct",
             Scenario::AssessManifest => "assess-manifest",
             Scenario::Mixed => "mixed",
         }
@@ -72,6 +75,9 @@ impl Scenario {
             }
             Scenario::DispatchCommit => {
                 "Dispatch of fresh proposals, each decided and granted at setup (not timed), one resource per proposal, version scope `resource` → OK, committed"
+            }
+            Scenario::DispatchDirect => {
+                "Dispatch of a tool that needs no approval (`set_direct`), a new call id each time (charged to its session as a Decide would be), request i on resource i mod the resource count at its current version, version scope `resource` → OK, committed"
             }
             Scenario::AssessManifest => {
                 "AssessManifest of a 20-tool manifest (~10 KB) equal to the pinned one → accepted, MATCHED"
@@ -292,15 +298,7 @@ impl CommitPool {
                 format!("{tag}-{slot}"),
                 "set_ticket",
                 version,
-                format!(
-                    r#"{{"ticket":"{}","status":"{}"}}"#,
-                    commit_resource(slot),
-                    if version.is_multiple_of(2) {
-                        "done"
-                    } else {
-                        "open"
-                    }
-                ),
+                set_arguments(slot, version),
             )),
         }
     }
@@ -347,17 +345,20 @@ impl CommitPool {
         Ok(requests)
     }
 
-    fn versions(&self) -> Arc<Vec<AtomicU64>> {
+    pub fn versions(&self) -> Arc<Vec<AtomicU64>> {
         Arc::clone(&self.versions)
     }
 }
 
 /// The requests of one round. `tag` makes call ids unique per round, so a
 /// "new call id" stays new across rounds.
+/// `pool` holds the server's commit resources and their versions;
+/// `prepared`, the pre-granted proposals of a dispatch-commit round.
 pub fn generator(
     scenario: Scenario,
     tag: &str,
-    commits: Option<(&CommitPool, PreparedCommits)>,
+    pool: &CommitPool,
+    prepared: Option<PreparedCommits>,
 ) -> Generator {
     let tag = tag.to_string();
     match scenario {
@@ -375,7 +376,7 @@ pub fn generator(
             Arc::new(move |_| Some(Call::Dispatch(request.clone(), Expect::Replayed)))
         }
         Scenario::DispatchCommit => {
-            let Some((pool, prepared)) = commits else {
+            let Some(prepared) = prepared else {
                 return Arc::new(|_| None);
             };
             let versions = pool.versions();
@@ -386,6 +387,20 @@ pub fn generator(
                     Expect::Committed {
                         versions: Arc::clone(&versions),
                         slot: *slot,
+                    },
+                ))
+            })
+        }
+        Scenario::DispatchDirect => {
+            let versions = pool.versions();
+            Arc::new(move |index| {
+                let slot = usize::try_from(index).ok()? % versions.len().max(1);
+                let version = versions.get(slot)?.load(Ordering::Relaxed);
+                Some(Call::Dispatch(
+                    direct_request(&tag, index, slot, version),
+                    Expect::Committed {
+                        versions: Arc::clone(&versions),
+                        slot,
                     },
                 ))
             })
@@ -420,4 +435,32 @@ fn sessions_call(tag: &str, index: u64) -> Call {
         ),
         ALLOWED,
     )
+}
+
+/// The arguments of a `set` on commit resource `slot` at `version`: the
+/// other status than the one it holds, so every commit changes the value.
+fn set_arguments(slot: usize, version: u64) -> String {
+    format!(
+        r#"{{"ticket":"{}","status":"{}"}}"#,
+        commit_resource(slot),
+        if version.is_multiple_of(2) {
+            "done"
+        } else {
+            "open"
+        }
+    )
+}
+
+/// Request `index` of an approval-free commit round: a new call id, 10,000
+/// per session, on resource `slot` at `version`.
+pub fn direct_request(tag: &str, index: u64, slot: usize, version: u64) -> pb::DispatchRequest {
+    pb::DispatchRequest {
+        session: Some(session(format!("direct-{tag}-{}", index / 10_000))),
+        proposal: Some(proposal(
+            format!("{tag}-d{index}"),
+            "set_direct",
+            version,
+            set_arguments(slot, version),
+        )),
+    }
 }

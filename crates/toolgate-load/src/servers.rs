@@ -1,29 +1,65 @@
-//! Server processes under test: `toolgate serve` and the no-op baseline,
+//! Server processes under test: `toolgate serve` (on a durable store in a
+//! fresh data directory, or on `--store memory`) and the no-op baseline,
 //! each a child process on `127.0.0.1:0` whose port is read from its first
-//! stdout line; their resident memory and CPU time from `/proc`.
+//! stdout line; their resident memory and CPU time from `/proc`, the store's
+//! group-commit counters from toolgate's `/metrics`, the "state recovered"
+//! line from its log.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 
 use crate::BoxResult;
 
+/// Where toolgate keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// The default: SQLite in a data directory of its own (`--data-dir`),
+    /// every answer released after its batch is synced.
+    Durable,
+    /// `--store memory`: the same group commit into a map in the process.
+    Memory,
+}
+
+impl Store {
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::Durable => "durable",
+            Store::Memory => "memory",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Store> {
+        match name {
+            "durable" | "sqlite" => Some(Store::Durable),
+            "memory" => Some(Store::Memory),
+            _ => None,
+        }
+    }
+}
+
 /// Which implementation a process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    Toolgate,
+    Toolgate(Store),
     Baseline,
 }
 
 impl Kind {
+    /// "durable", "memory" or "baseline": the label of its rows.
     pub fn name(self) -> &'static str {
         match self {
-            Kind::Toolgate => "toolgate",
+            Kind::Toolgate(store) => store.name(),
             Kind::Baseline => "baseline",
         }
+    }
+
+    pub fn is_toolgate(self) -> bool {
+        matches!(self, Kind::Toolgate(_))
     }
 }
 
@@ -37,6 +73,45 @@ pub struct Launcher {
     pub workers: Option<usize>,
     /// Where the servers' stderr (toolgate's log and audit events) goes.
     pub server_log: Option<PathBuf>,
+    /// Where fresh data directories of durable servers are made.
+    pub data_root: PathBuf,
+}
+
+/// What the "state recovered" line of toolgate's log says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Recovered {
+    pub approvals: u64,
+    pub receipts: u64,
+    pub sessions: u64,
+    pub millis: u64,
+}
+
+/// One server to start.
+#[derive(Debug, Clone)]
+pub struct Start<'a> {
+    pub kind: Kind,
+    pub label: &'a str,
+    pub policy: Option<&'a Path>,
+    pub workers: Option<usize>,
+    /// A durable server's data directory; a fresh one under the launcher's
+    /// data root when `None`.
+    pub data_dir: Option<PathBuf>,
+    /// Log as JSON to a pipe this process reads, for the "state recovered"
+    /// line (else the log goes to `--server-log` or nowhere).
+    pub watch_log: bool,
+}
+
+impl<'a> Start<'a> {
+    pub fn new(kind: Kind, label: &'a str) -> Self {
+        Start {
+            kind,
+            label,
+            policy: None,
+            workers: None,
+            data_dir: None,
+            watch_log: false,
+        }
+    }
 }
 
 /// A running server; killed when dropped.
@@ -44,10 +119,18 @@ pub struct Launcher {
 pub struct ServerProcess {
     pub kind: Kind,
     pub address: String,
+    /// Process start to `toolgate listening on` (policy, store opening and
+    /// recovery included).
     pub startup: Duration,
+    /// toolgate's `/metrics` listener.
+    pub metrics_address: Option<String>,
+    /// A durable server's data directory.
+    pub data_dir: Option<PathBuf>,
     child: Child,
     /// Kept open: the server must not get EPIPE if it prints again.
     _stdout: BufReader<ChildStdout>,
+    /// With `watch_log`: the "state recovered" line, once read.
+    recovered: Option<mpsc::Receiver<Recovered>>,
 }
 
 impl Launcher {
@@ -58,12 +141,57 @@ impl Launcher {
         policy: Option<&Path>,
         workers: Option<usize>,
     ) -> BoxResult<ServerProcess> {
+        self.start_with(Start {
+            policy,
+            workers,
+            ..Start::new(kind, label)
+        })
+    }
+
+    /// A data directory that does not exist yet (toolgate creates it, owner-only).
+    pub fn fresh_data_dir(&self, label: &str) -> PathBuf {
+        let label: String = label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        self.data_root
+            .join(format!("data-{label}-{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    pub fn start_with(&self, start: Start<'_>) -> BoxResult<ServerProcess> {
+        let Start {
+            kind,
+            label,
+            policy,
+            workers,
+            data_dir,
+            watch_log,
+        } = start;
+        let mut data_dir_used = None;
         let mut command = match kind {
-            Kind::Toolgate => {
+            Kind::Toolgate(store) => {
                 let mut command = Command::new(&self.toolgate_bin);
                 command.arg("serve");
                 if let Some(policy) = policy {
                     command.arg("--config").arg(policy);
+                }
+                match store {
+                    Store::Durable => {
+                        let dir = data_dir.unwrap_or_else(|| self.fresh_data_dir(label));
+                        command
+                            .arg("--store")
+                            .arg("sqlite")
+                            .arg("--data-dir")
+                            .arg(&dir);
+                        data_dir_used = Some(dir);
+                    }
+                    Store::Memory => {
+                        command.args(["--store", "memory"]);
+                    }
+                }
+                command.args(["--metrics-listen", "127.0.0.1:0"]);
+                if watch_log {
+                    command.args(["--log-format", "json"]);
                 }
                 command
             }
@@ -74,18 +202,24 @@ impl Launcher {
             }
         };
         command.args(["--listen", "127.0.0.1:0"]);
+        command.env_remove("TOOLGATE_DATA_DIR");
         match workers.or(self.workers) {
             Some(workers) => command.env("TOKIO_WORKER_THREADS", workers.to_string()),
             None => command.env_remove("TOKIO_WORKER_THREADS"),
         };
-        let stderr = match &self.server_log {
-            Some(path) => Stdio::from(
+        let log_file = match &self.server_log {
+            Some(path) => Some(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
                     .open(path)?,
             ),
-            None => Stdio::null(),
+            None => None,
+        };
+        let stderr = match (&log_file, watch_log) {
+            (_, true) => Stdio::piped(),
+            (Some(file), false) => Stdio::from(file.try_clone()?),
+            (None, false) => Stdio::null(),
         };
         let started = Instant::now();
         let mut child = command
@@ -94,12 +228,17 @@ impl Launcher {
             .stderr(stderr)
             .spawn()
             .map_err(|error| format!("cannot start {}: {error}", kind.name()))?;
+        let recovered = match child.stderr.take() {
+            Some(stderr) if watch_log => Some(watch(stderr, log_file)),
+            _ => None,
+        };
         let Some(stdout) = child.stdout.take() else {
             return Err("child has no stdout".into());
         };
         let mut stdout = BufReader::new(stdout);
         let mut line = String::new();
         stdout.read_line(&mut line)?;
+        let startup = started.elapsed();
         let Some(address) = line.trim().strip_prefix("toolgate listening on ") else {
             let _ = child.kill();
             let _ = child.wait();
@@ -108,14 +247,60 @@ impl Launcher {
             )
             .into());
         };
+        let address = address.to_string();
+        let mut metrics_address = None;
+        if kind.is_toolgate() {
+            line.clear();
+            stdout.read_line(&mut line)?;
+            metrics_address = line
+                .trim()
+                .strip_prefix("toolgate metrics on ")
+                .map(str::to_string);
+        }
         Ok(ServerProcess {
             kind,
-            address: address.to_string(),
-            startup: started.elapsed(),
+            address,
+            startup,
+            metrics_address,
+            data_dir: data_dir_used,
             child,
             _stdout: stdout,
+            recovered,
         })
     }
+}
+
+/// Reads a JSON log from `stderr` until it ends (so the server never blocks
+/// on a full pipe), copying it to `log_file`; sends the "state recovered"
+/// line's fields.
+fn watch(
+    stderr: std::process::ChildStderr,
+    mut log_file: Option<std::fs::File>,
+) -> mpsc::Receiver<Recovered> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stderr);
+        let mut line = String::new();
+        while matches!(reader.read_line(&mut line), Ok(read) if read > 0) {
+            if let Some(file) = &mut log_file {
+                let _ = file.write_all(line.as_bytes());
+            }
+            if line.contains("state recovered")
+                && let Ok(event) = serde_json::from_str::<serde_json::Value>(&line)
+                && event["message"] == "state recovered"
+            {
+                let field = |name: &str| event[name].as_u64().unwrap_or(0);
+                let _ = sender.send(Recovered {
+                    approvals: field("approvals"),
+                    receipts: field("receipts"),
+                    sessions: field("sessions"),
+                    millis: field("millis"),
+                });
+            }
+            line.clear();
+        }
+    });
+    receiver
 }
 
 impl ServerProcess {
@@ -131,6 +316,51 @@ impl ServerProcess {
     /// User + system CPU time consumed so far.
     pub fn cpu_time(&self) -> Duration {
         cpu_time(&format!("/proc/{}/stat", self.pid())).unwrap_or_default()
+    }
+
+    /// The "state recovered" line (started with `watch_log`); it is logged
+    /// before `toolgate listening on` but may reach the pipe after it.
+    pub fn recovered(&self) -> BoxResult<Recovered> {
+        let Some(receiver) = &self.recovered else {
+            return Err("the server was not started with watch_log".into());
+        };
+        receiver
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| "no \"state recovered\" line in the server's log".into())
+    }
+
+    /// The store's group-commit counters now (toolgate only; zero for the
+    /// baseline or when the endpoint does not answer).
+    pub fn store_counters(&self) -> StoreCounters {
+        self.metrics_address
+            .as_deref()
+            .and_then(|address| scrape(address).ok())
+            .map(|text| StoreCounters::parse(&text))
+            .unwrap_or_default()
+    }
+
+    /// Bytes of the files in the data directory (apparent sizes).
+    pub fn data_dir_bytes(&self) -> u64 {
+        self.data_dir.as_deref().map_or(0, dir_bytes)
+    }
+
+    /// SIGTERM (the server drains, commits what is pending and closes the
+    /// store), then waits for the exit; how long that took.
+    pub fn terminate(mut self) -> BoxResult<Duration> {
+        let started = Instant::now();
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status()?;
+        if !status.success() {
+            return Err(format!("kill -TERM {} failed", self.pid()).into());
+        }
+        let exit = self.child.wait()?;
+        let took = started.elapsed();
+        if !exit.success() {
+            return Err(format!("{} exited with {exit} after SIGTERM", self.kind.name()).into());
+        }
+        Ok(took)
     }
 
     /// `connections` HTTP/2 connections (one tonic `Channel` each).
@@ -151,6 +381,145 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Sum of the apparent sizes of the files in `dir` (not recursive: the
+/// data directory holds the database, its WAL and shared-memory files and
+/// the lock file).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|entry| entry.metadata().ok())
+                .filter(std::fs::Metadata::is_file)
+                .map(|metadata| metadata.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `GET /metrics` over HTTP/1.0 (loopback, once per round: no client
+/// library needed).
+fn scrape(address: &str) -> std::io::Result<String> {
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: toolgate\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// The store's counters from `/metrics`: `toolgate_store_batch_operations`
+/// (operations per group commit) and `toolgate_store_sync_seconds` (the
+/// transaction and its sync), as sums, counts and cumulative buckets.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoreCounters {
+    pub batches: f64,
+    pub operations: f64,
+    pub syncs: f64,
+    pub sync_seconds: f64,
+    /// `(le, cumulative count)` of the sync histogram, in bucket order.
+    pub sync_buckets: Vec<(f64, f64)>,
+    pub store_bytes: f64,
+}
+
+impl StoreCounters {
+    pub fn parse(text: &str) -> StoreCounters {
+        let mut counters = StoreCounters::default();
+        for line in text.lines() {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            match name {
+                "toolgate_store_batch_operations_count" => counters.batches = value,
+                "toolgate_store_batch_operations_sum" => counters.operations = value,
+                "toolgate_store_sync_seconds_count" => counters.syncs = value,
+                "toolgate_store_sync_seconds_sum" => counters.sync_seconds = value,
+                "toolgate_store_bytes" => counters.store_bytes = value,
+                _ => {
+                    if let Some(le) = name
+                        .strip_prefix("toolgate_store_sync_seconds_bucket{le=\"")
+                        .and_then(|rest| rest.strip_suffix("\"}"))
+                    {
+                        let le = if le == "+Inf" {
+                            f64::INFINITY
+                        } else {
+                            le.parse().unwrap_or(f64::INFINITY)
+                        };
+                        counters.sync_buckets.push((le, value));
+                    }
+                }
+            }
+        }
+        counters
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &StoreCounters) -> StoreCounters {
+        StoreCounters {
+            batches: self.batches - earlier.batches,
+            operations: self.operations - earlier.operations,
+            syncs: self.syncs - earlier.syncs,
+            sync_seconds: self.sync_seconds - earlier.sync_seconds,
+            sync_buckets: self
+                .sync_buckets
+                .iter()
+                .map(|(le, count)| {
+                    let before = earlier
+                        .sync_buckets
+                        .iter()
+                        .find(|(other, _)| other == le)
+                        .map_or(0.0, |(_, count)| *count);
+                    (*le, count - before)
+                })
+                .collect(),
+            store_bytes: self.store_bytes,
+        }
+    }
+
+    /// Adds the deltas of another round.
+    pub fn add(&mut self, other: &StoreCounters) {
+        self.batches += other.batches;
+        self.operations += other.operations;
+        self.syncs += other.syncs;
+        self.sync_seconds += other.sync_seconds;
+        if self.sync_buckets.is_empty() {
+            self.sync_buckets.clone_from(&other.sync_buckets);
+        } else {
+            for ((_, mine), (_, theirs)) in self.sync_buckets.iter_mut().zip(&other.sync_buckets) {
+                *mine += theirs;
+            }
+        }
+        self.store_bytes = self.store_bytes.max(other.store_bytes);
+    }
+
+    /// Operations per batch (group commit), on average.
+    pub fn operations_per_batch(&self) -> Option<f64> {
+        (self.batches > 0.0).then(|| self.operations / self.batches)
+    }
+
+    /// The mean time of a batch's transaction and sync.
+    pub fn mean_sync(&self) -> Option<Duration> {
+        (self.syncs > 0.0).then(|| Duration::from_secs_f64(self.sync_seconds / self.syncs))
+    }
+
+    /// The upper bound of the histogram bucket that holds quantile `q` of
+    /// the syncs (the buckets are coarse: 1, 2.5, 5, 10 ms, ...).
+    pub fn sync_quantile_bound(&self, quantile: f64) -> Option<Duration> {
+        let total = self.sync_buckets.last().map(|(_, count)| *count)?;
+        if total <= 0.0 {
+            return None;
+        }
+        self.sync_buckets
+            .iter()
+            .find(|(_, count)| *count >= total * quantile)
+            .filter(|(le, _)| le.is_finite())
+            .map(|(le, _)| Duration::from_secs_f64(*le))
     }
 }
 
