@@ -358,7 +358,11 @@ impl ServerProcess {
         let exit = self.child.wait()?;
         let took = started.elapsed();
         if !exit.success() {
-            return Err(format!("{} exited with {exit} after SIGTERM", self.kind.name()).into());
+            return Err(format!(
+                "{} exited with {exit} after SIGTERM (killed by it: the signal came before toolgate listened for it?)",
+                self.kind.name()
+            )
+            .into());
         }
         Ok(took)
     }
