@@ -434,6 +434,17 @@ async fn alternate(
                 stats.wrong,
             );
             merge_into(&mut merged[index], &stats);
+            if let Some(gone) = servers
+                .iter()
+                .find(|server| server.connected.server.exited())
+            {
+                return Err(format!(
+                    "the {} server exited during {} (a crash, or a signal from outside: see --server-log)",
+                    gone.connected.kind().name(),
+                    scenario.name()
+                )
+                .into());
+            }
         }
     }
     merged
