@@ -23,6 +23,8 @@ use crate::{BoxResult, RunArgs};
 
 /// Long enough for any fill to finish.
 const UNTIL_DONE: Duration = Duration::from_secs(3600);
+/// How long a restarted server runs before it is stopped again.
+const SETTLE: Duration = Duration::from_millis(300);
 
 /// One kind of record the fill makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -245,6 +247,10 @@ async fn restarts(
             });
             return Ok((done, Some((server, channels))));
         }
+        // toolgate installs its SIGTERM handler once it serves, just after
+        // it prints `toolgate listening on`; a SIGTERM sent at once can
+        // beat it (and kill the process uncleanly).
+        tokio::time::sleep(SETTLE).await;
         let (_, _, stop) = stop(server, channels)?;
         done.push(Restart {
             recovered,
@@ -337,6 +343,7 @@ pub async fn recovery(args: &RunArgs, launcher: &Launcher, workdir: &Workdir) ->
     // An empty store: its size, and the restart time of a store with
     // nothing to recover (process start, policy, opening SQLite).
     let (server, channels, _) = start(launcher, "empty", &policy, None, args.connections).await?;
+    tokio::time::sleep(SETTLE).await;
     let (empty_dir, empty_bytes, _) = stop(server, channels)?;
     let (empty_restarts, _) =
         restarts(args, launcher, &policy, &empty_dir, "empty", times, false).await?;

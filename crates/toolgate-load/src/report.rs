@@ -59,23 +59,26 @@ pub const QUANTILES: [(f64, &str); 4] = [
 /// The header of a latency table whose first column is `first`.
 pub fn header(first: &str) -> String {
     format!(
-        "| {first} | req/s | p50 | p90 | p99 | p99.9 | max | errors | wrong answers | server CPU/req | client CPU/req | ops/batch | sync mean (p99 ≤) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n"
+        "| {first} | req/s | p50 | p90 | p99 | p99.9 | max | errors | wrong answers | server CPU/req | client CPU/req | ops/batch | sync mean (p99 ≤, max ≤) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n"
     )
 }
 
 /// The store's group commit in a round: operations per batch, and the mean
-/// sync with the bucket bound of its 99th percentile.
+/// sync with the bucket bounds of its 99th percentile and of its slowest
+/// batch (`?` past the last finite bucket, 5 s).
 pub fn store_cells(stats: &RoundStats) -> (String, String) {
     let store = &stats.store;
     let operations = store
         .operations_per_batch()
         .map_or_else(|| "–".to_string(), |ops| format!("{ops:.1}"));
+    let bound = |quantile| {
+        store
+            .sync_quantile_bound(quantile)
+            .map_or_else(|| "?".to_string(), latency)
+    };
     let sync = store.mean_sync().map_or_else(
         || "–".to_string(),
-        |mean| match store.sync_quantile_bound(0.99) {
-            Some(bound) => format!("{} ({})", latency(mean), latency(bound)),
-            None => latency(mean),
-        },
+        |mean| format!("{} ({}, {})", latency(mean), bound(0.99), bound(1.0)),
     );
     (operations, sync)
 }

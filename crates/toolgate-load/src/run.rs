@@ -333,7 +333,7 @@ async fn throughput(
         .collect();
     println!("## Throughput and latency: toolgate (durable, memory) vs the no-op baseline\n");
     println!(
-        "Policy: `bench.toml` written by toolgate-load (host and reviewer credentials, limits raised so no budget or cap is hit, {} resources, version scope `resource`); every request carries a host bearer token. The durable server keeps its state in SQLite in a fresh data directory (`--data-dir`), the memory server with `--store memory`; both release an answer only after its changes went through the group commit. Server CPU/req is the server process's user+system CPU time over the measured window divided by the answers (10 ms clock ticks); client CPU/req is the load generator's. Ops/batch: operations per group commit (`toolgate_store_batch_operations` sum / count over the rounds); sync: the mean time of a batch's transaction and sync (`toolgate_store_sync_seconds`), with the upper bound of the bucket holding the 99th percentile.\n",
+        "Policy: `bench.toml` written by toolgate-load (host and reviewer credentials, limits raised so no budget or cap is hit, {} resources, version scope `resource`); every request carries a host bearer token. The durable server keeps its state in SQLite in a fresh data directory (`--data-dir`), the memory server with `--store memory`; both release an answer only after its changes went through the group commit. Server CPU/req is the server process's user+system CPU time over the measured window divided by the answers (10 ms clock ticks); client CPU/req is the load generator's. Ops/batch: operations per group commit (`toolgate_store_batch_operations` sum / count over the rounds); sync: the mean time of a batch's transaction and sync (`toolgate_store_sync_seconds`), with the upper bounds of the histogram buckets holding the 99th percentile and the slowest batch (the buckets are 1, 2.5, 5, 10, 25, 50, 100, 500 ms, 1 s, 5 s).\n",
         args.commit_pool + 1
     );
     let mut results = Vec::new();
@@ -434,6 +434,17 @@ async fn alternate(
                 stats.wrong,
             );
             merge_into(&mut merged[index], &stats);
+            if let Some(gone) = servers
+                .iter()
+                .find(|server| server.connected.server.exited())
+            {
+                return Err(format!(
+                    "the {} server exited during {} (a crash, or a signal from outside: see --server-log)",
+                    gone.connected.kind().name(),
+                    scenario.name()
+                )
+                .into());
+            }
         }
     }
     merged

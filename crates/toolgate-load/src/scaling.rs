@@ -469,7 +469,7 @@ pub async fn callers(
         }
     }
     let mut text = String::from(
-        "## Commits against concurrent callers\n\nApproval-free Dispatch commits (the dispatch-commit-direct scenario), closed loop; a fresh toolgate per store, the rounds alternating over the stores. An answer is released when its group commit is durable, so throughput is at most callers / (time a call waits for its batch): group commit needs callers in flight.\n\n| callers | store | commits/s | p50 | p99 | ops/batch | sync mean (p99 ≤) | batches/s (warm-up included) | server CPU/commit | errors + wrong |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "## Commits against concurrent callers\n\nApproval-free Dispatch commits (the dispatch-commit-direct scenario), closed loop; a fresh toolgate per store, the rounds alternating over the stores. An answer is released when its group commit is durable, so throughput is at most callers / (time a call waits for its batch): group commit needs callers in flight.\n\n| callers | store | commits/s | p50 | p99 | ops/batch | sync mean (p99 ≤, max ≤) | batches/s (warm-up included) | server CPU/commit | errors + wrong |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for (count_index, &callers) in counts.iter().enumerate() {
         for (index, (server, _)) in servers.iter().enumerate() {

@@ -308,6 +308,18 @@ impl ServerProcess {
         self.child.id()
     }
 
+    /// Whether the process has ended (a zombie not yet reaped, or gone):
+    /// a round against it would only count connection errors.
+    pub fn exited(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .ok()
+            .and_then(|stat| {
+                let after_name = stat.get(stat.rfind(')')? + 2..)?;
+                after_name.chars().next()
+            })
+            .is_none_or(|state| state == 'Z' || state == 'X')
+    }
+
     /// Resident set size in bytes (`VmRSS`).
     pub fn rss_bytes(&self) -> u64 {
         rss_bytes(self.pid()).unwrap_or(0)
@@ -358,7 +370,11 @@ impl ServerProcess {
         let exit = self.child.wait()?;
         let took = started.elapsed();
         if !exit.success() {
-            return Err(format!("{} exited with {exit} after SIGTERM", self.kind.name()).into());
+            return Err(format!(
+                "{} exited with {exit} after SIGTERM (killed by it: the signal came before toolgate listened for it?)",
+                self.kind.name()
+            )
+            .into());
         }
         Ok(took)
     }
