@@ -536,6 +536,11 @@ fn prepare_schema(
         move |error: postgres::Error| store_error(target, &step, &error)
     };
     let schema = target.schema();
+    // The server's notices ("already exists, skipping") would reach the log
+    // through the driver; warnings and errors still do.
+    client
+        .batch_execute("SET client_min_messages = warning")
+        .map_err(failed("setting client_min_messages"))?;
     // `off` would answer a commit before it is on disk; `local`, `on` and
     // stronger settings are durable and kept as the server has them.
     let synchronous: String = client
@@ -740,7 +745,13 @@ fn unlock_and_close(mut client: Client, schema: &str) -> Result<(), postgres::Er
     let (namespace, key) = lock_keys(schema);
     // Explicitly, so that the lock is free when this returns: the server
     // ends a closed session's backend (and its locks) in its own time.
-    client.execute("SELECT pg_advisory_unlock($1, $2)", &[&namespace, &key])?;
+    // Only a lock this session holds: unlocking another's is a warning.
+    client.execute(
+        "SELECT pg_advisory_unlock($1, $2) FROM pg_catalog.pg_locks \
+         WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() \
+         AND objsubid = 2 AND classid::int8 = $3 AND objid::int8 = $4",
+        &[&namespace, &key, &i64::from(namespace), &i64::from(key)],
+    )?;
     client.close()
 }
 
