@@ -370,7 +370,8 @@ pub struct ServeArgs {
 pub enum StoreKind {
     Sqlite,
     Memory,
-    Postgres(PostgresTarget),
+    /// Boxed: a parsed URL is large, the other kinds are nothing.
+    Postgres(Box<PostgresTarget>),
 }
 
 impl StoreKind {
@@ -382,7 +383,7 @@ impl StoreKind {
             "memory" => Ok(StoreKind::Memory),
             _ if text.starts_with("postgres://") || text.starts_with("postgresql://") => {
                 PostgresTarget::parse(text)
-                    .map(StoreKind::Postgres)
+                    .map(|target| StoreKind::Postgres(Box::new(target)))
                     .map_err(|error| error.0)
             }
             _ => Err(format!(
