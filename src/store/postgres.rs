@@ -141,6 +141,18 @@ impl PostgresTarget {
             Some((base, query)) => (base, Some(query)),
             None => (text, None),
         };
+        // An `@` past the host, or a parameter name that is not one, is a
+        // password's `/`, `?` or `@` left as it is: refused, so that none of
+        // it is ever taken for a database or parameter name and shown.
+        let encode_them = "percent-encode `/`, `?`, `&` and `@` in a user name or \
+                           password (%2F, %3F, %26, %40)";
+        let after_scheme = base.split_once("://").map_or(base, |(_, rest)| rest);
+        if after_scheme
+            .split_once('/')
+            .is_some_and(|(_, path)| path.contains('@'))
+        {
+            return Err(refuse(&format!("an `@` after the host: {encode_them}")));
+        }
         let mut schema = None;
         let mut passed = Vec::new();
         for pair in query.into_iter().flat_map(|query| query.split('&')) {
@@ -148,7 +160,12 @@ impl PostgresTarget {
                 continue;
             }
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if decode(key) != "schema" {
+            if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(refuse(&format!(
+                    "a parameter name that is not [A-Za-z0-9_]+: {encode_them}"
+                )));
+            }
+            if key != "schema" {
                 passed.push(pair);
                 continue;
             }
@@ -311,36 +328,37 @@ fn encode(text: &str) -> String {
 }
 
 /// A URL's text with any password taken out (`user:secret@` → `user@`,
-/// `password=…` dropped), for messages about a URL that did not parse.
+/// `password=…` dropped), for messages about a URL that did not parse. The
+/// user information ends at the last `@`, so that a password with a `/`,
+/// `?` or `@` the URL should have percent-encoded is still left out (of a
+/// malformed URL, less may be shown than was given, never the password).
 pub fn redact(text: &str) -> String {
     let text = text.chars().take(300).collect::<String>();
     let (scheme, rest) = match text.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest.to_string()),
         None => (String::new(), text),
     };
-    let (before_query, query) = match rest.split_once('?') {
-        Some((before, query)) => (before.to_string(), Some(query.to_string())),
-        None => (rest, None),
-    };
-    let authority_end = before_query.find('/').unwrap_or(before_query.len());
-    let (authority, path) = before_query.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            format!("{user}@{hosts}")
+    let rest = match rest.rsplit_once('@') {
+        Some((userinfo, after)) => {
+            let user = userinfo.split([':', '/', '?']).next().unwrap_or("");
+            format!("{user}@{after}")
         }
-        None => authority.to_string(),
+        None => rest,
     };
-    let mut shown = format!("{scheme}{authority}{path}");
-    if let Some(query) = query {
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|pair| !decode(pair.split('=').next().unwrap_or("")).contains("password"))
-            .collect();
-        if !kept.is_empty() {
-            shown.push('?');
-            shown.push_str(&kept.join("&"));
+    let mut shown = scheme;
+    match rest.split_once('?') {
+        Some((before, query)) => {
+            shown.push_str(before);
+            let kept: Vec<&str> = query
+                .split('&')
+                .filter(|pair| !decode(pair.split('=').next().unwrap_or("")).contains("password"))
+                .collect();
+            if !kept.is_empty() {
+                shown.push('?');
+                shown.push_str(&kept.join("&"));
+            }
         }
+        None => shown.push_str(&rest),
     }
     shown.chars().filter(|c| !c.is_control()).collect()
 }

@@ -184,11 +184,32 @@ fn a_bad_url_is_refused_naming_the_rule_and_never_the_password() {
             "postgres://h/db?password=pw1secret&bogus=2",
             "unknown option `bogus`",
         ),
+        // Malformed: characters the password should have percent-encoded.
+        (
+            "postgres://u:pw1/secret@h/db?bogus=1",
+            "an `@` after the host",
+        ),
+        ("postgres://u:pw1/secret@h/db", "percent-encode"),
+        (
+            "postgres://u:pw1?secret@h/db?schema=X",
+            "a parameter name that is not",
+        ),
+        (
+            "postgres://u:pw1@secret@h/db?schema=X",
+            "is not a schema name",
+        ),
+        (
+            "postgresx://u:pw1secret@h/db",
+            "must start with postgres://",
+        ),
     ];
     for (url, rule) in cases {
         let error = PostgresTarget::parse(url).unwrap_err();
         assert!(error.0.contains(rule), "{url}: {error}");
-        assert!(!error.0.contains("pw1secret"), "{url}: {error}");
+        assert!(
+            !error.0.contains("pw1") && !error.0.contains("secret"),
+            "{url}: {error}"
+        );
         assert!(error.0.starts_with("the store URL "), "{url}: {error}");
     }
 }
