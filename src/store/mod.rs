@@ -13,8 +13,11 @@
 //! - [`memory`]: records in this process only; gone at exit (`--store memory`).
 //! - [`sqlite`]: the durable default: SQLite in WAL mode, synced on every
 //!   commit, in a data directory one process owns.
+//! - [`postgres`]: a schema of a PostgreSQL database, one transaction per
+//!   commit; one process at a time for now (an advisory lock).
 
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 pub mod writer;
 
@@ -32,7 +35,7 @@ pub type StoreResult<T> = std::result::Result<T, StoreError>;
 /// group-commit thread); every method may block on I/O.
 pub trait Store: Send + 'static {
     /// What this store is, for the start-up line and metrics ("memory",
-    /// "sqlite").
+    /// "sqlite", "postgres").
     fn name(&self) -> &'static str;
 
     /// Every record, for recovery at start, in any order.

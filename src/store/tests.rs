@@ -2,18 +2,24 @@
 //!
 //! - Here: one suite every [`Store`] passes, written once over a
 //!   [`Subject`] and instantiated per store by [`suite!`] (`memory::…`,
-//!   `sqlite::…`).
+//!   `sqlite::…`, `postgres::…`).
 //! - [`sqlite_only`]: what only the SQLite store has: its directory, lock,
 //!   schema versions, `check` and `backup`.
+//! - [`postgres_only`]: the PostgreSQL store's URL, lock, schema versions
+//!   and errors, against a real server: `TOOLGATE_TEST_DATABASE_URL`
+//!   (`source .ci/postgres start` makes one). Each test works in a schema
+//!   of its own, dropped at its end, so they run in parallel.
 //! - [`recovery`]: crash images and backups taken while a writer commits.
 
 use std::collections::BTreeMap;
 
 use super::Store;
 use super::memory::MemoryStore;
+use super::postgres::PostgresStore;
 use super::sqlite::SqliteStore;
 use crate::domain::records::{Change, Kind, Record};
 
+mod postgres_only;
 mod recovery;
 mod sqlite_only;
 
@@ -108,6 +114,57 @@ impl Subject for SqliteSubject {
             kind.table()
         );
         self.store().connection().execute_batch(&sql).unwrap();
+    }
+}
+
+struct PostgresSubject {
+    // Declared first so that it drops (and lets go of its lock) before the
+    // schema is dropped.
+    store: Option<PostgresStore>,
+    schema: postgres_only::TestSchema,
+}
+
+impl Subject for PostgresSubject {
+    type Store = PostgresStore;
+    const NAME: &'static str = "postgres";
+
+    fn new() -> Self {
+        let schema = postgres_only::TestSchema::new();
+        let store = PostgresStore::open(&schema.target).unwrap();
+        PostgresSubject {
+            store: Some(store),
+            schema,
+        }
+    }
+
+    fn store(&mut self) -> &mut PostgresStore {
+        self.store.as_mut().unwrap()
+    }
+
+    fn reopen(&mut self) {
+        self.store = None;
+        self.store = Some(PostgresStore::open(&self.schema.target).unwrap());
+    }
+
+    fn break_kind(&mut self, kind: Kind) -> bool {
+        // A trigger refuses every write of this kind; a commit that reaches
+        // one fails there, after its deletions were applied.
+        let schema = self.schema.target.schema();
+        let code = super::postgres::kind_code(kind);
+        self.schema.execute(&format!(
+            "CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'refused on purpose'; END $$; \
+             CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON {schema}.records \
+             FOR EACH ROW WHEN (NEW.kind = {code}) EXECUTE FUNCTION {schema}.refuse()"
+        ));
+        true
+    }
+
+    fn repair_kind(&mut self, _kind: Kind) {
+        let schema = self.schema.target.schema();
+        self.schema.execute(&format!(
+            "DROP TRIGGER refuse ON {schema}.records; DROP FUNCTION {schema}.refuse()"
+        ));
     }
 }
 
@@ -397,3 +454,4 @@ macro_rules! suite {
 
 suite!(memory, super::MemorySubject);
 suite!(sqlite, super::SqliteSubject);
+suite!(postgres, super::PostgresSubject);

@@ -1,5 +1,6 @@
 //! Recovery (issue 15): everything the state holds, made through the API
-//! before a restart, is there after it, on each store, through a real
+//! before a restart, is there after it, on each store (PostgreSQL's:
+//! `TOOLGATE_TEST_DATABASE_URL`), through a real
 //! server and client: approvals in every status, a grant usable exactly
 //! once, receipts that replay with their ids, resources and their versions,
 //! sessions and their counters, API pins and the latest assessment. What
@@ -10,6 +11,9 @@ use std::time::Duration;
 use toolgate::store::Store;
 use toolgate::store::memory::MemoryStore;
 use toolgate::store::sqlite::SqliteStore;
+
+use crate::support::PostgresStore;
+use crate::support::postgres::TestSchema;
 
 use crate::support::policies::repo_path;
 use crate::support::tokens::EXAMPLE_REVIEWER;
@@ -227,6 +231,13 @@ async fn everything_survives_a_restart_on_the_sqlite_store() {
     let directory = tempfile::tempdir().expect("temp dir");
     let data = directory.path().join("data");
     survives_a_restart(|| Box::new(SqliteStore::open(&data).expect("open the store"))).await;
+}
+
+#[tokio::test]
+async fn everything_survives_a_restart_on_the_postgres_store() {
+    let schema = TestSchema::new();
+    survives_a_restart(|| Box::new(PostgresStore::open(&schema.target).expect("open the store")))
+        .await;
 }
 
 /// The memory store, refusing every commit after the first `commits`: what

@@ -1,8 +1,9 @@
 //! The one support module of the Rust tests: a server in the test process
 //! ([`TestServer`]), `toolgate` as a process of its own ([`spawn`]), the
 //! tokens ([`tokens`]), request builders ([`requests`]), policy fixtures
-//! ([`policies`]), raw HTTP/2 calls ([`raw`]), `/metrics` ([`metrics`]) and
-//! the one model of SPEC §4–§6 ([`model`]).
+//! ([`policies`]), raw HTTP/2 calls ([`raw`]), `/metrics` ([`metrics`]),
+//! the PostgreSQL test database ([`postgres`]) and the one model of SPEC
+//! §4–§6 ([`model`]).
 //!
 //! `tests/integration/` uses every item of it (the dead-code lint checks
 //! that there); `tests/floods.rs` and `tests/torture.rs`, which need a
@@ -11,6 +12,7 @@
 pub mod metrics;
 pub mod model;
 pub mod policies;
+pub mod postgres;
 pub mod raw;
 pub mod requests;
 pub mod server;
@@ -49,6 +51,7 @@ pub use toolgate::ops::audit::{
 pub use toolgate::pb;
 pub use toolgate::server::{Listeners, serve_with};
 pub use toolgate::store::Store;
+pub use toolgate::store::postgres::PostgresStore;
 pub use toolgate::store::sqlite::{self, SqliteStore};
 
 /// Runs an engine operation to its answer on this thread (for tests that

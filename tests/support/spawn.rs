@@ -15,12 +15,13 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use super::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
 /// The built binary, with nothing from the environment that changes what it
-/// does (`RUST_LOG`, `TOOLGATE_TOKEN`) and no stdin.
+/// does (`RUST_LOG`, `TOOLGATE_TOKEN`, `TOOLGATE_STORE`) and no stdin.
 pub fn command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
     command
         .env_remove("RUST_LOG")
         .env_remove("TOOLGATE_TOKEN")
+        .env_remove("TOOLGATE_STORE")
         .stdin(Stdio::null());
     command
 }
@@ -104,6 +105,7 @@ impl Serve {
         let mut command = wrap(serve);
         command
             .env_remove("TOOLGATE_TOKEN")
+            .env_remove("TOOLGATE_STORE")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(match self.pipe_stderr {

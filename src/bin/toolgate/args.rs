@@ -1,6 +1,6 @@
 //! The command line, as clap reads it: `serve`, the offline tools
 //! (`canonical`, `fingerprint`, `manifest fingerprint`, `check-config`,
-//! `store check`, `store backup`)
+//! `store check`, `store backup`, `store migrate`)
 //! and the reviewer/operator clients (`approvals`, `pins`, `resource`,
 //! `manifest assess`). The types only; each command runs in its own module.
 
@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use toolgate::domain::limits::APPROVALS_PAGE;
+use toolgate::store::postgres::{self, PostgresTarget};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -44,7 +45,8 @@ pub enum Command {
     /// on stderr); 1 with the error (naming the key path) on stderr
     /// otherwise, or on any warning with `--strict`.
     CheckConfig(CheckConfigArgs),
-    /// Check or back up the durable store (offline; also beside a running server).
+    /// Check or back up the durable store (offline; also beside a running
+    /// server), or create and migrate its tables.
     Store(StoreArgs),
 }
 
@@ -262,9 +264,11 @@ pub struct CheckConfigArgs {
 /// is not given.
 pub const DEFAULT_DATA_DIR: &str = "./toolgate-data";
 
-/// The store commands. They read through a read-only SQLite connection and
-/// never take the data directory's lock, so they work on a running
-/// server's store (a consistent snapshot of it) as on a stopped one.
+/// The store commands. `check` and `backup` read the SQLite store through a
+/// read-only connection and never take the data directory's lock, so they
+/// work on a running server's store (a consistent snapshot of it) as on a
+/// stopped one. `migrate` opens the store as `serve` does (so not beside a
+/// running server).
 ///
 /// Exit status: 0 on success; 1 when `check` finds a problem; 2 for usage
 /// errors and a store that cannot be read at all.
@@ -273,12 +277,30 @@ pub struct StoreArgs {
     /// The data directory (as `serve` uses it).
     #[arg(long, global = true, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
+    /// The store, as `serve --store` takes it: `sqlite` (the data
+    /// directory) or a `postgres://…` URL (`migrate` only).
+    #[arg(
+        long,
+        global = true,
+        value_name = "STORE",
+        env = "TOOLGATE_STORE",
+        hide_env_values = true,
+        value_parser = StoreParser
+    )]
+    pub store: Option<StoreKind>,
     #[command(subcommand)]
     pub command: StoreCommand,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
+    /// Create the store's tables, or migrate them to this toolgate's
+    /// schema version, and print the version (what `serve` does at start).
+    ///
+    /// With `--store postgres://…`: the tables in the URL's schema; with
+    /// the SQLite store: the data directory. Refused while a server holds
+    /// the store.
+    Migrate,
     /// Check the store's integrity (SQLite integrity_check), schema version
     /// and directory mode, and count each table's records.
     Check,
@@ -320,9 +342,21 @@ pub struct ServeArgs {
     /// (health NOT_SERVING, calls UNAVAILABLE until it drains).
     #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub log_stall_seconds: u64,
-    /// Where the state is kept: `sqlite`, durable, in `--data-dir`; or
-    /// `memory`, forgotten at exit (tests and benchmarks).
-    #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+    /// Where the state is kept: `sqlite`, durable, in `--data-dir`;
+    /// `memory`, forgotten at exit (tests and benchmarks); or a PostgreSQL
+    /// database, `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?schema=NAME]`
+    /// (or `postgresql://`; the tables in schema NAME, default `toolgate`,
+    /// created when absent; one toolgate process per database and schema
+    /// for now). Prefer the environment variable for a URL with a
+    /// password: a command-line value is visible to other local users.
+    #[arg(
+        long,
+        value_name = "STORE",
+        env = "TOOLGATE_STORE",
+        hide_env_values = true,
+        default_value = "sqlite",
+        value_parser = StoreParser
+    )]
     pub store: StoreKind,
     /// The durable store's directory (created owner-only; one process at a
     /// time) [default: ./toolgate-data].
@@ -330,10 +364,64 @@ pub struct ServeArgs {
     pub data_dir: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// Where the state is kept (`--store`, `TOOLGATE_STORE`). The PostgreSQL
+/// URL's `Debug` form hides its password.
+#[derive(Debug, Clone)]
 pub enum StoreKind {
     Sqlite,
     Memory,
+    /// Boxed: a parsed URL is large, the other kinds are nothing.
+    Postgres(Box<PostgresTarget>),
+}
+
+impl StoreKind {
+    /// `sqlite`, `memory`, or a `postgres://…`/`postgresql://…` URL; the
+    /// error names the rule broken and never shows a password.
+    pub fn parse(text: &str) -> Result<StoreKind, String> {
+        match text {
+            "sqlite" => Ok(StoreKind::Sqlite),
+            "memory" => Ok(StoreKind::Memory),
+            _ if text.starts_with("postgres://") || text.starts_with("postgresql://") => {
+                PostgresTarget::parse(text)
+                    .map(|target| StoreKind::Postgres(Box::new(target)))
+                    .map_err(|error| error.0)
+            }
+            _ => Err(format!(
+                "expected `sqlite`, `memory` or a postgres://… URL, got {:?}",
+                postgres::redact(text)
+            )),
+        }
+    }
+}
+
+/// Parses `--store` with [`StoreKind::parse`]. Its own, rather than clap's
+/// `FromStr` parser, because clap's message repeats the value given, and a
+/// mistyped URL's password with it.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreParser;
+
+impl clap::builder::TypedValueParser for StoreParser {
+    type Value = StoreKind;
+
+    fn parse_ref(
+        &self,
+        command: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreKind, clap::Error> {
+        let name = arg.map_or_else(|| "--store".to_string(), |arg| arg.to_string());
+        let parsed = match value.to_str() {
+            Some(text) => StoreKind::parse(text),
+            None => Err("not UTF-8".to_string()),
+        };
+        parsed.map_err(|message| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '{name}' (or TOOLGATE_STORE): {message}\n"),
+            )
+            .with_cmd(command)
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -25,6 +25,7 @@ use toolgate::ops::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
 
 use toolgate::store::Store;
 use toolgate::store::memory::MemoryStore;
+use toolgate::store::postgres::PostgresStore;
 use toolgate::store::sqlite::SqliteStore;
 
 use crate::args::{DEFAULT_DATA_DIR, LogFormat, ServeArgs, StoreKind};
@@ -198,14 +199,19 @@ pub fn serve(args: ServeArgs) -> ExitCode {
 /// recovered (and how long that took, logged).
 fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
     let started = std::time::Instant::now();
-    let store: Box<dyn Store> = match args.store {
+    let store: Box<dyn Store> = match &args.store {
+        StoreKind::Memory | StoreKind::Postgres(_) if args.data_dir.is_some() => {
+            let dir = args.data_dir.as_deref().unwrap_or(std::path::Path::new(""));
+            let store = match &args.store {
+                StoreKind::Postgres(_) => "a postgres:// store",
+                _ => "--store memory",
+            };
+            return Err(format!(
+                "--data-dir {} has no effect with {store}; give one or the other",
+                dir.display()
+            ));
+        }
         StoreKind::Memory => {
-            if let Some(dir) = &args.data_dir {
-                return Err(format!(
-                    "--data-dir {} has no effect with --store memory; give one or the other",
-                    dir.display()
-                ));
-            }
             tracing::warn!(
                 "--store memory: the state (approvals, receipts, sessions, pins, resources) \
                  is forgotten when this process exits"
@@ -219,6 +225,25 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
                 .unwrap_or_else(|| DEFAULT_DATA_DIR.into());
             let store = SqliteStore::open(&dir).map_err(|error| error.to_string())?;
             tracing::info!(data_dir = %dir.display(), "state kept in {} (sqlite)", dir.display());
+            Box::new(store)
+        }
+        StoreKind::Postgres(target) => {
+            let store = PostgresStore::open(target).map_err(|error| error.to_string())?;
+            let opened = store.opened();
+            // The URL as shown everywhere: without its password.
+            match opened.describe() {
+                Some(what) => tracing::info!(
+                    store = %target,
+                    schema_version = opened.version,
+                    "state kept in PostgreSQL at {target}; {what}"
+                ),
+                None => tracing::info!(
+                    store = %target,
+                    schema_version = opened.version,
+                    "state kept in PostgreSQL at {target} (schema version {})",
+                    opened.version
+                ),
+            }
             Box::new(store)
         }
     };

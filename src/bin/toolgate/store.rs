@@ -1,11 +1,13 @@
 //! `toolgate store check` and `toolgate store backup FILE`: the durable
-//! store's offline tools, safe beside a running server (see [`StoreArgs`]).
+//! store's offline tools, safe beside a running server (see [`StoreArgs`]);
+//! and `toolgate store migrate`, which creates or migrates the tables.
 
 use std::process::ExitCode;
 
-use toolgate::store::sqlite::{self, CheckReport, TableCount};
+use toolgate::store::postgres::PostgresStore;
+use toolgate::store::sqlite::{self, CheckReport, SqliteStore, TableCount};
 
-use crate::args::{StoreArgs, StoreCommand};
+use crate::args::{StoreArgs, StoreCommand, StoreKind};
 use crate::output::{Failure, emit, printable, record, say, table};
 
 /// `toolgate store [--data-dir DIR] check|backup FILE`.
@@ -14,12 +16,32 @@ use crate::output::{Failure, emit, printable, record, say, table};
 ///   table's records, then `ok` or each problem); exit 0 when sound, 1 with
 ///   `error: …` on stderr when a problem was found.
 /// - `backup FILE`: what was written on stdout, and how to restore it.
+/// - `migrate`: the store and its schema version on stdout, and what was
+///   done (`created`, `migrated from N`, `current`).
 /// - A store that cannot be read at all (no directory, no database, an
-///   existing FILE): `error: …` on stderr, exit 2.
+///   existing FILE, an unreachable PostgreSQL): `error: …` on stderr, exit 2.
+/// - `check` and `backup` are the SQLite store's: with `--store postgres://…`
+///   (or `memory`) they are refused, exit 2.
 pub fn run_store(args: &StoreArgs) -> ExitCode {
-    let run = match &args.command {
-        StoreCommand::Check => run_check(args),
-        StoreCommand::Backup { file } => run_backup(args, file),
+    let run = match (&args.command, &args.store) {
+        (StoreCommand::Migrate, _) => run_migrate(args),
+        (StoreCommand::Check | StoreCommand::Backup { .. }, Some(StoreKind::Postgres(target))) => {
+            let command = match args.command {
+                StoreCommand::Check => "check",
+                _ => "backup",
+            };
+            Err(Failure::Usage(format!(
+                "`toolgate store {command}` works on the SQLite store only, and --store (or \
+                 TOOLGATE_STORE) is {target}; for PostgreSQL use its own tools (pg_dump \
+                 --schema {}, amcheck)",
+                target.schema()
+            )))
+        }
+        (StoreCommand::Check | StoreCommand::Backup { .. }, Some(StoreKind::Memory)) => Err(
+            Failure::Usage("--store memory keeps nothing to check or back up".into()),
+        ),
+        (StoreCommand::Check, _) => run_check(args),
+        (StoreCommand::Backup { file }, _) => run_backup(args, file),
     };
     match run {
         Ok(code) => code,
@@ -87,5 +109,40 @@ fn run_backup(args: &StoreArgs, file: &std::path::Path) -> Result<ExitCode, Fail
     text.push('\n');
     text.push_str(&tables_text(&report.tables));
     emit(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_migrate(args: &StoreArgs) -> Result<ExitCode, Failure> {
+    let (store, found, version) = match &args.store {
+        Some(StoreKind::Memory) => {
+            return Err(Failure::Usage(
+                "--store memory has no tables to create or migrate".into(),
+            ));
+        }
+        Some(StoreKind::Postgres(target)) => {
+            let store = PostgresStore::open(target).map_err(|error| Failure::Usage(error.0))?;
+            let opened = store.opened();
+            (target.to_string(), opened.found, opened.version)
+        }
+        None | Some(StoreKind::Sqlite) => {
+            let before = sqlite::check(&args.data_dir)
+                .map(|report| report.schema_version)
+                .unwrap_or(0);
+            let store =
+                SqliteStore::open(&args.data_dir).map_err(|error| Failure::Usage(error.0))?;
+            let shown = store.dir().join(sqlite::DB_FILE).display().to_string();
+            (printable(&shown), before, sqlite::SCHEMA_VERSION)
+        }
+    };
+    let done = match found {
+        0 => "created".to_string(),
+        found if found < version => format!("migrated from schema version {found}"),
+        _ => "current".to_string(),
+    };
+    emit(&record(&[
+        ("store", store),
+        ("schema", version.to_string()),
+        ("done", done),
+    ]))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,469 @@
+//! What only the PostgreSQL store has: its URL (and that no message shows
+//! the password), its lock, schema versions, and its errors. Against the
+//! real server `TOOLGATE_TEST_DATABASE_URL` names (`source .ci/postgres
+//! start`); without it, every test that needs one fails saying so. The
+//! URL's own tests need no server.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::store::postgres::{
+    self, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables, lock_keys,
+};
+
+/// Where the tests' database is.
+pub(super) const URL_VARIABLE: &str = "TOOLGATE_TEST_DATABASE_URL";
+
+/// The test database, or a failure that says how to get one: these tests
+/// never pass without having run.
+pub(super) fn test_target() -> PostgresTarget {
+    let url = std::env::var(URL_VARIABLE).unwrap_or_else(|_| {
+        panic!(
+            "{URL_VARIABLE} is not set: the PostgreSQL store's tests need a server. Run \
+             `source .ci/postgres start` (a private cluster; `.ci/run` does it), or set \
+             {URL_VARIABLE} to a postgres:// URL of a database these tests may create \
+             schemas in"
+        )
+    });
+    PostgresTarget::parse(&url).unwrap_or_else(|error| panic!("{URL_VARIABLE}: {error}"))
+}
+
+/// A fresh schema of the test database for one test, and a connection of
+/// the test's own to look at it; dropped (with everything in it) at the
+/// end.
+pub(super) struct TestSchema {
+    pub(super) target: PostgresTarget,
+    admin: ::postgres::Client,
+}
+
+impl TestSchema {
+    pub(super) fn new() -> Self {
+        let base = test_target();
+        let target = base
+            .with_schema(&format!("t_{:016x}", rand::random::<u64>()))
+            .unwrap();
+        let admin = target.connect().unwrap();
+        TestSchema { target, admin }
+    }
+
+    pub(super) fn name(&self) -> &str {
+        self.target.schema()
+    }
+
+    pub(super) fn execute(&mut self, sql: &str) {
+        self.admin
+            .batch_execute(sql)
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+    }
+
+    /// The schema's tables, by name.
+    fn tables(&mut self) -> Vec<String> {
+        let schema = self.name().to_string();
+        self.admin
+            .query(
+                "SELECT table_name::text FROM information_schema.tables \
+                 WHERE table_schema = $1 ORDER BY 1",
+                &[&schema],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+
+    fn version(&mut self) -> i32 {
+        let sql = format!("SELECT version FROM {}.schema_version", self.name());
+        self.admin.query_one(&sql, &[]).unwrap().get(0)
+    }
+
+    /// Every row of `records`, as (kind, key, value).
+    fn rows(&mut self) -> Vec<(i16, Vec<u8>, Vec<u8>)> {
+        let sql = format!(
+            "SELECT kind, key, value FROM {}.records ORDER BY kind, key",
+            self.name()
+        );
+        self.admin
+            .query(&sql, &[])
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect()
+    }
+
+    /// Ends the backend that holds this schema's lock (the store's).
+    fn terminate_the_store_backend(&mut self) -> bool {
+        let (namespace, key) = lock_keys(self.name());
+        self.admin
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+                 WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
+                 AND classid::int8 = $1 AND objid::int8 = $2",
+                &[&i64::from(namespace), &i64::from(key)],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    }
+}
+
+impl Drop for TestSchema {
+    fn drop(&mut self) {
+        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name());
+        let _ = self.admin.batch_execute(&sql);
+    }
+}
+
+/// The test database's URL with its password replaced by `password`.
+fn with_password(password: &str) -> String {
+    let shown = test_target().to_string();
+    let (_, rest) = shown.split_once("://").unwrap();
+    let (user, hosts) = rest.split_once('@').unwrap();
+    format!("postgres://{user}:{password}@{hosts}")
+}
+
+// ----- the URL (no server needed) ------------------------------------------------
+
+#[test]
+fn the_url_is_shown_without_its_password() {
+    let target =
+        PostgresTarget::parse("postgresql://alice:s3cret%21@db.example:6543/state").unwrap();
+    assert_eq!(
+        target.to_string(),
+        "postgres://alice@db.example:6543/state?schema=toolgate"
+    );
+    assert_eq!(
+        format!("{target:?}"),
+        "PostgresTarget(postgres://alice@db.example:6543/state?schema=toolgate)"
+    );
+    assert_eq!(target.schema(), DEFAULT_SCHEMA);
+    // A password given as a parameter, a schema, a Unix socket.
+    let target = PostgresTarget::parse(
+        "postgres://bob@%2Fvar%2Frun%2Fpostgresql/db?password=hunter2&schema=tg_one&connect_timeout=3",
+    )
+    .unwrap();
+    assert_eq!(
+        target.to_string(),
+        "postgres://bob@%2Fvar%2Frun%2Fpostgresql:5432/db?schema=tg_one"
+    );
+    assert_eq!(target.schema(), "tg_one");
+    for shown in [target.to_string(), format!("{target:?}")] {
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}
+
+#[test]
+fn a_bad_url_is_refused_naming_the_rule_and_never_the_password() {
+    let cases = [
+        ("postgre://u:pw1secret@h/db", "must start with postgres://"),
+        ("mysql://u:pw1secret@h/db", "must start with postgres://"),
+        ("postgres://u:pw1secret@h:notaport/db", "port"),
+        (
+            "postgres://u:pw1secret@h/db?schema=Upper",
+            "schema: \"Upper\" is not a schema name",
+        ),
+        (
+            "postgres://u:pw1secret@h/db?schema=a;drop",
+            "is not a schema name",
+        ),
+        (
+            "postgres://u:pw1secret@h/db?schema=",
+            "is not a schema name",
+        ),
+        ("postgres://u:pw1secret@h/db?schema=pg_x", "reserved"),
+        ("postgres://u:pw1secret@h/db?schema=public", "reserved"),
+        (
+            "postgres://u:pw1secret@h/db?schema=a&schema=b",
+            "given twice",
+        ),
+        ("postgres://u:pw1secret@h/db?sslmode=require", "no TLS"),
+        (
+            "postgres://u:pw1secret@h/db?nonsense=1",
+            "unknown option `nonsense`",
+        ),
+        (
+            "postgres://h/db?password=pw1secret&bogus=2",
+            "unknown option `bogus`",
+        ),
+        // Malformed: characters the password should have percent-encoded.
+        (
+            "postgres://u:pw1/secret@h/db?bogus=1",
+            "an `@` after the host",
+        ),
+        ("postgres://u:pw1/secret@h/db", "percent-encode"),
+        (
+            "postgres://u:pw1?secret@h/db?schema=X",
+            "a parameter name that is not",
+        ),
+        (
+            "postgres://u:pw1@secret@h/db?schema=X",
+            "is not a schema name",
+        ),
+        (
+            "postgresx://u:pw1secret@h/db",
+            "must start with postgres://",
+        ),
+    ];
+    for (url, rule) in cases {
+        let error = PostgresTarget::parse(url).unwrap_err();
+        assert!(error.0.contains(rule), "{url}: {error}");
+        assert!(
+            !error.0.contains("pw1") && !error.0.contains("secret"),
+            "{url}: {error}"
+        );
+        assert!(error.0.starts_with("the store URL "), "{url}: {error}");
+    }
+}
+
+#[test]
+fn an_unreachable_server_is_refused_fast_naming_where_and_the_step() {
+    // A port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://someone:pw2secret@127.0.0.1:{port}/somedb?schema=s1");
+    let started = Instant::now();
+    let error = PostgresStore::open(&PostgresTarget::parse(&url).unwrap()).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+    assert!(
+        error.0.starts_with(&format!(
+            "the PostgreSQL store at postgres://someone@127.0.0.1:{port}/somedb?schema=s1: connecting: "
+        )),
+        "{error}"
+    );
+    assert!(error.0.contains("Connection refused"), "{error}");
+    assert!(!error.0.contains("pw2secret"), "{error}");
+    // An address that never answers: the connect timeout of the URL holds.
+    let url = "postgres://someone:pw2secret@10.255.255.1:5432/somedb?connect_timeout=1";
+    let started = Instant::now();
+    let error = PostgresStore::open(&PostgresTarget::parse(url).unwrap()).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+    assert!(error.0.contains("10.255.255.1:5432/somedb"), "{error}");
+}
+
+// ----- against the server --------------------------------------------------------
+
+#[test]
+fn a_wrong_password_is_refused_without_showing_it() {
+    let target = PostgresTarget::parse(&with_password("pw3wrong")).unwrap();
+    let error = PostgresStore::open(&target).unwrap_err();
+    assert!(error.0.contains("connecting"), "{error}");
+    assert!(error.0.contains("authentication"), "{error}");
+    assert!(!error.0.contains("pw3wrong"), "{error}");
+}
+
+#[test]
+fn a_second_store_on_the_schema_is_refused_and_let_in_once_the_first_is_gone() {
+    let schema = TestSchema::new();
+    let mut first = PostgresStore::open(&schema.target).unwrap();
+    first.commit(&[put(Kind::Meta, b"m", b"1")]).unwrap();
+    let error = PostgresStore::open(&schema.target).unwrap_err();
+    assert!(
+        error
+            .0
+            .contains("is in use by another toolgate process (backend pid "),
+        "{error}"
+    );
+    assert!(
+        error.0.contains(&format!(
+            "application_name \"toolgate[{}]\"",
+            std::process::id()
+        )),
+        "{error}"
+    );
+    assert!(error.0.contains(&schema.target.to_string()), "{error}");
+    assert!(error.0.contains("not supported yet"), "{error}");
+    // The refusal changed nothing: the first still commits.
+    first.commit(&[put(Kind::Meta, b"m", b"2")]).unwrap();
+    // Another schema of the same database is another store.
+    let other = TestSchema::new();
+    PostgresStore::open(&other.target).unwrap();
+    drop(first);
+    let mut second = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(contents(&mut second), expect(&[(Kind::Meta, b"m", b"2")]));
+}
+
+#[test]
+fn opening_creates_the_tables_then_finds_them_current() {
+    let mut schema = TestSchema::new();
+    assert!(schema.tables().is_empty());
+    let store = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(
+        store.opened(),
+        postgres::Opened {
+            found: 0,
+            version: SCHEMA_VERSION
+        }
+    );
+    assert_eq!(
+        store.opened().describe().as_deref(),
+        Some("created the tables (schema version 1)")
+    );
+    assert_eq!(store.name(), "postgres");
+    drop(store);
+    assert_eq!(schema.tables(), ["records", "schema_version"]);
+    assert_eq!(schema.version(), 1);
+    let store = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(store.opened().found, SCHEMA_VERSION);
+    assert_eq!(store.opened().describe(), None);
+}
+
+fn add_extra(
+    transaction: &mut ::postgres::Transaction<'_>,
+    schema: &str,
+) -> Result<(), ::postgres::Error> {
+    transaction.batch_execute(&format!("CREATE TABLE {schema}.extra (x integer)"))
+}
+
+fn fail(
+    transaction: &mut ::postgres::Transaction<'_>,
+    schema: &str,
+) -> Result<(), ::postgres::Error> {
+    transaction.batch_execute(&format!("SELECT * FROM {schema}.no_such_table"))
+}
+
+#[test]
+fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    store.commit(&[put(Kind::Pin, b"p", b"1")]).unwrap();
+    drop(store);
+    // A migration that fails leaves version 1 as it was.
+    const FAILING: &[Migration] = &[create_v1_tables, add_extra, fail];
+    let error = PostgresStore::open_with(&schema.target, FAILING).unwrap_err();
+    assert!(
+        error.0.contains("migrating from schema version 2 to 3"),
+        "{error}"
+    );
+    assert_eq!(schema.tables(), ["records", "schema_version"]);
+    assert_eq!(schema.version(), 1);
+    // From 1 to 2.
+    const LATER: &[Migration] = &[create_v1_tables, add_extra];
+    let store = PostgresStore::open_with(&schema.target, LATER).unwrap();
+    assert_eq!(
+        store.opened().describe().as_deref(),
+        Some("migrated the schema from version 1 to 2")
+    );
+    drop(store);
+    assert_eq!(schema.tables(), ["extra", "records", "schema_version"]);
+    assert_eq!(schema.version(), 2);
+    // This binary knows version 1 only: version 2 is refused, untouched.
+    let rows = schema.rows();
+    let error = PostgresStore::open(&schema.target).unwrap_err();
+    assert!(
+        error.0.contains(&format!(
+            "has schema version 2; this toolgate knows up to {SCHEMA_VERSION}: upgrade toolgate"
+        )),
+        "{error}"
+    );
+    assert_eq!(schema.tables(), ["extra", "records", "schema_version"]);
+    assert_eq!(schema.version(), 2);
+    assert_eq!(schema.rows(), rows);
+    // And the refused open let go of the lock.
+    PostgresStore::open_with(&schema.target, LATER).unwrap();
+}
+
+#[test]
+fn a_schema_that_is_not_a_store_is_refused_untouched() {
+    let mut schema = TestSchema::new();
+    let name = schema.name().to_string();
+    schema.execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.orders (id integer)"
+    ));
+    let error = PostgresStore::open(&schema.target).unwrap_err();
+    assert!(
+        error.0.contains(&format!(
+            "schema {name} is not a toolgate store: it has tables (orders) but no schema_version"
+        )),
+        "{error}"
+    );
+    assert_eq!(schema.tables(), ["orders"]);
+    // A schema_version that holds no version is not a store's either.
+    schema.execute(&format!(
+        "CREATE TABLE {name}.schema_version (version integer)"
+    ));
+    let error = PostgresStore::open(&schema.target).unwrap_err();
+    assert!(
+        error.0.contains("must hold one positive version"),
+        "{error}"
+    );
+    assert_eq!(schema.tables(), ["orders", "schema_version"]);
+}
+
+#[test]
+fn a_record_of_a_kind_this_toolgate_does_not_know_is_refused_at_load() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    schema.execute(&format!(
+        "INSERT INTO {}.records VALUES (99, '\\x01', '\\x02')",
+        schema.name()
+    ));
+    let error = store.load().unwrap_err();
+    assert!(error.0.contains("a record of kind 99"), "{error}");
+}
+
+#[test]
+fn a_lost_connection_fails_the_commit_and_frees_the_schema() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
+    assert!(schema.terminate_the_store_backend());
+    let error = store.commit(&[put(Kind::Receipt, b"r", b"2")]).unwrap_err();
+    assert!(
+        error
+            .0
+            .starts_with(&format!("the PostgreSQL store at {}: ", schema.target)),
+        "{error}"
+    );
+    drop(store);
+    // The server ends the backend (and its lock) in its own time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut reopened = loop {
+        match PostgresStore::open(&schema.target) {
+            Ok(store) => break store,
+            Err(error) if Instant::now() < deadline => {
+                assert!(error.0.contains("in use"), "{error}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => panic!("{error}"),
+        }
+    };
+    assert_eq!(
+        contents(&mut reopened),
+        expect(&[(Kind::Receipt, b"r", b"1")])
+    );
+}
+
+#[test]
+fn a_batch_writes_each_record_once_as_its_last_change_says() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    // Many records of every kind in one commit, some of them changed twice.
+    let mut changes = Vec::new();
+    for index in 0..2_000u32 {
+        let kind = Kind::ALL[index as usize % Kind::ALL.len()];
+        changes.push(put(kind, &index.to_be_bytes(), b"first"));
+        if index % 3 == 0 {
+            changes.push(put(kind, &index.to_be_bytes(), &index.to_le_bytes()));
+        }
+        if index % 5 == 0 {
+            changes.push(delete(kind, &index.to_be_bytes()));
+        }
+    }
+    store.commit(&changes).unwrap();
+    let rows = schema.rows();
+    let kept = (0..2_000u32).filter(|index| index % 5 != 0).count();
+    assert_eq!(rows.len(), kept);
+    for (kind, key, value) in rows {
+        let index = u32::from_be_bytes(key.as_slice().try_into().unwrap());
+        assert_eq!(kind, postgres::kind_code(Kind::ALL[index as usize % 9]));
+        let expected: &[u8] = if index % 3 == 0 {
+            &index.to_le_bytes()
+        } else {
+            b"first"
+        };
+        assert_eq!(value, expected);
+    }
+    assert!(store.size_bytes() > 0);
+}

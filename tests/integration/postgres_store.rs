@@ -1,0 +1,243 @@
+//! `toolgate serve --store postgres://…` as a process of its own, against
+//! the real server of `TOOLGATE_TEST_DATABASE_URL` (see
+//! `support::postgres`), each test in a fresh schema chosen with the URL's
+//! `schema=` parameter: a grant made before a restart is used after it; a
+//! second process on the same database and schema is refused; `store
+//! migrate` creates and then finds the tables; no message shows the
+//! password.
+
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+use crate::support::policies::portable;
+use crate::support::postgres::TestSchema;
+use crate::support::spawn::{self, Serve, Spawned};
+use crate::support::tokens::EXAMPLE_REVIEWER;
+use crate::support::{authed, grant_request, pb, proposal, session};
+
+const RECOVERY: &str = "tests/fixtures/policies/recovery.toml";
+
+/// The password in `url` (`postgres://user:PASSWORD@…`), if it has one.
+fn password_of(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let (userinfo, _) = rest.split_once('@')?;
+    let (_, password) = userinfo.split_once(':')?;
+    Some(password.to_string())
+}
+
+fn serve_on(schema: &TestSchema) -> Spawned {
+    Serve::new(&portable(RECOVERY))
+        .args(&["--store", &schema.url])
+        .pipe_stderr()
+        .start()
+}
+
+/// Stderr lines until one contains `text` (or 10 s pass); all of them.
+fn lines_until(lines: &Receiver<String>, text: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        let found = line.contains(text);
+        seen.push(line);
+        if found {
+            break;
+        }
+    }
+    seen
+}
+
+fn set_note(value: &str) -> pb::Proposal {
+    let arguments = serde_json::json!({ "item": "note", "value": value }).to_string();
+    proposal("c-note", "agent", "set_item", 0, &arguments)
+}
+
+async fn dispatch(server: &Spawned, call: &pb::Proposal) -> pb::DispatchResponse {
+    let request = crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
+    server
+        .pdp()
+        .await
+        .dispatch(request)
+        .await
+        .expect("Dispatch answers")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn a_grant_made_before_a_restart_commits_once_after_it() {
+    let schema = TestSchema::new();
+    let password = password_of(&schema.url);
+    let mut first = serve_on(&schema);
+    let stderr = first.stderr_lines();
+    let start = lines_until(&stderr, "toolgate serving");
+    let shown = schema.target.to_string();
+    assert!(
+        start.iter().any(|line| line.contains(&format!(
+            "state kept in PostgreSQL at {shown}; created the tables (schema version 1)"
+        ))),
+        "{start:#?}"
+    );
+    if let Some(password) = &password {
+        assert!(!start.iter().any(|line| line.contains(password.as_str())));
+    }
+    // Decide asks for approval; a reviewer grants it.
+    let call = set_note("after the restart");
+    let decided = first
+        .pdp()
+        .await
+        .decide(crate::support::decide_request(
+            session("agent", "s1", "w"),
+            call.clone(),
+        ))
+        .await
+        .expect("Decide answers")
+        .into_inner();
+    assert_eq!(decided.reason, "approval-required", "{decided:?}");
+    let mut approvals = pb::approvals_client::ApprovalsClient::new(first.channel().await);
+    let granted = approvals
+        .grant_approval(authed(
+            grant_request(decided.approval_id.clone(), "checked"),
+            EXAMPLE_REVIEWER,
+        ))
+        .await
+        .expect("grant")
+        .into_inner();
+    assert_eq!(granted.status(), pb::ApprovalStatus::Granted);
+    assert_eq!(first.stop(), Some(0));
+
+    // A new process on the same schema: the grant is there, and commits once.
+    let mut second = serve_on(&schema);
+    let stderr = second.stderr_lines();
+    let start = lines_until(&stderr, "state recovered");
+    assert!(
+        start.iter().any(|line| line.contains(&format!(
+            "state kept in PostgreSQL at {shown} (schema version 1)"
+        ))),
+        "{start:#?}"
+    );
+    let committed = dispatch(&second, &call).await;
+    assert_eq!(
+        (committed.status(), committed.replayed),
+        (pb::DispatchStatus::Ok, false),
+        "{committed:?}"
+    );
+    assert_eq!(committed.value_json, r#""after the restart""#);
+    // And once more after another restart: the same receipt, replayed.
+    assert_eq!(second.stop(), Some(0));
+    let third = serve_on(&schema);
+    let replayed = dispatch(&third, &call).await;
+    assert!(replayed.replayed, "{replayed:?}");
+    assert_eq!(replayed.receipt_id, committed.receipt_id);
+    let mut approvals = pb::approvals_client::ApprovalsClient::new(third.channel().await);
+    let approval = approvals
+        .get_approval(authed(
+            pb::GetApprovalRequest {
+                approval_id: decided.approval_id.clone(),
+            },
+            EXAMPLE_REVIEWER,
+        ))
+        .await
+        .expect("the approval is kept")
+        .into_inner();
+    assert_eq!(approval.status(), pb::ApprovalStatus::Consumed);
+}
+
+#[test]
+fn a_second_serve_on_the_same_schema_is_refused() {
+    let schema = TestSchema::new();
+    let first = serve_on(&schema);
+    let second = spawn::command()
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &schema.url])
+        .output()
+        .expect("run toolgate");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the PostgreSQL store at {} is in use by another toolgate process (backend pid ",
+            schema.target
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("not supported yet"), "{stderr}");
+    assert!(String::from_utf8_lossy(&second.stdout).is_empty());
+    if let Some(password) = password_of(&schema.url) {
+        assert!(!stderr.contains(&password), "{stderr}");
+    }
+    // The first one still serves.
+    assert_eq!(first.stop(), Some(0));
+}
+
+#[test]
+fn store_migrate_creates_the_tables_then_finds_them_current() {
+    let schema = TestSchema::new();
+    let migrate = || {
+        // The URL from the environment, as an operator would pass it.
+        let output = spawn::command()
+            .args(["store", "migrate"])
+            .env("TOOLGATE_STORE", &schema.url)
+            .output()
+            .expect("run toolgate");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let shown = schema.target.to_string();
+    let (code, stdout, stderr) = migrate();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        stdout,
+        format!("store   {shown}\nschema  1\ndone    created\n")
+    );
+    let (code, stdout, _) = migrate();
+    assert_eq!(code, Some(0));
+    assert!(stdout.ends_with("done    current\n"), "{stdout}");
+    // `store check` is the SQLite store's: refused, saying so.
+    let check = spawn::command()
+        .args(["store", "check", "--store", &schema.url])
+        .output()
+        .expect("run toolgate");
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`toolgate store check` works on the SQLite store only"),
+        "{stderr}"
+    );
+    // serve refuses --data-dir with a postgres store.
+    let serve = spawn::command()
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &schema.url])
+        .args(["--data-dir", "/nonexistent"])
+        .output()
+        .expect("run toolgate");
+    let stderr = String::from_utf8_lossy(&serve.stderr);
+    assert_eq!(serve.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--data-dir /nonexistent has no effect with a postgres:// store"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_store_value_is_refused_without_echoing_a_password() {
+    for (value, rule) in [
+        (
+            "postgress://u:pw9secret@h/db",
+            "expected `sqlite`, `memory` or a postgres://… URL",
+        ),
+        (
+            "postgres://u:pw9secret@h/db?schema=Bad",
+            "is not a schema name",
+        ),
+        ("postgres://u:pw9secret@h/db?sslmode=require", "no TLS"),
+    ] {
+        let output = spawn::command()
+            .args(["serve", "--store", value])
+            .output()
+            .expect("run toolgate");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("invalid value for '--store"), "{stderr}");
+        assert!(stderr.contains(rule), "{value}: {stderr}");
+        assert!(!stderr.contains("pw9secret"), "{stderr}");
+    }
+}
