@@ -46,42 +46,76 @@ pub struct BatchReport {
 /// Told of every batch the writer commits.
 pub type OnBatch = Box<dyn Fn(&BatchReport) + Send + Sync>;
 
-/// How far the store has got.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Progress {
-    /// Every batch up to this number is durable.
-    durable: u64,
-    /// Why nothing more will be: a commit failed, the writer panicked, or
-    /// it was closed.
-    stopped: Option<StoreError>,
-}
+/// Told that a batch is durable, or why it never will be.
+type Waiter = tokio::sync::oneshot::Sender<Result<(), StoreError>>;
 
+/// Everything the appenders and the writer thread share, under one lock.
 #[derive(Debug, Default)]
 struct Pending {
+    /// Appended since the writer last took a batch.
     changes: Vec<Change>,
     operations: usize,
     /// The number of the last batch appended.
     last: u64,
+    /// Every batch up to this number is durable.
+    durable: u64,
+    /// The last number of the batch the writer is committing (no greater
+    /// than `durable` when none is).
+    in_flight: u64,
+    /// Answers waiting for a number in the batch being committed, and for
+    /// one still pending: each is told once, when its own batch is done, so
+    /// a batch wakes only the answers it holds.
+    in_flight_waiters: Vec<Waiter>,
+    pending_waiters: Vec<Waiter>,
     closing: bool,
+}
+
+impl Pending {
+    /// Ends every wait: nothing more will be durable, for `why`.
+    fn fail_all(&mut self, why: &StoreError) {
+        for waiter in self
+            .in_flight_waiters
+            .drain(..)
+            .chain(self.pending_waiters.drain(..))
+        {
+            let _ = waiter.send(Err(why.clone()));
+        }
+    }
 }
 
 struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
-    progress: tokio::sync::watch::Sender<Progress>,
+    /// Why nothing more will be durable: a commit failed, the writer
+    /// panicked, or it was closed. Set once, before the waits are ended.
+    stopped: OnceLock<StoreError>,
     on_batch: OnceLock<OnBatch>,
+}
+
+impl Shared {
+    fn pending(&self) -> MutexGuard<'_, Pending> {
+        lock(&self.pending)
+    }
+
+    /// Stops the writer for good: records why and ends every wait.
+    fn stop(&self, why: StoreError) {
+        let mut pending = self.pending();
+        let _ = self.stopped.set(why);
+        if let Some(why) = self.stopped.get() {
+            pending.fail_all(why);
+        }
+    }
 }
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("progress", &*self.progress.borrow())
+            .field("stopped", &self.stopped.get())
             .finish_non_exhaustive()
     }
 }
 
-/// The handle of the writer thread; dropping it commits what is pending
-/// and stops the thread.
+/// The group-commit writer: a thread that owns the store.
 #[derive(Debug)]
 pub struct Writer {
     shared: Arc<Shared>,
@@ -90,13 +124,13 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread on `store` (already loaded).
+    /// Starts the writer thread on `store`.
     pub fn start(store: Box<dyn Store>) -> std::io::Result<Writer> {
         let store_name = store.name();
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
-            progress: tokio::sync::watch::Sender::new(Progress::default()),
+            stopped: OnceLock::new(),
             on_batch: OnceLock::new(),
         });
         let thread = std::thread::Builder::new()
@@ -112,7 +146,7 @@ impl Writer {
         })
     }
 
-    /// The store's name ("memory", "sqlite").
+    /// The store's name ([`Store::name`]).
     pub fn store_name(&self) -> &'static str {
         self.store_name
     }
@@ -122,16 +156,12 @@ impl Writer {
         let _ = self.shared.on_batch.set(on_batch);
     }
 
-    fn pending(&self) -> MutexGuard<'_, Pending> {
-        lock(&self.shared.pending)
-    }
-
-    /// Appends the changes of one operation (called under the state lock,
-    /// in commit order); the number its answer must wait for. No changes
-    /// append nothing and return the last number appended: what the
-    /// operation could have observed.
+    /// Appends one operation's changes (call it under the state lock, so
+    /// that appends are in commit order) and returns the number its answer
+    /// waits for. No changes: the number of the last batch appended, which
+    /// holds everything the operation could have observed.
     pub fn append(&self, mut changes: Vec<Change>) -> u64 {
-        let mut pending = self.pending();
+        let mut pending = self.shared.pending();
         if changes.is_empty() {
             return pending.last;
         }
@@ -148,31 +178,39 @@ impl Writer {
         number
     }
 
-    /// Why the store stopped, if a commit failed.
+    /// Why the writer stopped, once it has.
     pub fn failure(&self) -> Option<StoreError> {
-        self.shared.progress.borrow().stopped.clone()
+        self.shared.stopped.get().cloned()
     }
 
-    /// Resolves once batch `number` (and every one before it) is durable;
-    /// an error when the store failed first.
+    /// Waits until every batch up to `number` is durable, or the writer
+    /// stopped before it was.
     pub async fn durable(&self, number: u64) -> Result<(), StoreError> {
-        let mut progress = self.shared.progress.subscribe();
-        let reached = progress
-            .wait_for(|progress| progress.durable >= number || progress.stopped.is_some())
-            .await;
-        match reached.as_deref() {
-            Ok(progress) if progress.durable >= number => Ok(()),
-            Ok(Progress {
-                stopped: Some(error),
-                ..
-            }) => Err(error.clone()),
-            _ => Err(StoreError("the store writer stopped".into())),
-        }
+        let waiting = {
+            let mut pending = self.shared.pending();
+            if pending.durable >= number {
+                return Ok(());
+            }
+            if let Some(why) = self.shared.stopped.get() {
+                return Err(why.clone());
+            }
+            let (waiter, waiting) = tokio::sync::oneshot::channel();
+            if number <= pending.in_flight {
+                pending.in_flight_waiters.push(waiter);
+            } else {
+                pending.pending_waiters.push(waiter);
+            }
+            waiting
+        };
+        waiting
+            .await
+            .unwrap_or_else(|_| Err(StoreError("the store writer stopped".into())))
     }
 
-    /// Commits what is pending and stops the thread (also on drop).
+    /// Commits what is pending, stops the thread and waits for it. Later
+    /// appends are refused (their [`Writer::durable`] fails).
     pub fn close(&self) {
-        self.pending().closing = true;
+        self.shared.pending().closing = true;
         self.shared.wake.notify_one();
         let thread = lock(&self.thread).take();
         if let Some(thread) = thread {
@@ -188,15 +226,13 @@ impl Drop for Writer {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding it cannot leave `Pending` half-changed in a
-    // way that matters more than stopping would: keep going.
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Marks the writer stopped when its thread ends, however it ends, so that
-/// no answer waits for a batch that will never be written.
+/// Marks the writer stopped when its thread ends, however it ends (a
+/// panic included), so that no answer waits for it forever.
 struct StopOnExit<'a>(&'a Shared);
 
 impl Drop for StopOnExit<'_> {
@@ -205,22 +241,18 @@ impl Drop for StopOnExit<'_> {
             true => "the store writer failed (a panic); restart to recover",
             false => "the store is closed",
         };
-        self.0.progress.send_modify(|progress| {
-            progress
-                .stopped
-                .get_or_insert_with(|| StoreError(why.into()));
-        });
+        self.0.stop(StoreError(why.into()));
     }
 }
 
-/// The writer thread: a batch of everything pending, one commit, then the
-/// next, until closed and drained or a commit fails.
+/// The writer thread: takes what is pending, commits it as one batch, tells
+/// its waiters, repeats; returns once closed and drained, or on a failure.
 fn run(shared: &Shared, mut store: Box<dyn Store>) {
     let _stop_on_exit = StopOnExit(shared);
     let mut spare = Vec::new();
     loop {
         let (changes, operations, last) = {
-            let mut pending = lock(&shared.pending);
+            let mut pending = shared.pending();
             while pending.changes.is_empty() && !pending.closing {
                 pending = shared
                     .wake
@@ -232,49 +264,49 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
             }
             let changes = std::mem::replace(&mut pending.changes, std::mem::take(&mut spare));
             let operations = std::mem::take(&mut pending.operations);
+            pending.in_flight = pending.last;
+            let waiting = std::mem::take(&mut pending.pending_waiters);
+            pending.in_flight_waiters = waiting;
             (changes, operations, pending.last)
         };
         let changes = latest_only(changes);
         let started = Instant::now();
         let committed = store.commit(&changes);
         let sync = started.elapsed();
-        match committed {
-            Ok(()) => {
-                // Counted before the answers go, so that a caller who reads
-                // the metrics after its answer finds its batch there.
-                if let Some(on_batch) = shared.on_batch.get() {
-                    on_batch(&BatchReport {
-                        operations,
-                        changes: changes.len(),
-                        sync,
-                        store_bytes: store.size_bytes(),
-                    });
-                }
-                shared
-                    .progress
-                    .send_modify(|progress| progress.durable = last);
-            }
-            Err(error) => {
-                tracing::error!(
-                    store = store.name(),
-                    %error,
-                    "the store refused a commit; every call is refused from now on \
-                     (restart to recover from what the store holds)"
-                );
-                shared
-                    .progress
-                    .send_modify(|progress| progress.stopped = Some(error));
-                return;
-            }
+        if let Err(error) = committed {
+            tracing::error!(
+                store = store.name(),
+                %error,
+                "the store refused a commit; every call is refused from now on \
+                 (restart to recover from what the store holds)"
+            );
+            shared.stop(error);
+            return;
+        }
+        // Metrics first, so that an answer released below finds its batch
+        // counted.
+        if let Some(on_batch) = shared.on_batch.get() {
+            on_batch(&BatchReport {
+                operations,
+                changes: changes.len(),
+                sync,
+                store_bytes: store.size_bytes(),
+            });
+        }
+        let released = {
+            let mut pending = shared.pending();
+            pending.durable = last;
+            std::mem::take(&mut pending.in_flight_waiters)
+        };
+        for waiter in released {
+            let _ = waiter.send(Ok(()));
         }
         spare = changes;
         spare.clear();
     }
 }
 
-/// The batch with every change that a later change of the same record
-/// replaces dropped (each change writes its record whole, so only the last
-/// one counts), in the order of the changes kept.
+/// Keeps the last change of each record, in order: what a batch writes.
 fn latest_only(changes: Vec<Change>) -> Vec<Change> {
     let mut last: HashMap<(Kind, &[u8]), usize> = HashMap::with_capacity(changes.len());
     for (index, change) in changes.iter().enumerate() {
