@@ -88,8 +88,12 @@ pub(super) fn create_v1_tables(transaction: &Transaction<'_>) -> rusqlite::Resul
 /// How long a statement waits for another connection's lock (a backup's or
 /// check's read, a checkpoint) before it fails as busy.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The page cache, in KiB (SQLite's negative form): 64 MiB.
-const CACHE_KIB: i64 = 65_536;
+/// The page cache, in KiB (SQLite's negative form): 8 MiB, which holds
+/// the interior pages of every table of a store of 100,000 approvals and
+/// receipts. Not more: SQLite walks its whole page cache's hash table at
+/// the end of many write transactions, and with 64 MiB that walk was 5 % of
+/// the server's CPU per Dispatch (BENCHMARKS.md).
+const CACHE_KIB: i64 = 8_192;
 /// WAL pages between automatic checkpoints (SQLite's default, 4 MB). A
 /// checkpoint runs inside the commit that crosses the mark, so its size is
 /// that commit's stall: measured here (`measure_commit_rates_and_size`),
