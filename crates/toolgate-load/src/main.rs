@@ -224,6 +224,10 @@ impl RunArgs {
     }
 }
 
+/// The allocator toolgate uses, for the baseline server and the load alike.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
