@@ -118,11 +118,12 @@ pub async fn serve_with_options(
         log_sink: options.log_sink.clone(),
     };
     let served = grpc.serve(listeners.grpc, health_service, stopped(&stop_signal))?;
-    let sink_health = SinkHealth {
+    let health = HealthFollower {
         sink: options.log_sink,
         reporter: health_reporter.clone(),
         stopping: stop_signal.clone(),
         stalled: false,
+        store_failed: false,
     };
     tokio::spawn(stop_on(shutdown, health_reporter, engine.clone(), stopping));
     let metrics_server = listeners.metrics.map(|listener| {
@@ -134,7 +135,7 @@ pub async fn serve_with_options(
             stopped,
         ))
     });
-    let sweeper = tokio::spawn(housekeeping(engine, metrics, sink_health));
+    let sweeper = tokio::spawn(housekeeping(engine, metrics, health));
     let result = within_grace(served, stopped(&stop_signal), settings.shutdown_grace).await;
     sweeper.abort();
     if let Some(metrics_server) = metrics_server
@@ -307,12 +308,12 @@ fn error_detail_descriptors() -> Result<prost_types::FileDescriptorSet, prost::D
 /// recorded since the last tick into the histograms' buckets (the recorder
 /// keeps every sample until then: without this, memory would grow with every
 /// call when nobody scrapes `/metrics`).
-async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut sink_health: SinkHealth) {
+async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut health: HealthFollower) {
     let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        sink_health.update().await;
+        health.update(&engine).await;
         if let Err(error) = engine.sweep().await {
             tracing::error!(%error, "approval sweep failed");
         }
@@ -320,31 +321,39 @@ async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut sink_health: Si
     }
 }
 
-/// Health follows the log sink: NOT_SERVING while it is stalled, SERVING
-/// again once it drains (unless the server is shutting down).
-struct SinkHealth {
+/// Health follows the log sink and the store: NOT_SERVING while the sink
+/// is stalled, SERVING again once it drains (unless the server is shutting
+/// down); NOT_SERVING for good once the store failed, for every call is
+/// then refused until a restart (an orchestrator's cue to restart it).
+struct HealthFollower {
     sink: Option<SinkStatus>,
     reporter: HealthReporter,
     stopping: watch::Receiver<bool>,
     stalled: bool,
+    store_failed: bool,
 }
 
-impl SinkHealth {
-    async fn update(&mut self) {
-        let Some(sink) = &self.sink else { return };
-        let stalled = sink.check();
-        if stalled == self.stalled || *self.stopping.borrow() {
+impl HealthFollower {
+    async fn update(&mut self, engine: &Engine) {
+        if *self.stopping.borrow() {
             return;
         }
-        self.stalled = stalled;
-        let status = match stalled {
+        let stalled = self.sink.as_ref().is_some_and(SinkStatus::check);
+        let store_failed = self.store_failed || engine.store_failure().is_some();
+        if (stalled, store_failed) == (self.stalled, self.store_failed) {
+            return;
+        }
+        if store_failed && !self.store_failed {
+            tracing::error!("the store failed: health NOT_SERVING until a restart");
+        } else if let (Some(sink), false) = (&self.sink, stalled) {
+            // Said to stderr only when it drains: a stalled sink takes no lines.
+            tracing::warn!(stalls = sink.stalls(), "log sink drained; serving again");
+        }
+        (self.stalled, self.store_failed) = (stalled, store_failed);
+        let status = match stalled || store_failed {
             true => ServingStatus::NotServing,
             false => ServingStatus::Serving,
         };
-        // Said to stderr only when it drains: a stalled sink takes no lines.
-        if !stalled {
-            tracing::warn!(stalls = sink.stalls(), "log sink drained; serving again");
-        }
         set_health(&self.reporter, status).await;
     }
 }

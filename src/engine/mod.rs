@@ -602,16 +602,23 @@ impl Engine {
         audit!("policy_reloaded", policy_revision = %revision);
     }
 
+    /// Why the store can take nothing more (a commit it refused, a change
+    /// that could not be encoded), once that happened: every call is then
+    /// refused until a restart recovers from what the store holds.
+    pub fn store_failure(&self) -> Option<String> {
+        match self.shared.broken.get() {
+            Some(broken) => Some(broken.clone()),
+            None => self.shared.writer.failure().map(|error| error.to_string()),
+        }
+    }
+
     /// Locks the state. A poisoned lock means an operation panicked halfway:
     /// refuse everything rather than act on possibly inconsistent state.
     /// Refuses everything once the store failed: the state in memory is
     /// then ahead of what a restart would recover.
     fn state(&self) -> Result<MutexGuard<'_, State>> {
-        if let Some(broken) = self.shared.broken.get() {
-            return Err(store_failed(broken));
-        }
-        if let Some(error) = self.shared.writer.failure() {
-            return Err(store_failed(&error.to_string()));
+        if let Some(why) = self.store_failure() {
+            return Err(store_failed(&why));
         }
         self.shared
             .state

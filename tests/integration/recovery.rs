@@ -16,10 +16,12 @@ use crate::support::PostgresStore;
 use crate::support::postgres::TestSchema;
 
 use crate::support::policies::repo_path;
+use crate::support::raw::until;
 use crate::support::tokens::EXAMPLE_REVIEWER;
 use crate::support::{
     EPOCH, Manifest, ManualClock, Policy, TestServer, authed, pb, pin_request, proposal, session,
 };
+use tonic_health::pb::health_check_response::ServingStatus;
 
 fn policy() -> Policy {
     Policy::load(&repo_path("tests/fixtures/policies/recovery.toml")).expect("recovery policy")
@@ -282,6 +284,7 @@ async fn a_failed_commit_withholds_its_answer_and_refuses_everything_after() {
         commits: 2,
     };
     let server = TestServer::start_on(policy(), Box::new(failing), clock.clone()).await;
+    assert_eq!(server.health().await, ServingStatus::Serving);
     let first = dispatched(&server, &post("c-post1", 0)).await;
     assert_eq!(first.status(), pb::DispatchStatus::Ok);
     // The next commit fails: its answer is never released as a success.
@@ -298,6 +301,13 @@ async fn a_failed_commit_withholds_its_answer_and_refuses_everything_after() {
         .await
         .expect_err("refused");
     assert_eq!(read.code(), tonic::Code::Unavailable);
+    // Health says so, for an orchestrator to restart the process (checked
+    // once a second, with the sweep).
+    until(
+        "health turns NOT_SERVING after the store failed",
+        || async { server.health().await == ServingStatus::NotServing },
+    )
+    .await;
     server.stop().await;
     // A restart recovers what was acknowledged, and only that.
     let restarted = TestServer::start_on(policy(), Box::new(store), clock).await;
@@ -311,5 +321,6 @@ async fn a_failed_commit_withholds_its_answer_and_refuses_everything_after() {
         (retry.status(), retry.replayed),
         (pb::DispatchStatus::Ok, false)
     );
+    assert_eq!(restarted.health().await, ServingStatus::Serving);
     restarted.stop().await;
 }
