@@ -21,7 +21,9 @@ pub mod postgres;
 pub mod sqlite;
 pub mod writer;
 
-use crate::domain::records::{Change, Record};
+use std::collections::HashMap;
+
+use crate::domain::records::{Change, Kind, Record};
 
 /// Why a store could not do what it was asked. The message names the store,
 /// the file and the failing step; it never holds a record's contents.
@@ -48,6 +50,21 @@ pub trait Store: Send + 'static {
 
     /// Bytes the store holds (on disk, for a durable store).
     fn size_bytes(&self) -> u64;
+}
+
+/// For each of `changes`, whether it is the last change of its record
+/// among them: the one that counts, for a later change of a record replaces
+/// an earlier one whole.
+pub(crate) fn last_of_each_record(changes: &[Change]) -> Vec<bool> {
+    let mut last: HashMap<(Kind, &[u8]), usize> = HashMap::with_capacity(changes.len());
+    for (index, change) in changes.iter().enumerate() {
+        last.insert((change.kind, change.key.as_slice()), index);
+    }
+    let mut keep = vec![false; changes.len()];
+    for index in last.into_values() {
+        keep[index] = true;
+    }
+    keep
 }
 
 #[cfg(test)]

@@ -48,7 +48,6 @@
 //! one) runs on a thread of its own, since a runtime cannot be blocked on
 //! from inside another.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -832,13 +831,13 @@ impl Store for PostgresStore {
         // The last change of each record is the one that counts; with one
         // left per record, the deletions and writes can go as one statement
         // each, in either order.
-        let mut last: HashMap<(Kind, &[u8]), &Change> = HashMap::with_capacity(changes.len());
-        for change in changes {
-            last.insert((change.kind, change.key.as_slice()), change);
-        }
         let (mut put_kinds, mut put_keys, mut put_values) = (Vec::new(), Vec::new(), Vec::new());
         let (mut gone_kinds, mut gone_keys) = (Vec::new(), Vec::new());
-        for change in last.into_values() {
+        let last = changes
+            .iter()
+            .zip(super::last_of_each_record(changes))
+            .filter_map(|(change, last)| last.then_some(change));
+        for change in last {
             match &change.value {
                 Some(value) => {
                     put_kinds.push(kind_code(change.kind));

@@ -21,13 +21,12 @@
 //! ([`Writer::failure`]) until the process is restarted and recovers from
 //! the store.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{Store, StoreError};
-use crate::domain::records::{Change, Kind};
+use crate::domain::records::Change;
 
 /// What one batch did, for metrics.
 #[derive(Debug, Clone, Copy)]
@@ -308,20 +307,10 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
 
 /// Keeps the last change of each record, in order: what a batch writes.
 fn latest_only(changes: Vec<Change>) -> Vec<Change> {
-    let mut last: HashMap<(Kind, &[u8]), usize> = HashMap::with_capacity(changes.len());
-    for (index, change) in changes.iter().enumerate() {
-        last.insert((change.kind, change.key.as_slice()), index);
-    }
-    if last.len() == changes.len() {
+    let keep = super::last_of_each_record(&changes);
+    if keep.iter().all(|keep| *keep) {
         return changes;
     }
-    let keep: Vec<bool> = {
-        let mut keep = vec![false; changes.len()];
-        for index in last.values() {
-            keep[*index] = true;
-        }
-        keep
-    };
     changes
         .into_iter()
         .zip(keep)
@@ -332,6 +321,7 @@ fn latest_only(changes: Vec<Change>) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::records::Kind;
     use crate::store::memory::MemoryStore;
 
     fn put(key: &[u8], value: &[u8]) -> Change {
