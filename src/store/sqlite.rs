@@ -35,11 +35,18 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions, TryLockError};
 use std::io::{Read, Write};
+use std::os::raw::c_int;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::backup::{Backup, StepResult};
+use rusqlite::hooks::Wal;
+use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
 
 use super::{Store, StoreError, StoreResult};
@@ -94,13 +101,24 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// the end of many write transactions, and with 64 MiB that walk was 5 % of
 /// the server's CPU per Dispatch (BENCHMARKS.md).
 const CACHE_KIB: i64 = 8_192;
-/// WAL pages between automatic checkpoints (SQLite's default, 4 MB). A
-/// checkpoint runs inside the commit that crosses the mark, so its size is
-/// that commit's stall: measured here (`measure_commit_rates_and_size`),
-/// 10000 pages gave the same commits a second but worst commits of 45 ms
-/// (batches of 64) and 90 ms (1024) against 7-15 and 15-19 ms; and the WAL
-/// recovery reads at start stays small.
-const WAL_AUTOCHECKPOINT_PAGES: i64 = 1_000;
+/// WAL pages at which a commit wakes the checkpointer thread
+/// ([`Checkpointer`]), which copies the WAL into the database beside the
+/// writer. SQLite's own automatic checkpoint (at 1,000 pages too) ran
+/// inside the commit that crossed the mark, and that commit's stall (7-15
+/// ms for 1,000 pages, `measure_commit_rates_and_size`) was every waiting
+/// answer's: the p99 of Dispatch at half load (BENCHMARKS.md).
+pub(super) const CHECKPOINT_PAGES: c_int = 1_000;
+/// WAL pages at which the writer checkpoints what is left itself, inside
+/// the commit. SQLite starts the WAL again from its beginning only once
+/// all of it is in the database, which a thread copying beside a busy
+/// writer never quite reaches; what is left for the writer is what came
+/// after the thread's last pass, so its stall is short, and the WAL stays
+/// bounded (about this many pages) under any load.
+pub(super) const WRITER_CHECKPOINT_PAGES: c_int = 4_000;
+/// The shortest time between two passes of the checkpointer thread: a
+/// page written by many commits is copied once per pass, not once per
+/// commit.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(20);
 /// The WAL is cut back to this size after a checkpoint, so that one burst
 /// does not leave a large file behind.
 const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
@@ -111,10 +129,12 @@ const STATEMENT_CACHE: usize = 64;
 /// The durable store (see the module documentation).
 #[derive(Debug)]
 pub struct SqliteStore {
-    // Fields drop in order: the connection closes (checkpointing the WAL)
-    // before the lock is released.
+    // Fields drop in order: the connection closes, then the checkpointer
+    // (the last connection, which checkpoints the WAL as it closes), before
+    // the lock is released.
     connection: Connection,
     statements: Vec<KindStatements>,
+    _checkpointer: Checkpointer,
     dir: PathBuf,
     _lock: File,
 }
@@ -196,7 +216,6 @@ impl SqliteStore {
         for (pragma, value) in [
             ("synchronous", 2), // FULL
             ("cache_size", -CACHE_KIB),
-            ("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES),
             ("journal_size_limit", JOURNAL_SIZE_LIMIT),
         ] {
             connection
@@ -218,9 +237,27 @@ impl SqliteStore {
             )));
         }
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        let checkpointer = Checkpointer::start(dir, &db_path)?;
+        let wake = checkpointer.waker();
+        // Replaces SQLite's automatic checkpoint (which is a WAL hook too).
+        // Never an error: the commit that calls it has happened, and an
+        // error here would make it look failed; a checkpoint that cannot
+        // run now (the thread's pass holds the checkpoint lock) is tried
+        // again at the next commit.
+        connection
+            .wal_hook(Some(move |wal: &mut Wal, pages: c_int| {
+                if pages >= WRITER_CHECKPOINT_PAGES {
+                    let _ = wal.checkpoint();
+                } else if pages >= CHECKPOINT_PAGES {
+                    let _ = wake.try_send(());
+                }
+                Ok(())
+            }))
+            .map_err(failed("setting the WAL hook"))?;
         Ok(SqliteStore {
             connection,
             statements: Kind::ALL.into_iter().map(KindStatements::new).collect(),
+            _checkpointer: checkpointer,
             dir: dir.to_path_buf(),
             _lock: lock,
         })
@@ -333,6 +370,104 @@ impl Store for SqliteStore {
     fn size_bytes(&self) -> u64 {
         files_size(&self.dir.join(DB_FILE))
     }
+}
+
+/// The checkpointer thread (see [`CHECKPOINT_PAGES`]): its own connection,
+/// PASSIVE checkpoints (which take no lock a writer needs) when a commit
+/// wakes it, at most one per [`CHECKPOINT_INTERVAL`]. A checkpoint that
+/// fails loses nothing (the WAL still holds every commit); it is logged
+/// once until one succeeds again, and the writer's own checkpoint keeps
+/// the WAL bounded meanwhile.
+#[derive(Debug)]
+struct Checkpointer {
+    wake: SyncSender<()>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn start(dir: &Path, db_path: &Path) -> StoreResult<Self> {
+        let connection = Connection::open_with_flags(
+            db_path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|error| store_error(dir, "opening the checkpointer's connection", error))?;
+        // A connection learns that the database is in WAL mode when it
+        // first reads it; until then a checkpoint does nothing.
+        connection
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
+            .map_err(|error| {
+                store_error(dir, "reading with the checkpointer's connection", error)
+            })?;
+        let (wake, woken) = mpsc::sync_channel(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("toolgate-checkpoint".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                let dir = dir.to_path_buf();
+                move || checkpoint_when_woken(&connection, &woken, &stop, &dir)
+            })
+            .map_err(|error| {
+                StoreError(format!(
+                    "the SQLite store at {}: cannot start the checkpointer thread: {error}",
+                    dir.display()
+                ))
+            })?;
+        Ok(Checkpointer {
+            wake,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn waker(&self) -> SyncSender<()> {
+        self.wake.clone()
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.wake.try_send(());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn checkpoint_when_woken(
+    connection: &Connection,
+    woken: &Receiver<()>,
+    stop: &AtomicBool,
+    dir: &Path,
+) {
+    let mut failing = false;
+    while woken.recv().is_ok() && !stop.load(Ordering::Acquire) {
+        match connection.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
+            Ok(_) => failing = false,
+            Err(error) if busy(&error) => {}
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(
+                        store = %dir.display(),
+                        %error,
+                        "the SQLite store's checkpointer failed; the writer checkpoints instead"
+                    );
+                }
+                failing = true;
+            }
+        }
+        std::thread::sleep(CHECKPOINT_INTERVAL);
+    }
+}
+
+/// Whether SQLite refused for another connection's lock.
+fn busy(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
 }
 
 /// A failed step of the store at `dir`: the step and SQLite's message,

@@ -471,6 +471,83 @@ fn a_backup_never_overwrites() {
     assert!(error.0.contains("cannot create"), "{error}");
 }
 
+// ----- checkpoints -------------------------------------------------------------
+
+/// `count` receipts of 300 bytes, numbered from `first`.
+fn receipts(first: u64, count: u64) -> Vec<Change> {
+    (first..first + count)
+        .map(|serial| put(Kind::Receipt, &serial.to_be_bytes(), &bytes(300)))
+        .collect()
+}
+
+const PAGE: u64 = 4_096;
+
+#[test]
+fn the_checkpointer_copies_the_wal_into_the_database_beside_the_writer() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("data");
+    let mut store = SqliteStore::open(&dir).unwrap();
+    // Past CHECKPOINT_PAGES, short of the writer's own checkpoint.
+    let pages = u64::try_from(sqlite::CHECKPOINT_PAGES).unwrap() * 3 / 2;
+    let mut serial = 0;
+    while fs::metadata(dir.join(format!("{DB_FILE}-wal")))
+        .unwrap()
+        .len()
+        < pages * PAGE
+    {
+        store.commit(&receipts(serial, 64)).unwrap();
+        serial += 64;
+    }
+    let db = dir.join(DB_FILE);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // The WAL holds interior pages many times over; the database once.
+    while fs::metadata(&db).unwrap().len() < pages / 4 * PAGE {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing was checkpointed into {} ({} bytes)",
+            db.display(),
+            fs::metadata(&db).unwrap().len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(store);
+    let mut store = SqliteStore::open(&dir).unwrap();
+    assert_eq!(
+        store.load().unwrap().len(),
+        usize::try_from(serial).unwrap()
+    );
+}
+
+#[test]
+fn the_wal_stays_bounded_under_steady_commits() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("data");
+    let mut store = SqliteStore::open(&dir).unwrap();
+    let wal = dir.join(format!("{DB_FILE}-wal"));
+    // A WAL frame is a page and a 24-byte header; a batch of 64 receipts
+    // is a few pages, so the writer's checkpoint comes within a batch of
+    // its mark.
+    let bound = (u64::try_from(sqlite::WRITER_CHECKPOINT_PAGES).unwrap() + 100) * (PAGE + 24);
+    let mut serial = 0;
+    let mut largest = 0;
+    // Four times the bound's worth of frames, as fast as one writer goes.
+    while serial < 4 * bound / 300 {
+        store.commit(&receipts(serial, 64)).unwrap();
+        serial += 64;
+        largest = largest.max(fs::metadata(&wal).unwrap().len());
+    }
+    assert!(
+        largest <= bound,
+        "the WAL grew to {largest} bytes (bound {bound})"
+    );
+    drop(store);
+    let mut store = SqliteStore::open(&dir).unwrap();
+    assert_eq!(
+        store.load().unwrap().len(),
+        usize::try_from(serial).unwrap()
+    );
+}
+
 // ----- measurement ------------------------------------------------------------
 
 /// Commits a second and bytes on disk a record, printed, never asserted:
