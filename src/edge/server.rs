@@ -124,6 +124,7 @@ pub async fn serve_with_options(
         stopping: stop_signal.clone(),
         stalled: false,
         store_failed: false,
+        store_out: false,
     };
     tokio::spawn(stop_on(shutdown, health_reporter, engine.clone(), stopping));
     let metrics_server = listeners.metrics.map(|listener| {
@@ -314,7 +315,10 @@ async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut health: HealthF
     loop {
         ticker.tick().await;
         health.update(&engine).await;
-        if let Err(error) = engine.sweep().await {
+        // While the store is out, a sweep would only be refused.
+        if engine.store_outage().is_none()
+            && let Err(error) = engine.sweep().await
+        {
             tracing::error!(%error, "approval sweep failed");
         }
         metrics.upkeep();
@@ -323,7 +327,8 @@ async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut health: HealthF
 
 /// Health follows the log sink and the store: NOT_SERVING while the sink
 /// is stalled, SERVING again once it drains (unless the server is shutting
-/// down); NOT_SERVING for good once the store failed, for every call is
+/// down); NOT_SERVING while the store is unreachable and asked to resume,
+/// SERVING again once it is back; NOT_SERVING for good once the store failed, for every call is
 /// then refused until a restart (an orchestrator's cue to restart it).
 struct HealthFollower {
     sink: Option<SinkStatus>,
@@ -331,6 +336,7 @@ struct HealthFollower {
     stopping: watch::Receiver<bool>,
     stalled: bool,
     store_failed: bool,
+    store_out: bool,
 }
 
 impl HealthFollower {
@@ -340,17 +346,25 @@ impl HealthFollower {
         }
         let stalled = self.sink.as_ref().is_some_and(SinkStatus::check);
         let store_failed = self.store_failed || engine.store_failure().is_some();
-        if (stalled, store_failed) == (self.stalled, self.store_failed) {
+        let store_out = engine.store_outage().is_some();
+        if (stalled, store_failed, store_out) == (self.stalled, self.store_failed, self.store_out) {
             return;
         }
         if store_failed && !self.store_failed {
             tracing::error!("the store failed: health NOT_SERVING until a restart");
+        } else if store_out != self.store_out {
+            match store_out {
+                true => {
+                    tracing::warn!("the store is unreachable: health NOT_SERVING until it is back")
+                }
+                false => tracing::warn!("the store is back: serving again"),
+            }
         } else if let (Some(sink), false) = (&self.sink, stalled) {
             // Said to stderr only when it drains: a stalled sink takes no lines.
             tracing::warn!(stalls = sink.stalls(), "log sink drained; serving again");
         }
-        (self.stalled, self.store_failed) = (stalled, store_failed);
-        let status = match stalled || store_failed {
+        (self.stalled, self.store_failed, self.store_out) = (stalled, store_failed, store_out);
+        let status = match stalled || store_failed || store_out {
             true => ServingStatus::NotServing,
             false => ServingStatus::Serving,
         };

@@ -612,13 +612,28 @@ impl Engine {
         }
     }
 
+    /// Why the last commit failed, while the store is asked to resume after
+    /// it (a PostgreSQL store that lost its connection): every new call is
+    /// refused meanwhile, and health is NOT_SERVING.
+    pub fn store_outage(&self) -> Option<String> {
+        self.shared.writer.outage().map(|error| error.to_string())
+    }
+
     /// Locks the state. A poisoned lock means an operation panicked halfway:
     /// refuse everything rather than act on possibly inconsistent state.
     /// Refuses everything once the store failed: the state in memory is
     /// then ahead of what a restart would recover.
+    /// Refuses, too, while the store is in an outage it may come back from
+    /// ([`Engine::store_outage`]): what is already waiting is answered
+    /// once it is back; nothing new is taken on meanwhile.
     fn state(&self) -> Result<MutexGuard<'_, State>> {
         if let Some(why) = self.store_failure() {
             return Err(store_failed(&why));
+        }
+        if let Some(why) = self.store_outage() {
+            return Err(Error::Unavailable(format!(
+                "the store is unreachable ({why}); toolgate is asking it to resume: try again"
+            )));
         }
         self.shared
             .state

@@ -50,6 +50,29 @@ pub trait Store: Send + 'static {
 
     /// Bytes the store holds (on disk, for a durable store).
     fn size_bytes(&self) -> u64;
+
+    /// After [`Store::commit`] failed: tries to bring the store back and
+    /// says what became of that commit. A store that cannot tell (the
+    /// default) makes every failed commit final.
+    fn resume(&mut self) -> Resume {
+        Resume::Final(None)
+    }
+}
+
+/// What a store found when asked to resume after a failed commit
+/// ([`Store::resume`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// Back, and the failed commit took effect after all (its answer was
+    /// lost with the connection).
+    Committed,
+    /// Back, and the failed commit did not take effect: it can be made again.
+    NotCommitted,
+    /// Not back yet: ask again later.
+    Unreachable(StoreError),
+    /// Never: the failure is final (why, when there is more to say than the
+    /// commit's own error).
+    Final(Option<StoreError>),
 }
 
 /// For each of `changes`, whether it is the last change of its record

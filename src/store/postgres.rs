@@ -23,6 +23,11 @@
 //! - `S.records (kind smallint, key bytea, value bytea, PRIMARY KEY (kind,
 //!   key))`: every record, its [`Kind`] by a fixed number ([`kind_code`]).
 //! - `S.schema_version (version integer)`: one row, the schema's version.
+//! - `S.commits (n bigint)`: one row, the number of commits made (from
+//!   version 2). Every commit's transaction moves it on by one, so that
+//!   after a lost connection the store reads whether the commit it was
+//!   making took effect, instead of guessing or making it twice
+//!   ([`Store::resume`]).
 //!
 //! [`MIGRATIONS`]`[n]` takes a schema from version `n` to `n + 1`; opening
 //! applies the missing ones in one transaction (version 0: no
@@ -54,7 +59,7 @@ use std::time::{Duration, Instant};
 use postgres::config::{Host, SslMode};
 use postgres::{Client, Config, NoTls, Statement};
 
-use super::{Store, StoreError, StoreResult};
+use super::{Resume, Store, StoreError, StoreResult};
 use crate::domain::records::{Change, Kind, Record};
 
 /// The schema the tables live in when the URL names none (`?schema=`).
@@ -79,7 +84,7 @@ pub type Migration = fn(&mut postgres::Transaction<'_>, &str) -> Result<(), post
 
 /// The schema's history, oldest first. Append only: a released migration is
 /// never changed, since schemas made with it exist.
-pub const MIGRATIONS: &[Migration] = &[create_v1_tables];
+pub const MIGRATIONS: &[Migration] = &[create_v1_tables, create_v2_commit_count];
 
 /// The schema version this binary writes (and the newest it can open).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -94,6 +99,23 @@ pub(super) fn create_v1_tables(
              key bytea NOT NULL, \
              value bytea NOT NULL, \
              PRIMARY KEY (kind, key))"
+    ))
+}
+
+/// Version 2: `S.commits (n bigint, token bytea)`, one row: the number of
+/// commits made and a random token of the last, written by every commit's
+/// transaction, so that after a lost connection the store can tell whether
+/// the commit it was making took effect ([`Store::resume`]).
+pub(super) fn create_v2_commit_count(
+    transaction: &mut postgres::Transaction<'_>,
+    schema: &str,
+) -> Result<(), postgres::Error> {
+    transaction.batch_execute(&format!(
+        "CREATE TABLE {schema}.commits (\
+             n bigint NOT NULL CHECK (n >= 0), \
+             token bytea NOT NULL, \
+             one boolean PRIMARY KEY DEFAULT true CHECK (one)); \
+         INSERT INTO {schema}.commits (n, token) VALUES (0, '')"
     ))
 }
 
@@ -447,6 +469,17 @@ pub struct PostgresStore {
     delete: Statement,
     select: Statement,
     size: Statement,
+    count: Statement,
+    /// Commits made, as `S.commits` holds it after the last one this store
+    /// saw succeed.
+    commits: i64,
+    /// The token of the commit being made, until it is known to have
+    /// succeeded: what `S.commits` holds if it took effect.
+    making: Option<[u8; 16]>,
+    /// Fault injection: the next commit takes effect, then fails as if its
+    /// answer was lost with the connection.
+    #[cfg(test)]
+    pub(super) lose_next_answer: bool,
     bytes: u64,
     measured: Instant,
     opened: Opened,
@@ -480,7 +513,15 @@ impl PostgresStore {
         let prepared = opened.and_then(|opened| {
             outside_runtime(|| prepare_statements(&mut client, target)).map(|s| (opened, s))
         });
-        let (opened, (upsert, delete, select, size)) = match prepared {
+        let prepared = prepared.and_then(|(opened, statements)| {
+            let commits = outside_runtime(|| {
+                client.query_one(&format!("SELECT n FROM {}.commits", target.schema()), &[])
+            })
+            .map_err(|error| store_error(target, "reading the commit count", &error))?
+            .get(0);
+            Ok((opened, statements, commits))
+        });
+        let (opened, (upsert, delete, select, size, count), commits) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {
                 // The lock goes with the connection, before the caller can
@@ -496,12 +537,30 @@ impl PostgresStore {
             delete,
             select,
             size,
+            count,
+            commits,
+            making: None,
+            #[cfg(test)]
+            lose_next_answer: false,
             bytes: 0,
             measured: Instant::now(),
             opened,
         };
         store.measure();
         Ok(store)
+    }
+
+    /// The token of the last commit (`S.commits.token`).
+    fn last_token(&mut self) -> StoreResult<Vec<u8>> {
+        let client = self
+            .client
+            .as_mut()
+            .ok_or_else(|| StoreError("the PostgreSQL store is closed".into()))?;
+        let sql = format!("SELECT token FROM {}.commits", self.target.schema());
+        client
+            .query_one(&sql, &[])
+            .map(|row| row.get(0))
+            .map_err(|error| store_error(&self.target, "reading the last commit", &error))
     }
 
     /// The database and schema.
@@ -512,10 +571,6 @@ impl PostgresStore {
     /// What opening found and did.
     pub fn opened(&self) -> Opened {
         self.opened
-    }
-
-    fn failed(&self, step: &str, error: &postgres::Error) -> StoreError {
-        store_error(&self.target, step, error)
     }
 
     /// Asks the server what the table and its index take.
@@ -724,7 +779,7 @@ fn in_use_message(
 fn prepare_statements(
     client: &mut Client,
     target: &PostgresTarget,
-) -> StoreResult<(Statement, Statement, Statement, Statement)> {
+) -> StoreResult<(Statement, Statement, Statement, Statement, Statement)> {
     let schema = target.schema();
     let prepare = |client: &mut Client, sql: &str| {
         client
@@ -755,7 +810,11 @@ fn prepare_statements(
         client,
         &format!("SELECT pg_total_relation_size('{schema}.records'::regclass)"),
     )?;
-    Ok((upsert, delete, select, size))
+    let count = prepare(
+        client,
+        &format!("UPDATE {schema}.commits SET n = $1, token = $3 WHERE n = $2"),
+    )?;
+    Ok((upsert, delete, select, size, count))
 }
 
 fn unlock_and_close(mut client: Client, schema: &str) -> Result<(), postgres::Error> {
@@ -854,9 +913,13 @@ impl Store for PostgresStore {
             .client
             .as_mut()
             .ok_or_else(|| StoreError("the PostgreSQL store is closed".into()))?;
-        let (upsert, delete) = (&self.upsert, &self.delete);
-        let committed = outside_runtime(|| -> Result<(), (String, postgres::Error)> {
-            let step = |what: String| move |error| (what, error);
+        let (upsert, delete, count) = (&self.upsert, &self.delete, &self.count);
+        let (before, after) = (self.commits, self.commits + 1);
+        let token: [u8; 16] = rand::random();
+        self.making = Some(token);
+        let target = &self.target;
+        let committed = outside_runtime(|| -> Result<(), (String, Option<postgres::Error>)> {
+            let step = |what: String| move |error| (what, Some(error));
             // A transaction dropped before its commit rolls back: all or
             // nothing.
             let mut transaction = client
@@ -880,9 +943,33 @@ impl Store for PostgresStore {
                         kinds_named(&put_kinds)
                     )))?;
             }
+            let counted = transaction
+                .execute(count, &[&after, &before, &token.as_slice()])
+                .map_err(step("counting the commit".into()))?;
+            if counted != 1 {
+                // Only another writer on the schema moves the count: refuse
+                // to write beside it.
+                return Err(("counting the commit".into(), None));
+            }
             transaction.commit().map_err(step("committing".into()))
         });
-        committed.map_err(|(step, error)| self.failed(&step, &error))?;
+        committed.map_err(|(step, error)| match error {
+            Some(error) => store_error(target, &step, &error),
+            None => StoreError(format!(
+                "the PostgreSQL store at {target}: {step}: the count of commits is not {before}: \
+                 another process writes to this schema"
+            )),
+        })?;
+        self.commits = after;
+        self.making = None;
+        #[cfg(test)]
+        if std::mem::take(&mut self.lose_next_answer) {
+            self.making = Some(token);
+            self.commits = before;
+            return Err(StoreError(
+                "the answer to the commit was lost (a test)".into(),
+            ));
+        }
         if self.measured.elapsed() >= SIZE_REFRESH {
             self.measure();
         }
@@ -891,5 +978,40 @@ impl Store for PostgresStore {
 
     fn size_bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Connects again (taking the schema's lock again: the lost session's
+    /// went with it, though the server may take a moment to notice) and
+    /// reads `S.commits`: the token of the failed commit means it took
+    /// effect; the count this store saw succeed, that it did not; anything
+    /// else, that another process wrote meanwhile (final).
+    fn resume(&mut self) -> Resume {
+        if let Some(client) = self.client.take() {
+            let schema = self.target.schema().to_string();
+            let _ = outside_runtime(move || unlock_and_close(client, &schema));
+        }
+        let mut fresh = match PostgresStore::open(&self.target) {
+            Ok(fresh) => fresh,
+            Err(error) => return Resume::Unreachable(error),
+        };
+        let (saw, found) = (self.commits, fresh.commits);
+        let token = match outside_runtime(|| fresh.last_token()) {
+            Ok(token) => token,
+            Err(error) => return Resume::Unreachable(error),
+        };
+        let resumed =
+            if found == saw + 1 && self.making.is_some_and(|making| making[..] == token[..]) {
+                Resume::Committed
+            } else if found == saw {
+                Resume::NotCommitted
+            } else {
+                return Resume::Final(Some(StoreError(format!(
+                    "the PostgreSQL store at {}: the count of commits is {found}, not {saw} or one \
+                 more: another process wrote to this schema while the connection was lost",
+                    self.target
+                ))));
+            };
+        *self = fresh;
+        resumed
     }
 }

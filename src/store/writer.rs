@@ -19,14 +19,28 @@
 //! A failed commit stops the writer for good: the state in memory is then
 //! ahead of the store, so every later operation is refused
 //! ([`Writer::failure`]) until the process is restarted and recovers from
-//! the store.
+//! the store. Unless the store can resume ([`Store::resume`]: PostgreSQL,
+//! after a lost connection): then the writer is in an outage
+//! ([`Writer::outage`]) while it asks the store again, with a growing pause,
+//! for up to [`RESUME_FOR`]; once the store is back it either counts the
+//! commit made (it took effect, only its answer was lost) or makes it
+//! again (it did not), never both, and goes on. The batch's answers wait
+//! meanwhile.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Store, StoreError};
+use super::{Resume, Store, StoreError};
 use crate::domain::records::Change;
+
+/// How long a store that can resume is asked to, after a failed commit,
+/// before the failure is final.
+pub const RESUME_FOR: Duration = Duration::from_secs(60);
+/// The first pause between two attempts to resume; it doubles up to
+/// [`RESUME_PAUSE_MAX`].
+const RESUME_PAUSE: Duration = Duration::from_millis(50);
+const RESUME_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// What one batch did, for metrics.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +102,9 @@ struct Shared {
     /// Why nothing more will be durable: a commit failed, the writer
     /// panicked, or it was closed. Set once, before the waits are ended.
     stopped: OnceLock<StoreError>,
+    /// Why the last commit failed, while the writer waits for the store to
+    /// resume.
+    outage: Mutex<Option<StoreError>>,
     on_batch: OnceLock<OnBatch>,
 }
 
@@ -130,6 +147,7 @@ impl Writer {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             stopped: OnceLock::new(),
+            outage: Mutex::new(None),
             on_batch: OnceLock::new(),
         });
         let thread = std::thread::Builder::new()
@@ -180,6 +198,12 @@ impl Writer {
     /// Why the writer stopped, once it has.
     pub fn failure(&self) -> Option<StoreError> {
         self.shared.stopped.get().cloned()
+    }
+
+    /// Why the last commit failed, while the writer waits for the store to
+    /// resume (see the module documentation).
+    pub fn outage(&self) -> Option<StoreError> {
+        lock(&self.shared.outage).clone()
     }
 
     /// Waits until every batch up to `number` is durable, or the writer
@@ -270,7 +294,7 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
         };
         let changes = latest_only(changes);
         let started = Instant::now();
-        let committed = store.commit(&changes);
+        let committed = commit_or_resume(shared, store.as_mut(), &changes);
         let sync = started.elapsed();
         if let Err(error) = committed {
             tracing::error!(
@@ -303,6 +327,78 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
         spare = changes;
         spare.clear();
     }
+}
+
+/// Commits `changes`; when that fails and the store can resume, asks it to
+/// until it is back (then counts the commit if it took effect, or makes it
+/// again) or [`RESUME_FOR`] has passed, or the writer is closing.
+fn commit_or_resume(
+    shared: &Shared,
+    store: &mut dyn Store,
+    changes: &[Change],
+) -> Result<(), StoreError> {
+    let mut failed = match store.commit(changes) {
+        Ok(()) => return Ok(()),
+        Err(error) => error,
+    };
+    let since = Instant::now();
+    let mut pause = RESUME_PAUSE;
+    loop {
+        let resumed = store.resume();
+        if let Resume::Final(why) = resumed {
+            *lock(&shared.outage) = None;
+            return Err(why.unwrap_or(failed));
+        }
+        if matches!(resumed, Resume::Committed) {
+            tracing::warn!(
+                store = store.name(),
+                "the store is back; the commit it lost the answer to had taken effect"
+            );
+            *lock(&shared.outage) = None;
+            return Ok(());
+        }
+        if matches!(resumed, Resume::NotCommitted) {
+            match store.commit(changes) {
+                Ok(()) => {
+                    tracing::warn!(
+                        store = store.name(),
+                        "the store is back; the failed commit is made"
+                    );
+                    *lock(&shared.outage) = None;
+                    return Ok(());
+                }
+                Err(error) => failed = error,
+            }
+        }
+        let mut outage = lock(&shared.outage);
+        if outage.is_none() {
+            tracing::error!(
+                store = store.name(),
+                error = %failed,
+                "a commit failed; every new call is refused (UNAVAILABLE) while the store is asked to resume"
+            );
+        }
+        *outage = Some(failed.clone());
+        drop(outage);
+        if since.elapsed() >= RESUME_FOR || wait_unless_closing(shared, pause) {
+            *lock(&shared.outage) = None;
+            return Err(failed);
+        }
+        pause = (pause * 2).min(RESUME_PAUSE_MAX);
+    }
+}
+
+/// Waits `pause`, unless the writer is closing (then at once: true).
+fn wait_unless_closing(shared: &Shared, pause: Duration) -> bool {
+    let pending = shared.pending();
+    if pending.closing {
+        return true;
+    }
+    let (pending, _) = shared
+        .wake
+        .wait_timeout_while(pending, pause, |pending| !pending.closing)
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    pending.closing
 }
 
 /// Keeps the last change of each record, in order: what a batch writes.

@@ -7,7 +7,9 @@
 //! password.
 
 use std::sync::mpsc::Receiver;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::policies::portable;
 use crate::support::postgres::TestSchema;
@@ -71,7 +73,7 @@ async fn a_grant_made_before_a_restart_commits_once_after_it() {
     let shown = schema.target.to_string();
     assert!(
         start.iter().any(|line| line.contains(&format!(
-            "state kept in PostgreSQL at {shown}; created the tables (schema version 1)"
+            "state kept in PostgreSQL at {shown}; created the tables (schema version 2)"
         ))),
         "{start:#?}"
     );
@@ -109,7 +111,7 @@ async fn a_grant_made_before_a_restart_commits_once_after_it() {
     let start = lines_until(&stderr, "state recovered");
     assert!(
         start.iter().any(|line| line.contains(&format!(
-            "state kept in PostgreSQL at {shown} (schema version 1)"
+            "state kept in PostgreSQL at {shown} (schema version 2)"
         ))),
         "{start:#?}"
     );
@@ -138,6 +140,91 @@ async fn a_grant_made_before_a_restart_commits_once_after_it() {
         .expect("the approval is kept")
         .into_inner();
     assert_eq!(approval.status(), pb::ApprovalStatus::Consumed);
+}
+
+fn post(call_id: &str, version: u64, text: &str) -> pb::Proposal {
+    let arguments = serde_json::json!({ "text": text }).to_string();
+    proposal(call_id, "agent", "post", version, &arguments)
+}
+
+/// Dispatches `call` until it is answered, taking UNAVAILABLE (the store
+/// is out) as "not yet" for up to 20 s; anything else fails the test.
+async fn dispatch_when_back(server: &Spawned, call: &pb::Proposal) -> pb::DispatchResponse {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let request = crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
+        match server.pdp().await.dispatch(request).await {
+            Ok(answer) => return answer.into_inner(),
+            Err(status)
+                if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_lost_connection_is_resumed_and_nothing_commits_twice() {
+    let schema = TestSchema::new();
+    let application = format!("tg_{}", schema.name());
+    let url = format!("{}&application_name={application}", schema.url);
+    let serve = || {
+        Serve::new(&portable(RECOVERY))
+            .args(&["--store", &url])
+            .pipe_stderr()
+            .start()
+    };
+    let mut server = serve();
+    let stderr = server.stderr_lines();
+    lines_until(&stderr, "toolgate serving");
+    let first = dispatch(&server, &post("c1", 0, "one")).await;
+    assert_eq!(first.status(), pb::DispatchStatus::Ok, "{first:?}");
+    // The connection is cut under the server (as a restart of PostgreSQL
+    // or a failover would).
+    schema
+        .execute(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = '{application}'"
+        ))
+        .unwrap();
+    // The next commit finds it gone; the store resumes, and the call is
+    // answered (or refused as UNAVAILABLE until it is back, then answered).
+    let second = dispatch_when_back(&server, &post("c2", 1, "two")).await;
+    assert_eq!(
+        (second.status(), second.replayed),
+        (pb::DispatchStatus::Ok, false),
+        "{second:?}"
+    );
+    let said = lines_until(&stderr, "the store is back");
+    assert!(
+        said.iter().any(|line| line.contains("the store is back")),
+        "{said:#?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.health().await != ServingStatus::Serving {
+        assert!(Instant::now() < deadline, "health stayed NOT_SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each committed once: both replay with their receipts, and after a
+    // restart the queue's version is 2 (a third post at version 2 commits).
+    let replayed = dispatch(&server, &post("c2", 1, "two")).await;
+    assert!(replayed.replayed, "{replayed:?}");
+    assert_eq!(replayed.receipt_id, second.receipt_id);
+    assert_eq!(server.stop(), Some(0));
+    let server = serve();
+    let replayed = dispatch(&server, &post("c1", 0, "one")).await;
+    assert_eq!(
+        (replayed.replayed, &replayed.receipt_id),
+        (true, &first.receipt_id)
+    );
+    let third = dispatch(&server, &post("c3", 2, "three")).await;
+    assert_eq!(
+        (third.status(), third.replayed),
+        (pb::DispatchStatus::Ok, false),
+        "{third:?}"
+    );
 }
 
 #[test]
@@ -187,7 +274,7 @@ fn store_migrate_creates_the_tables_then_finds_them_current() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout,
-        format!("store   {shown}\nschema  1\ndone    created\n")
+        format!("store   {shown}\nschema  2\ndone    created\n")
     );
     let (code, stdout, _) = migrate();
     assert_eq!(code, Some(0));

@@ -7,8 +7,10 @@
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::store::Resume;
 use crate::store::postgres::{
-    self, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables, lock_keys,
+    self, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables,
+    create_v2_commit_count, lock_keys,
 };
 
 /// Where the tests' database is.
@@ -298,12 +300,12 @@ fn opening_creates_the_tables_then_finds_them_current() {
     );
     assert_eq!(
         store.opened().describe().as_deref(),
-        Some("created the tables (schema version 1)")
+        Some("created the tables (schema version 2)")
     );
     assert_eq!(store.name(), "postgres");
     drop(store);
-    assert_eq!(schema.tables(), ["records", "schema_version"]);
-    assert_eq!(schema.version(), 1);
+    assert_eq!(schema.tables(), ["commits", "records", "schema_version"]);
+    assert_eq!(schema.version(), 2);
     let store = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(store.opened().found, SCHEMA_VERSION);
     assert_eq!(store.opened().describe(), None);
@@ -329,39 +331,72 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
     let mut store = PostgresStore::open(&schema.target).unwrap();
     store.commit(&[put(Kind::Pin, b"p", b"1")]).unwrap();
     drop(store);
-    // A migration that fails leaves version 1 as it was.
-    const FAILING: &[Migration] = &[create_v1_tables, add_extra, fail];
+    // A migration that fails leaves the current version as it was.
+    const FAILING: &[Migration] = &[create_v1_tables, create_v2_commit_count, add_extra, fail];
     let error = PostgresStore::open_with(&schema.target, FAILING).unwrap_err();
     assert!(
-        error.0.contains("migrating from schema version 2 to 3"),
+        error.0.contains("migrating from schema version 3 to 4"),
         "{error}"
     );
-    assert_eq!(schema.tables(), ["records", "schema_version"]);
-    assert_eq!(schema.version(), 1);
-    // From 1 to 2.
-    const LATER: &[Migration] = &[create_v1_tables, add_extra];
+    assert_eq!(schema.tables(), ["commits", "records", "schema_version"]);
+    assert_eq!(schema.version(), 2);
+    // From 2 to 3.
+    const LATER: &[Migration] = &[create_v1_tables, create_v2_commit_count, add_extra];
     let store = PostgresStore::open_with(&schema.target, LATER).unwrap();
     assert_eq!(
         store.opened().describe().as_deref(),
-        Some("migrated the schema from version 1 to 2")
+        Some("migrated the schema from version 2 to 3")
     );
     drop(store);
-    assert_eq!(schema.tables(), ["extra", "records", "schema_version"]);
-    assert_eq!(schema.version(), 2);
-    // This binary knows version 1 only: version 2 is refused, untouched.
+    assert_eq!(
+        schema.tables(),
+        ["commits", "extra", "records", "schema_version"]
+    );
+    assert_eq!(schema.version(), 3);
+    // This binary knows version 2 only: version 3 is refused, untouched.
     let rows = schema.rows();
     let error = PostgresStore::open(&schema.target).unwrap_err();
     assert!(
         error.0.contains(&format!(
-            "has schema version 2; this toolgate knows up to {SCHEMA_VERSION}: upgrade toolgate"
+            "has schema version 3; this toolgate knows up to {SCHEMA_VERSION}: upgrade toolgate"
         )),
         "{error}"
     );
-    assert_eq!(schema.tables(), ["extra", "records", "schema_version"]);
-    assert_eq!(schema.version(), 2);
+    assert_eq!(
+        schema.tables(),
+        ["commits", "extra", "records", "schema_version"]
+    );
+    assert_eq!(schema.version(), 3);
     assert_eq!(schema.rows(), rows);
     // And the refused open let go of the lock.
     PostgresStore::open_with(&schema.target, LATER).unwrap();
+}
+
+#[test]
+fn a_version_1_schema_gets_its_commit_count_and_keeps_its_records() {
+    let mut schema = TestSchema::new();
+    let name = schema.name().to_string();
+    // Version 1 as the first release made it.
+    schema.execute(&format!(
+        "CREATE SCHEMA {name}; \
+         CREATE TABLE {name}.schema_version (version integer NOT NULL CHECK (version > 0), \
+             one boolean PRIMARY KEY DEFAULT true CHECK (one)); \
+         INSERT INTO {name}.schema_version (version) VALUES (1); \
+         CREATE TABLE {name}.records (kind smallint NOT NULL, key bytea NOT NULL, \
+             value bytea NOT NULL, PRIMARY KEY (kind, key)); \
+         INSERT INTO {name}.records VALUES ({}, 'r', '1')",
+        postgres::kind_code(Kind::Receipt)
+    ));
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(
+        store.opened().describe().as_deref(),
+        Some("migrated the schema from version 1 to 2")
+    );
+    assert_eq!(contents(&mut store), expect(&[(Kind::Receipt, b"r", b"1")]));
+    store.commit(&[put(Kind::Receipt, b"s", b"2")]).unwrap();
+    drop(store);
+    assert_eq!(schema.tables(), ["commits", "records", "schema_version"]);
+    assert_eq!(schema.version(), 2);
 }
 
 #[test]
@@ -417,22 +452,99 @@ fn a_lost_connection_fails_the_commit_and_frees_the_schema() {
         "{error}"
     );
     drop(store);
-    // The server ends the backend (and its lock) in its own time.
+    let mut reopened = resumed_open(&schema.target);
+    assert_eq!(
+        contents(&mut reopened),
+        expect(&[(Kind::Receipt, b"r", b"1")])
+    );
+}
+
+/// Resumes `store`, waiting for the server to let the lost session's lock
+/// go (it ends a terminated backend in its own time).
+fn resumed(store: &mut PostgresStore) -> Resume {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut reopened = loop {
-        match PostgresStore::open(&schema.target) {
-            Ok(store) => break store,
+    loop {
+        match store.resume() {
+            Resume::Unreachable(error) if Instant::now() < deadline => {
+                assert!(error.0.contains("in use"), "{error}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+#[test]
+fn after_a_lost_connection_a_commit_that_did_not_take_effect_is_made_again() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
+    assert!(schema.terminate_the_store_backend());
+    let lost = [put(Kind::Receipt, b"r", b"2"), put(Kind::Meta, b"m", b"2")];
+    store.commit(&lost).unwrap_err();
+    assert_eq!(resumed(&mut store), Resume::NotCommitted);
+    store.commit(&lost).unwrap();
+    store.commit(&[put(Kind::Receipt, b"s", b"3")]).unwrap();
+    drop(store);
+    let mut reopened = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(
+        contents(&mut reopened),
+        expect(&[
+            (Kind::Meta, b"m", b"2"),
+            (Kind::Receipt, b"r", b"2"),
+            (Kind::Receipt, b"s", b"3")
+        ])
+    );
+}
+
+#[test]
+fn after_a_lost_answer_the_commit_that_took_effect_is_counted_not_made_again() {
+    let schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
+    store.lose_next_answer = true;
+    store.commit(&[put(Kind::Receipt, b"r", b"2")]).unwrap_err();
+    assert_eq!(resumed(&mut store), Resume::Committed);
+    // The count goes on from the commit that took effect.
+    store.commit(&[put(Kind::Receipt, b"r", b"3")]).unwrap();
+    drop(store);
+    let mut reopened = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(
+        contents(&mut reopened),
+        expect(&[(Kind::Receipt, b"r", b"3")])
+    );
+}
+
+#[test]
+fn a_commit_by_another_process_while_the_connection_was_lost_makes_the_failure_final() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
+    assert!(schema.terminate_the_store_backend());
+    store.commit(&[put(Kind::Receipt, b"r", b"2")]).unwrap_err();
+    // Another process takes the schema meanwhile and commits.
+    let mut other = resumed_open(&schema.target);
+    other.commit(&[put(Kind::Receipt, b"o", b"1")]).unwrap();
+    drop(other);
+    match resumed(&mut store) {
+        Resume::Final(Some(error)) => assert!(error.0.contains("another process"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Opens the store at `target` once the server let a lost session's lock go.
+fn resumed_open(target: &PostgresTarget) -> PostgresStore {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match PostgresStore::open(target) {
+            Ok(store) => return store,
             Err(error) if Instant::now() < deadline => {
                 assert!(error.0.contains("in use"), "{error}");
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(error) => panic!("{error}"),
         }
-    };
-    assert_eq!(
-        contents(&mut reopened),
-        expect(&[(Kind::Receipt, b"r", b"1")])
-    );
+    }
 }
 
 #[test]
