@@ -753,7 +753,7 @@ async fn run_case(
                 {
                     approval_id.clone_from(&got.approval_id);
                 }
-                compare(expect, &answer)
+                compare(*rpc, expect, &answer)
                     .into_iter()
                     .map(|line| format!("{label}: {line}"))
                     .collect()
@@ -896,7 +896,7 @@ fn got_error(status: &Status) -> String {
 }
 
 /// `field: expected X, got Y` for each expected field the answer differs in.
-fn compare(expect: &Expected, answer: &Result<Answer, Status>) -> Vec<String> {
+fn compare(rpc: Rpc, expect: &Expected, answer: &Result<Answer, Status>) -> Vec<String> {
     let got = match (answer, expect.error) {
         (Err(status), Some(code)) => {
             let mut differences = Vec::new();
@@ -943,8 +943,12 @@ fn compare(expect: &Expected, answer: &Result<Answer, Status>) -> Vec<String> {
         }
     };
     let quoted = |text: &str| format!("{text:?}");
+    let verdict_field = match rpc {
+        Rpc::Decide => "outcome",
+        Rpc::Dispatch => "status",
+    };
     check(
-        "outcome/status",
+        verdict_field,
         expect.verdict.clone(),
         got.verdict.clone(),
     );
