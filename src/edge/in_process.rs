@@ -32,10 +32,7 @@ use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
 /// credentials of `identity`, or of the alphabetically first host identity
 /// when `identity` is `None`. Several credentials (tokens) of one identity
 /// act as one host that may assert any actor one of them may.
-pub fn host_credential(
-    policy: &Policy,
-    identity: Option<&str>,
-) -> Result<Arc<Credential>, String> {
+pub fn host_credential(policy: &Policy, identity: Option<&str>) -> Result<Arc<Credential>, String> {
     if policy.open_host_api {
         let anonymous = anonymous_host().credential();
         return match identity {
@@ -120,9 +117,13 @@ impl InProcess {
         caller: &Arc<Credential>,
         request: pb::DecideRequest,
     ) -> Result<pb::DecideResponse, Status> {
-        self.call(caller, methods::POLICY_DECISION_POINT, "Decide", request, |request| {
-            self.pdp.decide(request)
-        })
+        self.call(
+            caller,
+            methods::POLICY_DECISION_POINT,
+            "Decide",
+            request,
+            |request| self.pdp.decide(request),
+        )
         .await
     }
 
@@ -132,9 +133,13 @@ impl InProcess {
         caller: &Arc<Credential>,
         request: pb::DispatchRequest,
     ) -> Result<pb::DispatchResponse, Status> {
-        self.call(caller, methods::POLICY_DECISION_POINT, "Dispatch", request, |request| {
-            self.pdp.dispatch(request)
-        })
+        self.call(
+            caller,
+            methods::POLICY_DECISION_POINT,
+            "Dispatch",
+            request,
+            |request| self.pdp.dispatch(request),
+        )
         .await
     }
 
@@ -144,9 +149,13 @@ impl InProcess {
         caller: &Arc<Credential>,
         request: pb::GrantApprovalRequest,
     ) -> Result<pb::Approval, Status> {
-        self.call(caller, methods::APPROVALS, "GrantApproval", request, |request| {
-            self.approvals.grant_approval(request)
-        })
+        self.call(
+            caller,
+            methods::APPROVALS,
+            "GrantApproval",
+            request,
+            |request| self.approvals.grant_approval(request),
+        )
         .await
     }
 
@@ -156,9 +165,13 @@ impl InProcess {
         caller: &Arc<Credential>,
         request: pb::DenyApprovalRequest,
     ) -> Result<pb::Approval, Status> {
-        self.call(caller, methods::APPROVALS, "DenyApproval", request, |request| {
-            self.approvals.deny_approval(request)
-        })
+        self.call(
+            caller,
+            methods::APPROVALS,
+            "DenyApproval",
+            request,
+            |request| self.approvals.deny_approval(request),
+        )
         .await
     }
 
@@ -168,9 +181,13 @@ impl InProcess {
         caller: &Arc<Credential>,
         request: pb::RevokeApprovalRequest,
     ) -> Result<pb::Approval, Status> {
-        self.call(caller, methods::APPROVALS, "RevokeApproval", request, |request| {
-            self.approvals.revoke_approval(request)
-        })
+        self.call(
+            caller,
+            methods::APPROVALS,
+            "RevokeApproval",
+            request,
+            |request| self.approvals.revoke_approval(request),
+        )
         .await
     }
 

@@ -425,7 +425,9 @@ impl Checker<'_> {
                     "{key}: a case is one call (rpc, proposal, expect) or a list of [[case.step]], not both"
                 ));
             }
-            (false, true) => return Err(format!("{key}: the case has no call and no [[case.step]]")),
+            (false, true) => {
+                return Err(format!("{key}: the case has no call and no [[case.step]]"));
+            }
             (true, true) => vec![(
                 key.to_string(),
                 StepSpec {
@@ -467,7 +469,9 @@ impl Checker<'_> {
             || spec.session.is_some();
         if let Some(seconds) = spec.advance_seconds {
             if calls || spec.review.is_some() || spec.expect.is_some() || spec.reviewer.is_some() {
-                return Err(format!("{key}: a step with advance_seconds takes no other key"));
+                return Err(format!(
+                    "{key}: a step with advance_seconds takes no other key"
+                ));
             }
             return Ok(Step::Advance(Duration::from_secs(seconds)));
         }
@@ -504,11 +508,10 @@ impl Checker<'_> {
             return Err(format!("{key}: reviewer and note belong to a review step"));
         }
         let rpc = spec.rpc.unwrap_or(Rpc::Decide);
-        let session = spec
-            .session
-            .as_ref()
-            .or(case_session)
-            .ok_or_else(|| format!("{key}: no session (set session in the case or the step)"))?;
+        let session =
+            spec.session.as_ref().or(case_session).ok_or_else(|| {
+                format!("{key}: no session (set session in the case or the step)")
+            })?;
         let proposal = match (spec.proposal, spec.proposal_file) {
             (Some(_), Some(_)) => {
                 return Err(format!("{key}: proposal or proposal_file, not both"));
@@ -595,7 +598,11 @@ impl Checker<'_> {
     fn expected(&self, key: &str, rpc: Rpc, spec: ExpectSpec) -> Result<Expected, String> {
         let (verdict_key, verdict, wrong) = match rpc {
             Rpc::Decide => ("outcome", spec.outcome, spec.status.is_some()),
-            Rpc::Dispatch => ("status", spec.outcome.is_none().then_some(spec.status).flatten(), spec.outcome.is_some()),
+            Rpc::Dispatch => (
+                "status",
+                spec.outcome.is_none().then_some(spec.status).flatten(),
+                spec.outcome.is_some(),
+            ),
         };
         if wrong {
             return Err(match rpc {
@@ -614,7 +621,11 @@ impl Checker<'_> {
         }
         let error = self.code(key.trim_end_matches(".expect"), spec.error.as_deref())?;
         if error.is_some() {
-            if verdict.is_some() || spec.reason.is_some() || spec.fingerprint.is_some() || dispatch_only {
+            if verdict.is_some()
+                || spec.reason.is_some()
+                || spec.fingerprint.is_some()
+                || dispatch_only
+            {
                 return Err(format!(
                     "{key}: an expected error takes only message (an error has no answer fields)"
                 ));
@@ -625,7 +636,10 @@ impl Checker<'_> {
         let verdict = match verdict {
             None => None,
             Some(name) => Some(verdict_name(rpc, &name).ok_or_else(|| {
-                format!("{key}.{verdict_key}: {name:?} is not a {} {verdict_key}", rpc.as_str())
+                format!(
+                    "{key}.{verdict_key}: {name:?} is not a {} {verdict_key}",
+                    rpc.as_str()
+                )
             })?),
         };
         if let Some(reason) = &spec.reason
@@ -947,11 +961,7 @@ fn compare(rpc: Rpc, expect: &Expected, answer: &Result<Answer, Status>) -> Vec<
         Rpc::Decide => "outcome",
         Rpc::Dispatch => "status",
     };
-    check(
-        verdict_field,
-        expect.verdict.clone(),
-        got.verdict.clone(),
-    );
+    check(verdict_field, expect.verdict.clone(), got.verdict.clone());
     check(
         "reason",
         expect.reason.as_deref().map(quoted),
