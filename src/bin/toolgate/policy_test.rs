@@ -468,7 +468,12 @@ impl Checker<'_> {
             || spec.proposal_file.is_some()
             || spec.session.is_some();
         if let Some(seconds) = spec.advance_seconds {
-            if calls || spec.review.is_some() || spec.expect.is_some() || spec.reviewer.is_some() {
+            if calls
+                || spec.review.is_some()
+                || spec.expect.is_some()
+                || spec.reviewer.is_some()
+                || spec.note.is_some()
+            {
                 return Err(format!(
                     "{key}: a step with advance_seconds takes no other key"
                 ));
@@ -598,11 +603,7 @@ impl Checker<'_> {
     fn expected(&self, key: &str, rpc: Rpc, spec: ExpectSpec) -> Result<Expected, String> {
         let (verdict_key, verdict, wrong) = match rpc {
             Rpc::Decide => ("outcome", spec.outcome, spec.status.is_some()),
-            Rpc::Dispatch => (
-                "status",
-                spec.outcome.is_none().then_some(spec.status).flatten(),
-                spec.outcome.is_some(),
-            ),
+            Rpc::Dispatch => ("status", spec.status, spec.outcome.is_some()),
         };
         if wrong {
             return Err(match rpc {
