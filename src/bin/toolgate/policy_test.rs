@@ -293,7 +293,8 @@ enum Step {
         rpc: Rpc,
         session: pb::Session,
         proposal: pb::Proposal,
-        expect: Expected,
+        /// Boxed: the other steps are small.
+        expect: Box<Expected>,
     },
     Review {
         action: ReviewAction,
@@ -543,7 +544,7 @@ impl Checker<'_> {
                 workspace: session.workspace.clone(),
             },
             proposal,
-            expect: self.expected(&format!("{key}.expect"), rpc, expect)?,
+            expect: Box::new(self.expected(&format!("{key}.expect"), rpc, expect)?),
         })
     }
 
