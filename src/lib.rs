@@ -19,7 +19,9 @@
 //!   ([`bootstrap`](engine::bootstrap)).
 //! - `edge` (private): the gRPC edge: handlers, conversions, the one
 //!   error-to-status map, authentication, overload, the metrics layer, the
-//!   accept loop and [`serve`](server::serve).
+//!   accept loop and [`serve`](server::serve); [`in_process`]: the same
+//!   handlers called in this process, with no listener (`toolgate eval`,
+//!   `toolgate test`).
 //! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
 //! - `fuzzing` (feature `fuzzing`): the fuzz harnesses shared by `tests/fuzz/`
 //!   and the regression test.
@@ -37,7 +39,7 @@ pub mod fuzzing;
 pub mod ops;
 pub mod store;
 
-pub use edge::server;
+pub use edge::{in_process, server};
 
 /// Generated code for package `toolgate.v1`.
 #[allow(

@@ -51,6 +51,12 @@ impl std::ops::Deref for Caller {
 }
 
 impl Caller {
+    /// The caller a credential makes: what the layer attaches once a token
+    /// matched it (and what in-process calls attach, `edge::in_process`).
+    pub(crate) fn new(credential: Arc<Credential>) -> Caller {
+        Caller(credential)
+    }
+
     /// The credential the token matched.
     pub(crate) fn credential(&self) -> Arc<Credential> {
         Arc::clone(&self.0)
@@ -126,7 +132,7 @@ impl Reach {
 }
 
 /// The caller of the host API when the policy says `open_host_api = true`.
-fn anonymous_host() -> Caller {
+pub(crate) fn anonymous_host() -> Caller {
     static ANONYMOUS: LazyLock<Arc<Credential>> = LazyLock::new(|| {
         Arc::new(Credential {
             identity: "anonymous".to_string(),

@@ -26,6 +26,7 @@ mod hostile;
 mod log_sink;
 mod manifest;
 mod operations;
+mod policy_tests;
 mod postgres_store;
 mod properties;
 mod recovery;

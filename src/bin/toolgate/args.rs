@@ -1,5 +1,6 @@
 //! The command line, as clap reads it: `serve`, the offline tools
 //! (`canonical`, `fingerprint`, `manifest fingerprint`, `check-config`,
+//! `eval`, `test`,
 //! `store check`, `store backup`, `store migrate`)
 //! and the reviewer/operator clients (`approvals`, `pins`, `resource`,
 //! `manifest assess`). The types only; each command runs in its own module.
@@ -45,6 +46,21 @@ pub enum Command {
     /// on stderr); 1 with the error (naming the key path) on stderr
     /// otherwise, or on any warning with `--strict`.
     CheckConfig(CheckConfigArgs),
+    /// Ask a policy one Decide (or Dispatch) offline and print the answer
+    /// as JSON, as the gRPC API answers it (protobuf's JSON mapping).
+    ///
+    /// The proposal runs through the server's own handlers on a fresh
+    /// in-memory state (the policy's initial state), as one host of the
+    /// policy. Exit status 0 when answered (whatever the outcome), 1 when
+    /// the call is refused with an error status (`error: CODE: message`),
+    /// 2 for a bad policy, proposal file or option.
+    Eval(EvalArgs),
+    /// Run a policy's test file offline: each case's proposals (and
+    /// reviewer actions between them) against the expected answers.
+    ///
+    /// Exit status 0 when every case passes, 1 when one fails (what
+    /// differed is printed), 2 for a bad policy or test file.
+    Test(TestArgs),
     /// Check or back up the durable store (offline; also beside a running
     /// server), or create and migrate its tables.
     Store(StoreArgs),
@@ -258,6 +274,38 @@ pub struct CheckConfigArgs {
     /// Treat warnings (dangling names) as errors: exit 1 on any.
     #[arg(long)]
     pub strict: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Policy file (TOML).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// The trusted session the host asserts: `ACTOR,SESSION_ID,WORKSPACE`.
+    #[arg(long, value_name = "ACTOR,SESSION,WORKSPACE")]
+    pub session: String,
+    /// The host credential identity to call as; by default the
+    /// alphabetically first host of the policy (`anonymous` when its host
+    /// API is open).
+    #[arg(long, value_name = "IDENTITY")]
+    pub host: Option<String>,
+    /// Print the Dispatch answer instead of the Decide answer.
+    #[arg(long)]
+    pub dispatch: bool,
+    /// The proposal, as JSON: `{"call_id", "actor", "name", "version",
+    /// "arguments"}` (the keys its fingerprint is made of); `-` for stdin.
+    #[arg(value_name = "PROPOSAL.json")]
+    pub proposal: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// Policy file (TOML).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Test file (TOML): `[[case]]` tables (README, "Testing a policy").
+    #[arg(value_name = "TESTS.toml")]
+    pub tests: PathBuf,
 }
 
 /// The data directory of `serve` and the store commands when `--data-dir`

@@ -18,6 +18,7 @@ mod client;
 mod offline;
 mod output;
 mod pins;
+mod policy_test;
 mod resource;
 mod serve;
 mod store;
@@ -42,6 +43,8 @@ fn main() -> ExitCode {
         Command::Pins(args) => pins::run_pins(args),
         Command::Resource(args) => resource::run_resource(args),
         Command::CheckConfig(args) => check_config::run_check_config(&args),
+        Command::Eval(args) => policy_test::run_eval(&args),
+        Command::Test(args) => policy_test::run_test(&args),
         Command::Store(args) => store::run_store(&args),
     }
 }
