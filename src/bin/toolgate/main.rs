@@ -17,6 +17,7 @@ mod check_config;
 mod client;
 mod offline;
 mod output;
+mod packaging;
 mod pins;
 mod resource;
 mod serve;
@@ -43,5 +44,7 @@ fn main() -> ExitCode {
         Command::Resource(args) => resource::run_resource(args),
         Command::CheckConfig(args) => check_config::run_check_config(&args),
         Command::Store(args) => store::run_store(&args),
+        Command::Completions(args) => packaging::print_completions(args.shell),
+        Command::Man => packaging::print_man_page(),
     }
 }
