@@ -1887,3 +1887,16 @@ async fn version_completions_and_man_page() {
         "serve's options are in the man page"
     );
 }
+
+/// The LICENSE file is the full text of the license `Cargo.toml` names.
+#[test]
+fn the_license_file_matches_the_manifest() {
+    let manifest = std::fs::read_to_string(repo_path("Cargo.toml")).expect("Cargo.toml");
+    assert!(manifest.contains("\nlicense = \"Apache-2.0\"\n"));
+    let license = std::fs::read_to_string(repo_path("LICENSE")).expect("LICENSE");
+    assert!(
+        license.contains("Apache License\n                           Version 2.0, January 2004")
+    );
+    assert!(license.contains("END OF TERMS AND CONDITIONS"));
+    assert!(license.contains("APPENDIX: How to apply the Apache License to your work."));
+}
