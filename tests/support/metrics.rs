@@ -53,13 +53,16 @@ pub async fn scrape_raw(addr: SocketAddr, extra_headers: &str) -> (String, Vec<u
     (head, response[split + 4..].to_vec())
 }
 
+/// One sample of a family: its name, its labels in order, its value.
+pub type Sample = (String, Vec<(String, String)>, f64);
+
 /// One metric family of a parsed exposition.
 #[derive(Debug, Default, Clone)]
 pub struct Family {
     pub help: Option<String>,
     pub kind: Option<String>,
     /// `(sample name, labels, value)`, in order.
-    pub samples: Vec<(String, Vec<(String, String)>, f64)>,
+    pub samples: Vec<Sample>,
 }
 
 /// Parses the Prometheus text format (0.0.4) strictly, as Prometheus's own
@@ -112,7 +115,7 @@ pub fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, Family
             continue;
         }
         let name_end = line
-            .find(|c: char| c == '{' || c == ' ')
+            .find(['{', ' '])
             .unwrap_or_else(|| panic!("no value, {}", context()));
         let name = &line[..name_end];
         assert!(valid_name(name), "bad metric name, {}", context());
