@@ -54,13 +54,16 @@ fn git_commit() -> Option<String> {
     if !manifest_dir.join(".git").exists() {
         return None;
     }
-    // Rebuilt when HEAD moves: HEAD itself, and the refs it may point to.
+    // Rebuilt when HEAD moves: HEAD itself, and the one branch it points
+    // to (not all of refs/heads: another worktree's commit is no reason).
     if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
         println!("cargo:rerun-if-changed={git_dir}/HEAD");
     }
     if let Some(common_dir) = git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]) {
         println!("cargo:rerun-if-changed={common_dir}/packed-refs");
-        println!("cargo:rerun-if-changed={common_dir}/refs/heads");
+        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            println!("cargo:rerun-if-changed={common_dir}/{branch}");
+        }
     }
     git(&["rev-parse", "--short=12", "HEAD"])
 }
