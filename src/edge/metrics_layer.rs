@@ -11,10 +11,11 @@ use tower::{Layer, Service};
 
 use crate::edge::BoxFuture;
 use crate::engine::Engine;
-use crate::ops::methods::method_label;
+use crate::ops::methods::method_index;
 use crate::ops::metrics::Metrics;
 
-/// Serves `GET /metrics` on its own listener until `shutdown` resolves.
+/// Serves `GET /metrics` on its own listener until `shutdown` resolves;
+/// gzip-compressed when the scraper accepts gzip (Prometheus does).
 pub(crate) async fn serve_metrics(
     listener: TcpListener,
     engine: Engine,
@@ -23,22 +24,65 @@ pub(crate) async fn serve_metrics(
 ) -> std::io::Result<()> {
     let router = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: http::HeaderMap| {
             let text = metrics.render(engine.stats().ok(), &engine.policy().revision);
-            async move {
-                (
-                    [(
-                        http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    text,
-                )
-            }
+            async move { exposition(text, accepts_gzip(&headers)) }
         }),
     );
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// The content type of the Prometheus text format.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The response for the exposition `text`, gzip-compressed when asked.
+fn exposition(text: String, gzip: bool) -> http::Response<axum::body::Body> {
+    let plain = |text: String| {
+        http::Response::builder()
+            .header(http::header::CONTENT_TYPE, TEXT_FORMAT)
+            .header(http::header::VARY, "accept-encoding")
+            .body(axum::body::Body::from(text))
+    };
+    let response = match gzip.then(|| gzip_bytes(text.as_bytes())) {
+        Some(Ok(compressed)) => http::Response::builder()
+            .header(http::header::CONTENT_TYPE, TEXT_FORMAT)
+            .header(http::header::CONTENT_ENCODING, "gzip")
+            .header(http::header::VARY, "accept-encoding")
+            .body(axum::body::Body::from(compressed)),
+        // Compressing into memory does not fail; were it to, plain text.
+        _ => plain(text),
+    };
+    // The headers are constants, so the builder cannot fail.
+    response.unwrap_or_default()
+}
+
+fn gzip_bytes(text: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(text)?;
+    encoder.finish()
+}
+
+/// Whether `Accept-Encoding` lists gzip with a non-zero quality.
+fn accepts_gzip(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or("");
+            let refused = parts.any(|parameter| {
+                parameter
+                    .strip_prefix("q=")
+                    .and_then(|quality| quality.parse::<f32>().ok())
+                    .is_some_and(|quality| quality == 0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
 }
 
 /// The status code of a response: `grpc-status` in the headers (errors are
@@ -52,7 +96,9 @@ pub(crate) fn response_code<B>(response: &http::Response<B>) -> i32 {
         .unwrap_or(0)
 }
 
-/// Records every call's latency (to its response headers) by method and code.
+/// Counts every call as started, and as handled with its code and latency
+/// once its response headers are out (for a stream: when it starts to
+/// answer), by method.
 #[derive(Debug, Clone)]
 pub(crate) struct MetricsLayer {
     metrics: Arc<Metrics>,
@@ -96,8 +142,9 @@ where
     }
 
     fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
-        let method = method_label(request.uri().path());
+        let method = method_index(request.uri().path());
         let metrics = Arc::clone(&self.metrics);
+        metrics.rpc_started(method);
         let started = Instant::now();
         let future = self.inner.call(request);
         Box::pin(async move {
@@ -106,8 +153,31 @@ where
                 Ok(response) => response_code(response),
                 Err(_) => 2,
             };
-            metrics.rpc(method, code, started.elapsed().as_secs_f64());
+            metrics.rpc_handled(method, code, started.elapsed().as_secs_f64());
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(accept: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        if let Ok(value) = accept.parse() {
+            headers.insert(http::header::ACCEPT_ENCODING, value);
+        }
+        headers
+    }
+
+    #[test]
+    fn gzip_only_when_the_scraper_accepts_it() {
+        assert!(accepts_gzip(&headers("gzip")));
+        assert!(accepts_gzip(&headers("identity, GZIP;q=0.5")));
+        assert!(accepts_gzip(&headers("*")));
+        assert!(!accepts_gzip(&headers("")));
+        assert!(!accepts_gzip(&headers("br, deflate")));
+        assert!(!accepts_gzip(&headers("gzip;q=0")));
     }
 }

@@ -190,6 +190,13 @@ impl Engine {
         }
     }
 
+    /// A policy reload was tried: counted in the metrics, when attached.
+    pub fn note_reload(&self, successful: bool) {
+        if let Some(metrics) = self.metrics() {
+            metrics.reload(successful);
+        }
+    }
+
     fn metrics(&self) -> Option<&Metrics> {
         self.shared.metrics.get().map(Arc::as_ref)
     }

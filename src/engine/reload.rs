@@ -1,7 +1,8 @@
 //! Policy reload on SIGHUP (SPEC §3): the policy file is read again and
 //! swapped in through the reload decision ([`Engine::reload`]). A file
 //! that does not load, or one the decision refuses, keeps the policy in
-//! force and is reported at WARN as `policy_reload_failed`.
+//! force and is reported at WARN as `policy_reload_failed`. Each reload is
+//! counted in the metrics (`toolgate_config_last_reload_successful`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,7 @@ pub async fn reload_once(engine: &Engine, path: &Path, listen: SocketAddr) -> Re
         Ok(Err(error)) => Err(error.to_string()),
         Err(error) => Err(error.to_string()),
     };
+    engine.note_reload(reloaded.is_ok());
     if let Err(reason) = &reloaded {
         crate::audit_warn!(
             "policy_reload_failed",

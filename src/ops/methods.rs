@@ -73,12 +73,33 @@ pub const METHODS: [&str; 19] = [
 
 /// The label of a request path (`/service/method`): one of [`METHODS`].
 pub fn method_label(path: &str) -> &'static str {
+    METHODS[method_index(path)]
+}
+
+/// The index in [`METHODS`] of a request path (`/service/method`); the
+/// index of [`OTHER`] for a method toolgate does not serve.
+pub fn method_index(path: &str) -> usize {
     let trimmed = path.trim_start_matches('/');
     METHODS
         .iter()
-        .find(|method| **method == trimmed)
-        .copied()
-        .unwrap_or(OTHER)
+        .position(|method| *method == trimmed)
+        .unwrap_or(METHODS.len() - 1)
+}
+
+/// The labels of the conventional gRPC server metrics for a [`METHODS`]
+/// label: `grpc_service`, `grpc_method` and `grpc_type` (`unary`,
+/// `server_stream`, `bidi_stream`). [`OTHER`] is `unknown` for all three,
+/// so a caller's made-up names never become series.
+pub fn grpc_labels(label: &'static str) -> (&'static str, &'static str, &'static str) {
+    let Some((service, method)) = label.split_once('/') else {
+        return ("unknown", "unknown", "unknown");
+    };
+    let kind = match method {
+        "WatchApprovals" | "Watch" => "server_stream",
+        "ServerReflectionInfo" => "bidi_stream",
+        _ => "unary",
+    };
+    (service, method, kind)
 }
 
 /// The service a request path (`/service/method`) calls.
@@ -110,5 +131,24 @@ mod tests {
         );
         assert_eq!(method_label("/toolgate.v1.Approvals/Nope"), OTHER);
         assert_eq!(service_of("/grpc.health.v1.Health/Check"), HEALTH);
+        assert_eq!(method_index("/nope/Nope"), METHODS.len() - 1);
+    }
+
+    #[test]
+    fn grpc_labels_split_the_method_and_name_its_streaming() {
+        assert_eq!(
+            grpc_labels(METHODS[0]),
+            ("toolgate.v1.PolicyDecisionPoint", "Decide", "unary")
+        );
+        assert_eq!(
+            grpc_labels(method_label("/toolgate.v1.Approvals/WatchApprovals")),
+            ("toolgate.v1.Approvals", "WatchApprovals", "server_stream")
+        );
+        assert_eq!(
+            grpc_labels(method_label("/grpc.health.v1.Health/Watch")),
+            ("grpc.health.v1.Health", "Watch", "server_stream")
+        );
+        assert_eq!(grpc_labels(METHODS[17]).2, "bidi_stream");
+        assert_eq!(grpc_labels(OTHER), ("unknown", "unknown", "unknown"));
     }
 }

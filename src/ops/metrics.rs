@@ -1,23 +1,35 @@
-//! Prometheus metrics: RPC latency by method and status code, decisions by
-//! outcome and reason, dispatches by status, ledger transitions, load shed,
-//! and, computed at scrape time, pending approvals, sessions, receipts and
-//! the policy revision.
+//! Prometheus metrics: the conventional gRPC server families
+//! (`grpc_server_started_total`, `grpc_server_handled_total`,
+//! `grpc_server_handling_seconds`, the names go-grpc-prometheus and the
+//! dashboards built on it read), decisions by outcome and reason,
+//! dispatches by status, ledger transitions, load shed, the store's group
+//! commits, policy reloads, the build, and, computed at scrape time,
+//! pending approvals, sessions, receipts, the policy revision and the
+//! `process_*` figures.
 //!
-//! Each server owns its own recorder (nothing global), and every handle the
-//! hot path touches is registered up front, so recording is an atomic
-//! update on a handle found in an immutable map: no lock is taken.
+//! Each server owns its own recorder (nothing global). Every family is
+//! described, so each has `# HELP` and `# TYPE`. toolgate's own families
+//! have small, fixed label sets and are registered up front (a zero is
+//! shown, so `rate()` works from the first scrape). The gRPC families'
+//! labels are a cross product (19 methods by 17 codes), so each of their
+//! series is created when first observed, bounded by the method table and
+//! the code enum: a slot per method (and code) holds the handle once made,
+//! so recording after the first call is an atomic update, with no lock.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Label, Metadata, Recorder, SharedString};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::domain::decision::{DispatchStatus, Reason};
 use crate::domain::state::Stats;
+use crate::ops::build_info;
 use crate::ops::logwriter::SinkStatus;
-use crate::ops::methods::METHODS;
+use crate::ops::methods::{METHODS, grpc_labels};
+use crate::ops::process::ProcessFigures;
 
 /// gRPC status code names, indexed by code.
 const CODES: [&str; 17] = [
@@ -60,10 +72,126 @@ const BATCH_BUCKETS: [f64; 13] = [
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
 ];
 
+/// Every family the recorder holds, with its type and help text (the
+/// families computed at scrape time write their own).
+const FAMILIES: [(&str, &str, &str); 19] = [
+    (
+        "grpc_server_started_total",
+        "counter",
+        "Total number of RPCs started on the server.",
+    ),
+    (
+        "grpc_server_handled_total",
+        "counter",
+        "Total number of RPCs completed on the server, regardless of success or failure.",
+    ),
+    (
+        "grpc_server_handling_seconds",
+        "histogram",
+        "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
+    ),
+    (
+        "toolgate_decisions_total",
+        "counter",
+        "Decide answers by outcome and reason.",
+    ),
+    (
+        "toolgate_dispatches_total",
+        "counter",
+        "Dispatch answers by status.",
+    ),
+    (
+        "toolgate_approval_transitions_total",
+        "counter",
+        "Approval ledger transitions by audit event.",
+    ),
+    (
+        "toolgate_load_shed_total",
+        "counter",
+        "Calls refused because the server was at its concurrency limit.",
+    ),
+    (
+        "toolgate_audit_coalesced_total",
+        "counter",
+        "Audit lines coalesced instead of written, by event.",
+    ),
+    (
+        "toolgate_connections_open",
+        "gauge",
+        "Open client connections.",
+    ),
+    (
+        "toolgate_connections_closed_total",
+        "counter",
+        "Connections closed by toolgate, by reason.",
+    ),
+    (
+        "toolgate_log_stall_refused_total",
+        "counter",
+        "Calls refused because the log sink is stalled.",
+    ),
+    (
+        "toolgate_transport_refused_total",
+        "counter",
+        "Calls refused by a transport check, by reason.",
+    ),
+    (
+        "toolgate_store_batch_operations",
+        "histogram",
+        "Operations made durable per group commit of the store.",
+    ),
+    (
+        "toolgate_store_sync_seconds",
+        "histogram",
+        "Seconds one group commit's transaction and sync took.",
+    ),
+    (
+        "toolgate_store_bytes",
+        "gauge",
+        "Size of the store in bytes.",
+    ),
+    (
+        "toolgate_config_last_reload_successful",
+        "gauge",
+        "1 when the last policy reload succeeded (or none was tried), 0 when it failed.",
+    ),
+    (
+        "toolgate_config_last_reload_success_timestamp_seconds",
+        "gauge",
+        "Unix time of the last successful policy load (the start, or a reload).",
+    ),
+    (
+        "toolgate_config_reloads_total",
+        "counter",
+        "Policy reloads tried, by result (success, failure).",
+    ),
+    (
+        "toolgate_build_info",
+        "gauge",
+        "The version and commit toolgate was built from (always 1).",
+    ),
+];
+
+/// The gRPC series of one method: made when first observed.
+struct RpcSeries {
+    labels: [Label; 3],
+    started: OnceLock<Counter>,
+    handling: OnceLock<Histogram>,
+    /// By status code (`CODES`); a code outside the enum counts as UNKNOWN.
+    handled: [OnceLock<Counter>; CODES.len()],
+}
+
 /// The registered handles.
 pub struct Metrics {
+    recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    rpc_latency: HashMap<(&'static str, i32), Histogram>,
+    metadata: Metadata<'static>,
+    /// By index in [`METHODS`].
+    rpcs: Vec<RpcSeries>,
+    reload_successful: Gauge,
+    reload_success_timestamp: Gauge,
+    /// By result: success, failure.
+    reloads: [Counter; 2],
     /// Every reason Decide answers, with the outcome it comes with.
     decisions: HashMap<Reason, Counter>,
     dispatches: HashMap<DispatchStatus, Counter>,
@@ -120,20 +248,57 @@ impl Metrics {
             Err(_) => PrometheusBuilder::new(),
         };
         let recorder: PrometheusRecorder = builder.build_recorder();
-        let metadata = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
-        let mut rpc_latency = HashMap::new();
-        for method in METHODS {
-            for (code, name) in CODES.iter().enumerate() {
-                let histogram = recorder.register_histogram(
-                    &key(
-                        "toolgate_rpc_duration_seconds",
-                        &[("method", method), ("code", name)],
-                    ),
-                    &metadata,
-                );
-                rpc_latency.insert((method, code as i32), histogram);
+        for (name, kind, help) in FAMILIES {
+            let (name, help) = (KeyName::from_const_str(name), SharedString::const_str(help));
+            match kind {
+                "counter" => recorder.describe_counter(name, None, help),
+                "gauge" => recorder.describe_gauge(name, None, help),
+                _ => recorder.describe_histogram(name, None, help),
             }
         }
+        let metadata = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+        let rpcs = METHODS
+            .iter()
+            .map(|&method| {
+                let (service, name, kind) = grpc_labels(method);
+                RpcSeries {
+                    labels: [
+                        Label::new("grpc_service", service),
+                        Label::new("grpc_method", name),
+                        Label::new("grpc_type", kind),
+                    ],
+                    started: OnceLock::new(),
+                    handling: OnceLock::new(),
+                    handled: std::array::from_fn(|_| OnceLock::new()),
+                }
+            })
+            .collect();
+        recorder
+            .register_gauge(
+                &key(
+                    "toolgate_build_info",
+                    &[
+                        ("version", build_info::VERSION),
+                        ("commit", build_info::COMMIT),
+                    ],
+                ),
+                &metadata,
+            )
+            .set(1.0);
+        let reload_successful = recorder.register_gauge(
+            &key("toolgate_config_last_reload_successful", &[]),
+            &metadata,
+        );
+        let reload_success_timestamp = recorder.register_gauge(
+            &key("toolgate_config_last_reload_success_timestamp_seconds", &[]),
+            &metadata,
+        );
+        let reloads = ["success", "failure"].map(|result| {
+            recorder.register_counter(
+                &key("toolgate_config_reloads_total", &[("result", result)]),
+                &metadata,
+            )
+        });
         let decisions = Reason::ALL
             .into_iter()
             .filter_map(|reason| Some((reason.outcome()?, reason)))
@@ -212,12 +377,17 @@ impl Metrics {
         let store_sync_seconds =
             recorder.register_histogram(&key("toolgate_store_sync_seconds", &[]), &metadata);
         let store_bytes = recorder.register_gauge(&key("toolgate_store_bytes", &[]), &metadata);
-        Arc::new(Metrics {
+        let metrics = Metrics {
             handle: recorder.handle(),
+            recorder,
+            metadata,
+            rpcs,
+            reload_successful,
+            reload_success_timestamp,
+            reloads,
             store_batch_operations,
             store_sync_seconds,
             store_bytes,
-            rpc_latency,
             decisions,
             dispatches,
             transitions,
@@ -228,7 +398,83 @@ impl Metrics {
             log_refused,
             transport_refused,
             log_sink: std::sync::OnceLock::new(),
-        })
+        };
+        // The policy in force was loaded just now, at the start.
+        metrics.policy_loaded(true);
+        Arc::new(metrics)
+    }
+
+    /// A policy load: the start's (successful by then) or a reload's.
+    /// A failed reload keeps the old policy, and the time of the last
+    /// success stays.
+    pub fn policy_loaded(&self, successful: bool) {
+        self.reload_successful.set(f64::from(u8::from(successful)));
+        if successful {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|since| since.as_secs_f64())
+                .unwrap_or(0.0);
+            self.reload_success_timestamp.set(now);
+        }
+    }
+
+    /// A SIGHUP reload (or one asked for otherwise) and whether it took.
+    pub fn reload(&self, successful: bool) {
+        self.reloads[usize::from(!successful)].increment(1);
+        self.policy_loaded(successful);
+    }
+
+    fn rpc_key(&self, name: &'static str, series: &RpcSeries, code: Option<&'static str>) -> Key {
+        let mut labels = series.labels.to_vec();
+        if let Some(code) = code {
+            labels.push(Label::new("grpc_code", code));
+        }
+        Key::from_parts(name, labels)
+    }
+
+    /// A call to the method at `method` (an index in [`METHODS`]) started.
+    pub fn rpc_started(&self, method: usize) {
+        let Some(series) = self.rpcs.get(method) else {
+            return;
+        };
+        series
+            .started
+            .get_or_init(|| {
+                self.recorder.register_counter(
+                    &self.rpc_key("grpc_server_started_total", series, None),
+                    &self.metadata,
+                )
+            })
+            .increment(1);
+    }
+
+    /// A call to the method at `method` (an index in [`METHODS`]) was
+    /// answered with `code` after `seconds`.
+    pub fn rpc_handled(&self, method: usize, code: i32, seconds: f64) {
+        let Some(series) = self.rpcs.get(method) else {
+            return;
+        };
+        let code = usize::try_from(code)
+            .ok()
+            .filter(|code| *code < CODES.len())
+            .unwrap_or(2);
+        series.handled[code]
+            .get_or_init(|| {
+                self.recorder.register_counter(
+                    &self.rpc_key("grpc_server_handled_total", series, Some(CODES[code])),
+                    &self.metadata,
+                )
+            })
+            .increment(1);
+        series
+            .handling
+            .get_or_init(|| {
+                self.recorder.register_histogram(
+                    &self.rpc_key("grpc_server_handling_seconds", series, None),
+                    &self.metadata,
+                )
+            })
+            .record(seconds);
     }
 
     /// One group commit of the store: the operations it made durable, how
@@ -297,16 +543,6 @@ impl Metrics {
         }
     }
 
-    pub fn rpc(&self, method: &'static str, code: i32, seconds: f64) {
-        let histogram = self
-            .rpc_latency
-            .get(&(method, code))
-            .or_else(|| self.rpc_latency.get(&("other", code)));
-        if let Some(histogram) = histogram {
-            histogram.record(seconds);
-        }
-    }
-
     /// Moves the latency samples recorded so far into the histograms'
     /// buckets, so that they stop taking memory.
     pub fn upkeep(&self) {
@@ -314,9 +550,11 @@ impl Metrics {
     }
 
     /// The exposition text: recorded metrics plus the gauges of the state's
-    /// `stats` (when they could be read) and the policy `revision` now.
+    /// `stats` (when they could be read), the policy `revision` now and the
+    /// process's figures.
     pub fn render(&self, stats: Option<Stats>, revision: &str) -> String {
         let mut text = self.handle.render();
+        ProcessFigures::read().write_to(&mut text);
         if let Some(stats) = stats {
             let gauges = [
                 (

@@ -1,8 +1,10 @@
 //! What an operator runs toolgate with: audit events (SPEC §8), the
 //! background log writer, the metrics registry and the RPC names it counts
-//! by.
+//! by, the process's own figures from `/proc`, and the build it runs.
 
 pub mod audit;
+pub mod build_info;
 pub mod logwriter;
 pub mod methods;
 pub mod metrics;
+pub mod process;

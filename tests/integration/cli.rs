@@ -1838,3 +1838,65 @@ async fn check_config_strict_refuses_a_file_cut_at_any_section() {
         }
     }
 }
+
+/// Packaging basics (issue 18): `--version` names the commit, completions
+/// for the three shells, and a man page that covers every command.
+#[tokio::test]
+async fn version_completions_and_man_page() {
+    let version = run_cli(&["--version"], None, 0).await;
+    let expected = format!("toolgate {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(version.stdout.starts_with(&expected), "{version:?}");
+    let commit = version
+        .stdout
+        .trim()
+        .trim_start_matches(&expected)
+        .trim_end_matches(')');
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{commit:?}"
+    );
+    for (shell, marker) in [
+        ("bash", "complete -F _toolgate"),
+        ("zsh", "#compdef toolgate"),
+        ("fish", "complete -c toolgate"),
+    ] {
+        let script = run_cli(&["completions", shell], None, 0).await;
+        assert!(script.stdout.contains(marker), "{shell}: {}", script.stdout);
+        assert!(script.stdout.contains("check-config"), "{shell}");
+    }
+    run_refused(&["completions", "tcsh"], None, 2, "error: invalid value").await;
+    let man = run_cli(&["man"], None, 0).await;
+    assert!(
+        man.stdout.starts_with(".ie \\n(.g .ds Aq") || man.stdout.contains(".TH toolgate 1"),
+        "{}",
+        &man.stdout[..200.min(man.stdout.len())]
+    );
+    for section in [
+        "TOOLGATE SERVE",
+        "TOOLGATE APPROVALS GRANT",
+        "TOOLGATE STORE BACKUP",
+        "TOOLGATE COMPLETIONS",
+        "EXIT STATUS",
+        "SIGHUP",
+    ] {
+        assert!(man.stdout.contains(section), "man page lacks {section}");
+    }
+    assert!(
+        man.stdout.contains("\\-\\-metrics\\-listen"),
+        "serve's options are in the man page"
+    );
+}
+
+/// The LICENSE file is the full text of the license `Cargo.toml` names.
+#[test]
+fn the_license_file_matches_the_manifest() {
+    let manifest = std::fs::read_to_string(repo_path("Cargo.toml")).expect("Cargo.toml");
+    assert!(manifest.contains("\nlicense = \"Apache-2.0\"\n"));
+    let license = std::fs::read_to_string(repo_path("LICENSE")).expect("LICENSE");
+    assert!(
+        license.contains("Apache License\n                           Version 2.0, January 2004")
+    );
+    assert!(license.contains("END OF TERMS AND CONDITIONS"));
+    assert!(license.contains("APPENDIX: How to apply the Apache License to your work."));
+}

@@ -25,6 +25,7 @@ mod fuzz_regressions;
 mod hostile;
 mod log_sink;
 mod manifest;
+mod metrics_exposition;
 mod operations;
 mod policy_tests;
 mod postgres_store;

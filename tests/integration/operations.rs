@@ -70,19 +70,27 @@ async fn metrics_show_the_traffic() {
         sample(r#"toolgate_approval_transitions_total{event="tool_call_require_approval"}"#),
         1.0
     );
+    let decide =
+        r#"grpc_service="toolgate.v1.PolicyDecisionPoint",grpc_method="Decide",grpc_type="unary""#;
     assert_eq!(
-        sample(
-            r#"toolgate_rpc_duration_seconds_count{method="toolgate.v1.PolicyDecisionPoint/Decide",code="OK"}"#
-        ),
+        sample(&format!(
+            r#"grpc_server_handled_total{{{decide},grpc_code="OK"}}"#
+        )),
         4.0
     );
     assert_eq!(
-        sample(
-            r#"toolgate_rpc_duration_seconds_count{method="toolgate.v1.PolicyDecisionPoint/Decide",code="UNAUTHENTICATED"}"#
-        ),
+        sample(&format!(
+            r#"grpc_server_handled_total{{{decide},grpc_code="UNAUTHENTICATED"}}"#
+        )),
         1.0
     );
-    assert!(text.contains(r#"toolgate_rpc_duration_seconds_bucket{method="toolgate.v1.PolicyDecisionPoint/Decide",code="OK",le="0.001"}"#));
+    assert_eq!(
+        sample(&format!("grpc_server_started_total{{{decide}}}")),
+        5.0
+    );
+    assert!(text.contains(&format!(
+        r#"grpc_server_handling_seconds_bucket{{{decide},le="0.001"}}"#
+    )));
     assert_eq!(sample("toolgate_approvals_pending"), 1.0);
     assert_eq!(sample("toolgate_sessions"), 1.0);
     assert_eq!(sample("toolgate_load_shed_total"), 0.0);

@@ -1,7 +1,7 @@
 //! The command line, as clap reads it: `serve`, the offline tools
 //! (`canonical`, `fingerprint`, `manifest fingerprint`, `check-config`,
-//! `eval`, `test`,
-//! `store check`, `store backup`, `store migrate`)
+//! `eval`, `test`, `store check`, `store backup`, `store migrate`,
+//! `completions`, `man`)
 //! and the reviewer/operator clients (`approvals`, `pins`, `resource`,
 //! `manifest assess`). The types only; each command runs in its own module.
 
@@ -15,8 +15,21 @@ use toolgate::store::postgres::{self, PostgresTarget};
 #[derive(Debug, Parser)]
 #[command(
     name = "toolgate",
-    version,
-    about = "gRPC policy decision point for AI-agent hosts"
+    version = toolgate::ops::build_info::LONG_VERSION,
+    about = "gRPC policy decision point for AI-agent hosts",
+    long_about = "gRPC policy decision point for AI-agent hosts.\n\n\
+        A host (the application around a language model) asks toolgate, over gRPC, \
+        whether a tool call the model proposed may run (Decide), and commits approved \
+        writes through it exactly once (Dispatch). Reviewers grant or deny approvals \
+        (`toolgate approvals`); operators pin trusted manifests (`toolgate pins`).\n\n\
+        `toolgate serve --config POLICY.toml` runs the server; `toolgate <command> --help` \
+        describes each command; `toolgate man` prints this manual as a man page and \
+        `toolgate completions bash|zsh|fish` a shell completion script.",
+    after_long_help = "EXIT STATUS:\n  0 on success; 1 when a check fails or the server refuses a call; \
+        2 for usage, input-file and connection errors.\n\n\
+        ENVIRONMENT:\n  TOOLGATE_TOKEN  the bearer token of the client commands (never printed)\n  \
+        RUST_LOG        the log filter of `serve` (tracing-subscriber's EnvFilter)\n\n\
+        SIGNALS:\n  SIGHUP reloads the policy file of `serve`; SIGTERM and SIGINT shut down gracefully."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -64,6 +77,19 @@ pub enum Command {
     /// Check or back up the durable store (offline; also beside a running
     /// server), or create and migrate its tables.
     Store(StoreArgs),
+    /// Print a shell completion script (for example
+    /// `toolgate completions bash > /etc/bash_completion.d/toolgate`).
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff, section 1), with every command and
+    /// option: `toolgate man | man -l -`.
+    Man,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// Where and how the client commands talk to a running server. Each option

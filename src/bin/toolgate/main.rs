@@ -17,6 +17,7 @@ mod check_config;
 mod client;
 mod offline;
 mod output;
+mod packaging;
 mod pins;
 mod policy_test;
 mod resource;
@@ -46,5 +47,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => policy_test::run_eval(&args),
         Command::Test(args) => policy_test::run_test(&args),
         Command::Store(args) => store::run_store(&args),
+        Command::Completions(args) => packaging::print_completions(args.shell),
+        Command::Man => packaging::print_man_page(),
     }
 }
