@@ -3,7 +3,8 @@
 //!
 //! - `authorization: Bearer <token>`; the token's SHA-256 digest is looked up
 //!   among the policy's credentials (tokens themselves are never stored).
-//! - Host credentials reach only `PolicyDecisionPoint`; reviewer credentials
+//! - Host credentials reach only `PolicyDecisionPoint` (and Envoy's
+//!   `Authorization`, which acts for a host); reviewer credentials
 //!   only `Approvals` and `ManifestPins`; `Resources` takes either. Health
 //!   and reflection are open.
 //! - The host API is open only with `[server] open_host_api = true` (the
@@ -107,7 +108,7 @@ pub(crate) enum Reach {
 impl Reach {
     fn of(path: &str) -> Reach {
         match methods::service_of(path) {
-            methods::POLICY_DECISION_POINT => Reach::Host,
+            methods::POLICY_DECISION_POINT | methods::AUTHORIZATION => Reach::Host,
             methods::APPROVALS | methods::MANIFEST_PINS => Reach::Reviewer,
             methods::RESOURCES => Reach::HostOrReviewer,
             // Health and reflection are open; unknown services get

@@ -17,6 +17,7 @@ use tower::ServiceBuilder;
 use crate::domain::policy::ServerSettings;
 use crate::edge::approvals::ApprovalsService;
 use crate::edge::auth::AuthLayer;
+use crate::edge::ext_authz::ExtAuthzService;
 use crate::edge::connections::{ConnectionSettings, Connections};
 use crate::edge::metrics_layer::{MetricsLayer, serve_metrics};
 use crate::edge::overload::{OverloadLayer, OverloadSettings};
@@ -32,6 +33,7 @@ use crate::pb::approvals_server::ApprovalsServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
 use crate::pb::policy_decision_point_server::PolicyDecisionPointServer;
 use crate::pb::resources_server::ResourcesServer;
+use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -262,19 +264,46 @@ impl Grpc<'_> {
                     .max_decoding_message_size(limit),
             )
             .add_service(
-                ResourcesServer::new(ResourcesService::new(engine))
+                ResourcesServer::new(ResourcesService::new(engine.clone()))
+                    .max_decoding_message_size(limit),
+            )
+            .add_service(
+                AuthorizationServer::new(ExtAuthzService::new(engine))
                     .max_decoding_message_size(limit),
             )
             .serve_with_incoming_shutdown(connections.incoming(listener), stopped))
     }
 }
 
-/// Reflection over toolgate's, health's and the error details' descriptors.
+/// Reflection over toolgate's, health's, the error details' and Envoy's
+/// external authorization descriptors.
 fn reflection() -> Result<tonic_reflection::server::Builder<'static>, ServeError> {
+    let error_details = error_detail_descriptors()?;
+    let envoy = envoy_auth_descriptors(&error_details)?;
     Ok(tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_file_descriptor_set(error_detail_descriptors()?))
+        .register_file_descriptor_set(error_details)
+        .register_file_descriptor_set(envoy))
+}
+
+/// `envoy.service.auth.v3` and its imports, less the files another set
+/// already serves (`google/rpc/status.proto`): one file per name.
+fn envoy_auth_descriptors(
+    served: &prost_types::FileDescriptorSet,
+) -> Result<prost_types::FileDescriptorSet, prost::DecodeError> {
+    use prost::Message;
+
+    let mut set = prost_types::FileDescriptorSet::decode(pb::ENVOY_AUTH_DESCRIPTOR_SET)?;
+    let toolgate = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET)?;
+    let health = prost_types::FileDescriptorSet::decode(tonic_health::pb::FILE_DESCRIPTOR_SET)?;
+    let taken: std::collections::HashSet<String> = [served, &toolgate, &health]
+        .into_iter()
+        .flat_map(|set| set.file.iter().filter_map(|file| file.name.clone()))
+        .collect();
+    set.file
+        .retain(|file| file.name.as_ref().is_none_or(|name| !taken.contains(name)));
+    Ok(set)
 }
 
 /// The `google.rpc` error-detail types (`Status`, `BadRequest`, `ErrorInfo`,
