@@ -39,7 +39,13 @@ fn envoy_proto_roots() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
     let cargo = std::env::var("CARGO")?;
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("Cargo.toml");
     let output = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--manifest-path"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--manifest-path",
+        ])
         .arg(&manifest)
         .output()?;
     if !output.status.success() {
@@ -62,8 +68,10 @@ fn envoy_proto_roots() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
         .ok_or("envoy-types has no source directory")?
         .join("proto");
     println!("cargo:rerun-if-changed={}", proto.display());
-    Ok(["data-plane-api", "xds", "protoc-gen-validate", "googleapis"]
-        .iter()
-        .map(|root| proto.join(root))
-        .collect())
+    Ok(
+        ["data-plane-api", "xds", "protoc-gen-validate", "googleapis"]
+            .iter()
+            .map(|root| proto.join(root))
+            .collect(),
+    )
 }

@@ -88,7 +88,9 @@ impl Cause {
         match self {
             Cause::Allowed => format!("{tool:?} may run"),
             Cause::Approved => "approved by a reviewer; Dispatch consumes the grant".to_string(),
-            Cause::GrantConsumed => "approved by a reviewer; this call consumed the grant".to_string(),
+            Cause::GrantConsumed => {
+                "approved by a reviewer; this call consumed the grant".to_string()
+            }
             Cause::Refused(refusal) => refusal_message(*refusal, proposal, session),
             Cause::Budget(Reason::CallIdConflict) => format!(
                 "call id {:?} was already decided in this session for a different proposal",

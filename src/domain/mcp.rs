@@ -207,7 +207,10 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
         Ok(other) => {
             return Err(refused(
                 RequestRefusal::NotJsonRpc,
-                format!("the body must be a JSON-RPC object, not {}", other.kind_name()),
+                format!(
+                    "the body must be a JSON-RPC object, not {}",
+                    other.kind_name()
+                ),
                 &none,
             ));
         }
@@ -322,7 +325,10 @@ fn tool_call_params<'m>(message: &'m Object, id: &Value) -> Refusable<(&'m str, 
         Some(other) => {
             return Err(refused(
                 RequestRefusal::InvalidToolCall,
-                format!("params.arguments: must be an object, not {}", other.kind_name()),
+                format!(
+                    "params.arguments: must be an object, not {}",
+                    other.kind_name()
+                ),
                 id,
             ));
         }
@@ -423,7 +429,12 @@ fn actor_of(
 /// The call id: the `Idempotency-Key` when there is one, otherwise derived
 /// from the session, the tool and the canonical arguments, so that a retry
 /// with a new JSON-RPC id is the same action.
-fn call_id_of(request: &impl HttpRequest, session_id: &str, name: &str, arguments: &Object) -> String {
+fn call_id_of(
+    request: &impl HttpRequest,
+    session_id: &str,
+    name: &str,
+    arguments: &Object,
+) -> String {
     if let Some(key) = request.header(IDEMPOTENCY_KEY_HEADER) {
         return as_identifier("k-", key);
     }
@@ -519,8 +530,12 @@ mod tests {
 
     #[test]
     fn a_retry_with_a_new_json_rpc_id_is_the_same_call() {
-        let first = post(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"b":1,"a":2}}}"#);
-        let retry = post(r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"t","arguments":{"a":2,"b":1}}}"#);
+        let first = post(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"b":1,"a":2}}}"#,
+        );
+        let retry = post(
+            r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"t","arguments":{"a":2,"b":1}}}"#,
+        );
         let settings = ExtAuthzSettings::default();
         let (Ok(McpRequest::ToolCall(first)), Ok(McpRequest::ToolCall(retry))) =
             (classify(&settings, &first), classify(&settings, &retry))

@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
 };
-use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode as HttpStatusCode};
 use envoy_types::pb::envoy::service::auth::v3::attribute_context;
 use envoy_types::pb::envoy::service::auth::v3::authorization_server::Authorization;
 use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
 use envoy_types::pb::envoy::service::auth::v3::{
     CheckRequest, CheckResponse, DeniedHttpResponse, OkHttpResponse,
 };
+use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode as HttpStatusCode};
 use envoy_types::pb::google::protobuf::{Struct, Value as ProtoValue, value::Kind};
 use envoy_types::pb::google::rpc;
 use tonic::{Request, Response, Status};
@@ -225,7 +225,11 @@ impl mcp::HttpRequest for CheckView<'_> {
                      (jwt_authn payload_in_metadata, ext_authz metadata_context_namespaces)"
                 )
             })?;
-        match claims.fields.get(claim).and_then(|value| value.kind.as_ref()) {
+        match claims
+            .fields
+            .get(claim)
+            .and_then(|value| value.kind.as_ref())
+        {
             Some(Kind::StringValue(value)) => Ok(value.clone()),
             Some(_) => Err(format!("JWT claim {claim:?} is not a string")),
             None => Err(format!("the JWT has no claim {claim:?}")),

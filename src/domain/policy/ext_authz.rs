@@ -98,11 +98,9 @@ pub(super) fn ext_authz_settings(
                 "give either workspace_header or workspace, not both",
             ));
         }
-        (Some(name), None) => WorkspaceSource::Header(header_name(
-            loader,
-            "ext_authz.workspace_header",
-            &name,
-        )?),
+        (Some(name), None) => {
+            WorkspaceSource::Header(header_name(loader, "ext_authz.workspace_header", &name)?)
+        }
         (None, Some(workspace)) => {
             loader.identifier("ext_authz.workspace", &workspace)?;
             WorkspaceSource::Fixed(workspace)

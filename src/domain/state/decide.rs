@@ -90,7 +90,7 @@ impl State {
     }
 
     /// SPEC §4 step 8: a grant → ALLOW `approved` (consumed, when `grants`
-/// says so); a denial → DENY
+    /// says so); a denial → DENY
     /// `approval-denied` with the reviewer's note; pending, or none usable
     /// (then a request is made) → REQUIRE_APPROVAL with the request's reason.
     fn ask_ledger(
@@ -110,9 +110,11 @@ impl State {
             }
             Gate::Granted(approval) => (Cause::Approved, approval, None),
             Gate::Denied(approval, note) => (Cause::ApprovalDenied { note }, approval, None),
-            Gate::Pending(approval, created) => {
-                (Cause::AwaitingApproval(approval.reason), approval, created.map(|event| *event))
-            }
+            Gate::Pending(approval, created) => (
+                Cause::AwaitingApproval(approval.reason),
+                approval,
+                created.map(|event| *event),
+            ),
         };
         let approval = Some((approval.id, approval.expires_at));
         let decision = Decision::answer(&cause, call.proposal, call.session, approval);
