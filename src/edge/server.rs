@@ -52,6 +52,9 @@ pub enum ServeError {
 pub struct Listeners {
     pub grpc: TcpListener,
     pub metrics: Option<TcpListener>,
+    /// `--ext-authz-listen`: Envoy's `Authorization` alone, without a
+    /// token, acting as `[ext_authz] host_credential`.
+    pub ext_authz: Option<TcpListener>,
 }
 
 /// How often expired approvals are swept when nothing else touches them
@@ -78,6 +81,7 @@ pub async fn serve(
         Listeners {
             grpc: listener,
             metrics: None,
+            ext_authz: None,
         },
         engine,
         shutdown,
@@ -119,7 +123,25 @@ pub async fn serve_with_options(
         metrics: Arc::clone(&metrics),
         log_sink: options.log_sink.clone(),
     };
+    let ext_authz = listeners.ext_authz.map(|listener| {
+        let grpc = Grpc {
+            settings: &settings,
+            engine: engine.clone(),
+            metrics: Arc::clone(&metrics),
+            log_sink: options.log_sink.clone(),
+        };
+        grpc.serve_ext_authz(listener, stopped(&stop_signal))
+    });
     let served = grpc.serve(listeners.grpc, health_service, stopped(&stop_signal))?;
+    let served = async move {
+        match ext_authz {
+            None => served.await,
+            Some(ext_authz) => {
+                let (served, ext_authz) = tokio::join!(served, ext_authz);
+                served.and(ext_authz)
+            }
+        }
+    };
     let health = HealthFollower {
         sink: options.log_sink,
         reporter: health_reporter.clone(),
@@ -272,6 +294,44 @@ impl Grpc<'_> {
                     .max_decoding_message_size(limit),
             )
             .serve_with_incoming_shutdown(connections.incoming(listener), stopped))
+    }
+}
+
+impl Grpc<'_> {
+    /// `--ext-authz-listen`: Envoy's `Authorization` alone, behind the
+    /// same metrics and overload layers, its callers acting as
+    /// `[ext_authz] host_credential`.
+    fn serve_ext_authz(
+        self,
+        listener: TcpListener,
+        stopped: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = Result<(), tonic::transport::Error>> {
+        let Grpc {
+            settings,
+            engine,
+            metrics,
+            log_sink,
+        } = self;
+        let connections =
+            Connections::new(ConnectionSettings::from(settings), Arc::clone(&metrics));
+        let layers = ServiceBuilder::new()
+            .layer(MetricsLayer::new(Arc::clone(&metrics)))
+            .layer(OverloadLayer::new(
+                OverloadSettings::from(settings),
+                metrics,
+                log_sink,
+            ))
+            .layer(AuthLayer::ext_authz_listener(engine.clone()));
+        Server::builder()
+            .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
+            .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
+            .max_concurrent_streams(Some(settings.max_concurrent_streams))
+            .layer(layers)
+            .add_service(
+                AuthorizationServer::new(ExtAuthzService::new(engine))
+                    .max_decoding_message_size(settings.max_message_bytes),
+            )
+            .serve_with_incoming_shutdown(connections.incoming(listener), stopped)
     }
 }
 

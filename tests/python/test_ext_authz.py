@@ -10,7 +10,9 @@ protos), and the test builds its CheckRequest and CheckResponse classes
 from them, as grpcurl would. So this also checks that reflection serves
 Envoy's service whole."""
 
+import hashlib
 import json
+import subprocess
 
 import grpc
 import pytest
@@ -19,7 +21,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from conftest import REPO, events_by_name
+from conftest import REPO, events_by_name, toolgate_bin
 
 TICKETS = REPO / "examples" / "tickets.toml"
 REVIEWER = [("authorization", "Bearer example-reviewer-token")]
@@ -179,3 +181,61 @@ def test_every_check_leaves_a_decision_line_with_its_id(start_server, pb):
     decisions = events_by_name(server.stop()).get("decision", [])
     assert [line["decision_id"] for line in decisions] == [decision_id]
     assert decisions[0]["reason"] == "approval-required"
+
+
+ENVOY_TOKEN = "envoy-proxy-token"
+WITH_HOST = f"""
+[ext_authz]
+actor_header = "x-agent"
+workspace = "desk"
+host_credential = "envoy"
+
+[[credentials]]
+kind = "host"
+identity = "envoy"
+actors = ["learner"]
+sha256 = "{hashlib.sha256(ENVOY_TOKEN.encode()).hexdigest()}"
+"""
+
+
+def test_the_ext_authz_listener_takes_checks_without_a_token_as_its_host(start_server):
+    policy = TICKETS.read_text().replace("open_host_api = true", "open_host_api = false")
+    server = start_server(policy + WITH_HOST, ["--ext-authz-listen", "127.0.0.1:0"])
+    line = server.process.stdout.readline()
+    assert line.startswith("toolgate ext_authz on "), line
+    address = line.rsplit(" ", 1)[1].strip()
+    # Reflection is not served there: the message classes come from the
+    # gRPC listener's reflection, the Checks go to the ext_authz listener.
+    reflected = Envoy(server.address)
+    channel = grpc.insecure_channel(address)
+    check = channel.unary_unary(
+        CHECK,
+        request_serializer=reflected.CheckRequest.SerializeToString,
+        response_deserializer=reflected.CheckResponse.FromString)
+    reflected.check_rpc = check
+    ticket = {"ticket": "lamp", "status": "done"}
+    body = denied(reflected.check(tool_call(1, "set_ticket", ticket),
+                                  {"x-agent": "learner", "mcp-session-id": "s1"}),
+                  "approval-required")
+    assert body["error"]["data"]["approval_id"]
+    # The gRPC listener still wants the host's token.
+    reflected.check_rpc = reflected.channel.unary_unary(
+        CHECK,
+        request_serializer=reflected.CheckRequest.SerializeToString,
+        response_deserializer=reflected.CheckResponse.FromString)
+    with pytest.raises(grpc.RpcError) as raised:
+        reflected.check(tool_call(1, "set_ticket", ticket), {"x-agent": "learner"})
+    assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    channel.close()
+    reflected.close()
+
+
+def test_the_ext_authz_listener_needs_a_host_credential(tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text(TICKETS.read_text() + MAPPING)
+    done = subprocess.run(
+        [toolgate_bin(), "serve", "--listen", "127.0.0.1:0", "--store", "memory",
+         "--ext-authz-listen", "127.0.0.1:0", "--config", str(policy)],
+        capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0
+    assert "--ext-authz-listen needs [ext_authz] host_credential" in done.stderr

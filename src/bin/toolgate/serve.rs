@@ -106,6 +106,12 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
+    if args.ext_authz_listen.is_some() && policy.ext_authz.host_credential.is_none() {
+        tracing::error!(
+            "--ext-authz-listen needs [ext_authz] host_credential: the host credential its Checks act as"
+        );
+        return ExitCode::FAILURE;
+    }
     let engine = match open_engine(&args, policy) {
         Ok(engine) => engine,
         Err(error) => {
@@ -141,6 +147,16 @@ pub fn serve(args: ServeArgs) -> ExitCode {
                 }
             },
         };
+        let ext_authz = match args.ext_authz_listen {
+            None => None,
+            Some(address) => match TcpListener::bind(address).await {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::error!(%error, ext_authz_listen = %address, "cannot bind the ext_authz listener");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
         // SIGHUP is caught from before the address is announced: a reload
         // sent right after `listening on` must not kill the process.
         if let Some(path) = &args.config
@@ -169,9 +185,15 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             tracing::info!(metrics_listen = %local, "serving /metrics");
             println!("toolgate metrics on {local}");
         }
+        if let Some(ext_authz) = &ext_authz {
+            let local = ext_authz.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
+            tracing::info!(ext_authz_listen = %local, "serving envoy.service.auth.v3.Authorization");
+            println!("toolgate ext_authz on {local}");
+        }
         let listeners = toolgate::server::Listeners {
             grpc: listener,
             metrics,
+            ext_authz,
         };
         let options = toolgate::server::ServeOptions {
             log_sink: Some(log_sink),

@@ -3,11 +3,12 @@
 //! Envoy's external authorizer").
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::parse::Loader;
-use super::{CredentialKind, Policy, PolicyError};
+use super::{Credential, CredentialKind, Policy, PolicyError};
 
 /// Where the actor of a Check comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,6 +214,13 @@ fn header_name(loader: &Loader<'_>, key: &str, name: &str) -> Result<String, Pol
 }
 
 impl Policy {
+    /// The host credential of this identity.
+    pub fn host_credential(&self, identity: &str) -> Option<&Arc<Credential>> {
+        self.credentials.values().find(|credential| {
+            credential.kind == CredentialKind::Host && credential.identity == identity
+        })
+    }
+
     /// `ext_authz.host_credential` names a host credential of the policy.
     pub(super) fn check_ext_authz_credential(
         &self,
@@ -221,10 +229,7 @@ impl Policy {
         let Some(identity) = &self.ext_authz.host_credential else {
             return Ok(());
         };
-        let found = self.credentials.values().any(|credential| {
-            credential.kind == CredentialKind::Host && &credential.identity == identity
-        });
-        if found {
+        if self.host_credential(identity).is_some() {
             return Ok(());
         }
         Err(loader.error(
