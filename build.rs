@@ -68,6 +68,11 @@ fn envoy_proto_roots() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
         .ok_or("envoy-types has no source directory")?
         .join("proto");
     println!("cargo:rerun-if-changed={}", proto.display());
+    // For the test that decodes the Envoy example with the same protos.
+    println!(
+        "cargo:rustc-env=TOOLGATE_ENVOY_PROTO_DIR={}",
+        proto.display()
+    );
     Ok(
         ["data-plane-api", "xds", "protoc-gen-validate", "googleapis"]
             .iter()

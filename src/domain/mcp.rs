@@ -134,8 +134,8 @@ pub struct Refused {
 /// What a request is.
 #[derive(Debug, Clone, PartialEq)]
 pub enum McpRequest {
-    /// A `tools/call`: decide it.
-    ToolCall(ToolCall),
+    /// A `tools/call`: decide it (boxed: it is most of the enum's size).
+    ToolCall(Box<ToolCall>),
     /// Any other MCP request (`initialize`, `tools/list`, a notification,
     /// the GET stream, a DELETE of the session): the method when a body
     /// named one, and the JSON-RPC id.
@@ -250,11 +250,11 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
         ),
         other => refused(RequestRefusal::InvalidToolCall, other.to_string(), &id),
     })?;
-    Ok(McpRequest::ToolCall(ToolCall {
+    Ok(McpRequest::ToolCall(Box::new(ToolCall {
         session,
         proposal,
         id,
-    }))
+    })))
 }
 
 /// The request's `method`, checked to be a JSON-RPC 2.0 request.

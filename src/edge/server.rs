@@ -13,6 +13,7 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tower::ServiceBuilder;
+use tower::layer::util::{Identity, Stack};
 
 use crate::domain::policy::ServerSettings;
 use crate::edge::approvals::ApprovalsService;
@@ -239,15 +240,17 @@ struct Grpc<'a> {
     log_sink: Option<SinkStatus>,
 }
 
+/// The layers every listener's calls go through, outermost first.
+type Layers = ServiceBuilder<Stack<AuthLayer, Stack<OverloadLayer, Stack<MetricsLayer, Identity>>>>;
+
 impl Grpc<'_> {
-    /// toolgate's services behind the metrics, overload and authentication
-    /// layers, plus health and reflection, on `listener` until `stopped`.
-    fn serve(
+    /// The server's transport settings behind the metrics, overload and
+    /// authentication (`auth`) layers, and its connections under the
+    /// policy's caps.
+    fn transport(
         self,
-        listener: TcpListener,
-        health: HealthServer<impl Health>,
-        stopped: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+        auth: impl FnOnce(Engine) -> AuthLayer,
+    ) -> (Server<Stack<Layers, Identity>>, Connections) {
         let Grpc {
             settings,
             engine,
@@ -263,13 +266,26 @@ impl Grpc<'_> {
                 metrics,
                 log_sink,
             ))
-            .layer(AuthLayer::new(engine.clone()));
-        let limit = settings.max_message_bytes;
-        Ok(Server::builder()
+            .layer(auth(engine));
+        let server = Server::builder()
             .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
             .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
             .max_concurrent_streams(Some(settings.max_concurrent_streams))
-            .layer(layers)
+            .layer(layers);
+        (server, connections)
+    }
+
+    /// toolgate's services behind the metrics, overload and authentication
+    /// layers, plus health and reflection, on `listener` until `stopped`.
+    fn serve(
+        self,
+        listener: TcpListener,
+        health: HealthServer<impl Health>,
+        stopped: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+        let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
+        let (mut server, connections) = self.transport(AuthLayer::new);
+        Ok(server
             .add_service(health)
             .add_service(reflection()?.build_v1()?)
             .add_service(reflection()?.build_v1alpha()?)
@@ -295,41 +311,20 @@ impl Grpc<'_> {
             )
             .serve_with_incoming_shutdown(connections.incoming(listener), stopped))
     }
-}
 
-impl Grpc<'_> {
     /// `--ext-authz-listen`: Envoy's `Authorization` alone, behind the
-    /// same metrics and overload layers, its callers acting as
-    /// `[ext_authz] host_credential`.
+    /// same layers, its callers acting as `[ext_authz] host_credential`.
     fn serve_ext_authz(
         self,
         listener: TcpListener,
         stopped: impl Future<Output = ()> + Send + 'static,
     ) -> impl Future<Output = Result<(), tonic::transport::Error>> {
-        let Grpc {
-            settings,
-            engine,
-            metrics,
-            log_sink,
-        } = self;
-        let connections =
-            Connections::new(ConnectionSettings::from(settings), Arc::clone(&metrics));
-        let layers = ServiceBuilder::new()
-            .layer(MetricsLayer::new(Arc::clone(&metrics)))
-            .layer(OverloadLayer::new(
-                OverloadSettings::from(settings),
-                metrics,
-                log_sink,
-            ))
-            .layer(AuthLayer::ext_authz_listener(engine.clone()));
-        Server::builder()
-            .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
-            .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
-            .max_concurrent_streams(Some(settings.max_concurrent_streams))
-            .layer(layers)
+        let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
+        let (mut server, connections) = self.transport(AuthLayer::ext_authz_listener);
+        server
             .add_service(
                 AuthorizationServer::new(ExtAuthzService::new(engine))
-                    .max_decoding_message_size(settings.max_message_bytes),
+                    .max_decoding_message_size(limit),
             )
             .serve_with_incoming_shutdown(connections.incoming(listener), stopped)
     }

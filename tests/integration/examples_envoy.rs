@@ -12,33 +12,10 @@ use prost_reflect::{DescriptorPool, DynamicMessage};
 
 use crate::support::policies::repo_path;
 
-/// The include roots of the Envoy protos in the envoy-types crate's source.
+/// The include roots of the Envoy protos in the envoy-types crate's source
+/// (where build.rs found them).
 fn envoy_proto_roots() -> Vec<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = std::process::Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--manifest-path",
-        ])
-        .arg(repo_path("Cargo.toml"))
-        .output()
-        .expect("cargo metadata runs");
-    assert!(output.status.success(), "cargo metadata: {output:?}");
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
-    let manifest = metadata["packages"]
-        .as_array()
-        .expect("packages")
-        .iter()
-        .find(|package| package["name"] == "envoy-types")
-        .and_then(|package| package["manifest_path"].as_str())
-        .expect("envoy-types is a dependency");
-    let proto = PathBuf::from(manifest)
-        .parent()
-        .expect("a source directory")
-        .join("proto");
+    let proto = PathBuf::from(env!("TOOLGATE_ENVOY_PROTO_DIR"));
     [
         "data-plane-api",
         "xds",

@@ -83,7 +83,8 @@ pub enum Call {
     Decide(pb::DecideRequest, Expect),
     Dispatch(pb::DispatchRequest, Expect),
     Assess(pb::AssessManifestRequest, Expect),
-    Check(CheckRequest, Expect),
+    /// Boxed: a Check is most of the enum's size.
+    Check(Box<CheckRequest>, Expect),
 }
 
 /// Makes request `index` of a round; `None` ends the round (a finite pool).
@@ -143,7 +144,7 @@ async fn execute(
             Call::Check(request, expect) => {
                 let answer = clients
                     .authz
-                    .check(with_token(request, token))
+                    .check(with_token(*request, token))
                     .await?
                     .into_inner();
                 Ok(check.then(|| check_authz(&answer, &expect)).flatten())
@@ -520,7 +521,7 @@ pub async fn open_loop(
     for channel in target.channels {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<Scheduled>();
         senders.push(sender);
-        let client = Clients::new(&channel);
+        let client = Clients::new(channel);
         drivers.push(tokio::spawn(drive(
             client,
             receiver,

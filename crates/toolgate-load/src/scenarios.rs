@@ -416,7 +416,7 @@ pub fn generator(
             Arc::new(move |_| Some(Call::Assess(request.clone(), Expect::Matched)))
         }
         Scenario::ExtAuthzCheck => {
-            let request = mcp_check_request();
+            let request = Box::new(mcp_check_request());
             Arc::new(move |_| {
                 Some(Call::Check(
                     request.clone(),

@@ -7,6 +7,7 @@
 //! batch committed.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -137,25 +138,11 @@ pub fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let metrics = match args.metrics_listen {
-            None => None,
-            Some(address) => match TcpListener::bind(address).await {
-                Ok(listener) => Some(listener),
-                Err(error) => {
-                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
-                    return ExitCode::FAILURE;
-                }
-            },
+        let Ok(metrics) = bind_optional(args.metrics_listen, "metrics").await else {
+            return ExitCode::FAILURE;
         };
-        let ext_authz = match args.ext_authz_listen {
-            None => None,
-            Some(address) => match TcpListener::bind(address).await {
-                Ok(listener) => Some(listener),
-                Err(error) => {
-                    tracing::error!(%error, ext_authz_listen = %address, "cannot bind the ext_authz listener");
-                    return ExitCode::FAILURE;
-                }
-            },
+        let Ok(ext_authz) = bind_optional(args.ext_authz_listen, "ext_authz").await else {
+            return ExitCode::FAILURE;
         };
         // SIGHUP is caught from before the address is announced: a reload
         // sent right after `listening on` must not kill the process.
@@ -215,6 +202,21 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// An optional listener (`--metrics-listen`, `--ext-authz-listen`), bound;
+/// `Err` once the failure is logged.
+async fn bind_optional(address: Option<SocketAddr>, what: &str) -> Result<Option<TcpListener>, ()> {
+    let Some(address) = address else {
+        return Ok(None);
+    };
+    match TcpListener::bind(address).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(error) => {
+            tracing::error!(%error, listen = %address, "cannot bind the {what} listener");
+            Err(())
+        }
+    }
 }
 
 /// The engine on the store `--store` names, with the state it holds

@@ -29,14 +29,8 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<Decided> {
-        self.charged(
-            policy,
-            now,
-            session_ref,
-            proposal,
-            |state, call| state.decide_steps(call, screened, Grants::Keep),
-            |cause| (Decision::answer(cause, proposal, session_ref, None), None),
-        )
+        let call = (policy, now, session_ref, proposal);
+        self.decide_with(call, screened, Grants::Keep)
     }
 
     /// Decide as an external authorizer asks it (issue 17): the same check
@@ -54,12 +48,23 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<Decided> {
+        let call = (policy, now, session_ref, proposal);
+        self.decide_with(call, screened, Grants::Consume)
+    }
+
+    /// Decide's steps, charged, with what step 8 does with a grant.
+    fn decide_with(
+        &mut self,
+        (policy, now, session_ref, proposal): (&Policy, Timestamp, &SessionRef, &Proposal),
+        screened: Screened<'_>,
+        grants: Grants,
+    ) -> Result<Decided> {
         self.charged(
             policy,
             now,
             session_ref,
             proposal,
-            |state, call| state.decide_steps(call, screened, Grants::Consume),
+            |state, call| state.decide_steps(call, screened, grants),
             |cause| (Decision::answer(cause, proposal, session_ref, None), None),
         )
     }
