@@ -565,6 +565,54 @@ mod tests {
         assert_eq!(refusal(&mismatch), RequestRefusal::HeaderMismatch);
     }
 
+    /// Owned bytes as a POST body, for the property below.
+    struct Bytes(Vec<u8>);
+
+    impl HttpRequest for Bytes {
+        fn method(&self) -> &str {
+            "POST"
+        }
+        fn header(&self, name: &str) -> Option<&str> {
+            match name {
+                "x-toolgate-actor" => Some("agent"),
+                "mcp-session-id" => Some("s1"),
+                _ => None,
+            }
+        }
+        fn body(&self) -> Option<&[u8]> {
+            Some(&self.0)
+        }
+        fn principal(&self) -> Option<&str> {
+            None
+        }
+        fn jwt_claim(&self, _: &str, _: &str) -> Result<String, String> {
+            Err("no JWT".into())
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the body, a request is classified or refused with a
+        /// reason and a message: never a panic.
+        #[test]
+        fn any_body_is_classified_or_refused(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            if let Err(refused) = classify(&ExtAuthzSettings::default(), &Bytes(body)) {
+                proptest::prop_assert!(!refused.message.is_empty());
+            }
+        }
+
+        /// Bodies shaped like a tools/call, with arbitrary names and
+        /// arguments text.
+        #[test]
+        fn any_tool_call_is_classified_or_refused(name in ".{0,50}", arguments in ".{0,80}") {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":{name:?},"arguments":{arguments}}}}}"#
+            );
+            if let Err(refused) = classify(&ExtAuthzSettings::default(), &Bytes(body.into_bytes())) {
+                proptest::prop_assert!(!refused.message.is_empty());
+            }
+        }
+    }
+
     #[test]
     fn a_session_id_that_is_no_identifier_is_hashed() {
         assert_eq!(as_identifier("s-", "abc"), "abc");
