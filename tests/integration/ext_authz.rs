@@ -566,3 +566,41 @@ fn the_ext_authz_section_is_validated_with_the_key_named() {
     let default = crate::support::Policy::embedded_default().expect("embedded default");
     assert!(default.ext_authz.allow_other_methods);
 }
+
+#[tokio::test]
+async fn a_grant_consumed_by_a_check_stays_consumed_after_a_restart() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data = directory.path().join("data");
+    let store = || -> Box<dyn crate::support::Store> {
+        Box::new(crate::support::SqliteStore::open(&data).expect("open the store"))
+    };
+    let policy = || crate::support::policies::parse(&decide_text(MAPPING));
+    let clock = crate::support::ManualClock::starting_at(crate::support::EPOCH);
+    let first = TestServer::start_on(policy(), store(), clock.clone()).await;
+    let approval_id = approval_of(&check(&first, wire(json!(1), "acct-restart")).await);
+    first
+        .grant(ALICE, &approval_id)
+        .await
+        .expect("alice grants");
+    assert_allowed(
+        &check(&first, wire(json!(2), "acct-restart")).await,
+        "approved",
+    );
+    first.engine.close_store();
+    first.stop().await;
+
+    let second = TestServer::start_on(policy(), store(), clock).await;
+    let approval = second.get_approval(ALICE, &approval_id).await.expect("get");
+    assert_eq!(
+        approval.status(),
+        pb::ApprovalStatus::Consumed,
+        "{approval:?}"
+    );
+    let again = check(&second, wire(json!(3), "acct-restart")).await;
+    assert_ne!(
+        approval_of(&again),
+        approval_id,
+        "a consumed grant never lets a call through again"
+    );
+    second.stop().await;
+}
