@@ -1,7 +1,10 @@
 //! Compiles `proto/` with protox (pure Rust, so a fresh machine needs no
 //! `protoc`) and generates the tonic services plus the descriptor set that
-//! server reflection serves; and sets `TOOLGATE_COMMIT`, the commit the
-//! binary is built from (`--version`, `toolgate_build_info`).
+//! server reflection serves; compiles Envoy's `external_auth.proto`
+//! from the envoy-types crate's own copy of Envoy's protos (found through
+//! `cargo metadata`), for reflection to list `envoy.service.auth.v3`; and
+//! sets `TOOLGATE_COMMIT`, the commit the binary is built from
+//! (`--version`, `toolgate_build_info`).
 
 use std::path::PathBuf;
 
@@ -15,6 +18,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(
         out_dir.join("toolgate_descriptor.bin"),
         descriptors.encode_to_vec(),
+    )?;
+    let envoy = protox::compile(
+        ["envoy/service/auth/v3/external_auth.proto"],
+        envoy_proto_roots()?,
+    )?;
+    std::fs::write(
+        out_dir.join("envoy_auth_descriptor.bin"),
+        envoy.encode_to_vec(),
     )?;
     tonic_prost_build::configure()
         .build_client(true)
@@ -66,4 +77,53 @@ fn git_commit() -> Option<String> {
         }
     }
     git(&["rev-parse", "--short=12", "HEAD"])
+}
+
+/// The include roots of the Envoy protos that the envoy-types crate ships
+/// (`proto/data-plane-api`, `proto/xds`, …), in the source directory cargo
+/// unpacked it to.
+fn envoy_proto_roots() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
+    let cargo = std::env::var("CARGO")?;
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("Cargo.toml");
+    let output = std::process::Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let envoy_manifest = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|package| package["name"] == "envoy-types")
+        .and_then(|package| package["manifest_path"].as_str())
+        .ok_or("cargo metadata lists no envoy-types package")?;
+    let proto = PathBuf::from(envoy_manifest)
+        .parent()
+        .ok_or("envoy-types has no source directory")?
+        .join("proto");
+    println!("cargo:rerun-if-changed={}", proto.display());
+    // For the test that decodes the Envoy example with the same protos.
+    println!(
+        "cargo:rustc-env=TOOLGATE_ENVOY_PROTO_DIR={}",
+        proto.display()
+    );
+    Ok(
+        ["data-plane-api", "xds", "protoc-gen-validate", "googleapis"]
+            .iter()
+            .map(|root| proto.join(root))
+            .collect(),
+    )
 }

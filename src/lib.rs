@@ -55,4 +55,10 @@ pub mod pb {
     /// Encoded descriptor set of `toolgate.v1`, served by reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/toolgate_descriptor.bin"));
+
+    /// Encoded descriptor set of Envoy's `envoy.service.auth.v3` and what it
+    /// imports (compiled from the envoy-types crate's protos), served by
+    /// reflection.
+    pub const ENVOY_AUTH_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/envoy_auth_descriptor.bin"));
 }

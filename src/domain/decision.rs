@@ -18,6 +18,9 @@ pub enum Cause {
     Allowed,
     /// `approved`: a grant for this fingerprint (Decide step 8).
     Approved,
+    /// `approved`: a grant for this fingerprint, consumed by this call (an
+    /// external authorizer's Check).
+    GrantConsumed,
     /// `forbidden`, `unknown-tool`, `forbidden-tool`, `not-authorized`,
     /// `manifest-unverified`: a policy refusal (Decide steps 2–4, Dispatch
     /// steps 2–3).
@@ -54,7 +57,7 @@ impl Cause {
     pub fn reason(&self) -> Reason {
         match self {
             Cause::Allowed => Reason::Allowed,
-            Cause::Approved => Reason::Approved,
+            Cause::Approved | Cause::GrantConsumed => Reason::Approved,
             Cause::Refused(refusal) => refusal.reason(),
             Cause::Budget(reason)
             | Cause::AwaitingApproval(reason)
@@ -85,6 +88,9 @@ impl Cause {
         match self {
             Cause::Allowed => format!("{tool:?} may run"),
             Cause::Approved => "approved by a reviewer; Dispatch consumes the grant".to_string(),
+            Cause::GrantConsumed => {
+                "approved by a reviewer; this call consumed the grant".to_string()
+            }
             Cause::Refused(refusal) => refusal_message(*refusal, proposal, session),
             Cause::Budget(Reason::CallIdConflict) => format!(
                 "call id {:?} was already decided in this session for a different proposal",

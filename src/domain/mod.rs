@@ -10,6 +10,8 @@
 //! - [`clock`]: injectable time. [`error`]: the domain error enum.
 //! - [`policy`]: the TOML policy file as an immutable snapshot (SPEC §3).
 //! - [`manifest`]: tool-server manifests: fingerprint, diff, assessment (SPEC §7).
+//! - [`mcp`]: an MCP request over HTTP, as Envoy's external authorizer
+//!   sees it, mapped to a session and a proposal; its JSON-RPC error body.
 //! - [`proposal`]: the proposal envelope and the policy-only screening.
 //! - [`reason`]: outcomes, stable reasons and Dispatch statuses (a leaf).
 //! - [`decision`]: what Decide and Dispatch answer, and every message.
@@ -31,6 +33,7 @@ pub mod ids;
 pub mod ledger;
 pub mod limits;
 pub mod manifest;
+pub mod mcp;
 pub mod pins;
 pub mod policy;
 pub mod proposal;

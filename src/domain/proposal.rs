@@ -71,15 +71,6 @@ impl Proposal {
         version: u64,
         arguments_json: &str,
     ) -> Result<Self> {
-        check_identifier("call_id", &call_id)?;
-        check_identifier("actor", &actor)?;
-        check_identifier("name", &name)?;
-        if version > MAX_VERSION {
-            return Err(Error::invalid(
-                "version",
-                format!("must be at most 2^53 ({MAX_VERSION})"),
-            ));
-        }
         if arguments_json.len() > MAX_ARGUMENTS_BYTES {
             return Err(Error::invalid(
                 "arguments_json",
@@ -96,6 +87,28 @@ impl Proposal {
             }
             Err(error) => return Err(Error::invalid("arguments_json", error.to_string())),
         };
+        Proposal::with_arguments(call_id, actor, name, version, arguments)
+    }
+
+    /// [`Proposal::new`] of arguments already parsed (the arguments of an
+    /// MCP `tools/call` that Envoy forwards): the envelope checked, the
+    /// fingerprint of exactly the five keys.
+    pub fn with_arguments(
+        call_id: String,
+        actor: String,
+        name: String,
+        version: u64,
+        arguments: Object,
+    ) -> Result<Self> {
+        check_identifier("call_id", &call_id)?;
+        check_identifier("actor", &actor)?;
+        check_identifier("name", &name)?;
+        if version > MAX_VERSION {
+            return Err(Error::invalid(
+                "version",
+                format!("must be at most 2^53 ({MAX_VERSION})"),
+            ));
+        }
         // Exactly the five keys, in sorted order, hashed as they are written.
         let mut envelope = ObjectHasher::new();
         envelope.member_str("actor", &actor);

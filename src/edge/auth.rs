@@ -3,7 +3,8 @@
 //!
 //! - `authorization: Bearer <token>`; the token's SHA-256 digest is looked up
 //!   among the policy's credentials (tokens themselves are never stored).
-//! - Host credentials reach only `PolicyDecisionPoint`; reviewer credentials
+//! - Host credentials reach only `PolicyDecisionPoint` (and Envoy's
+//!   `Authorization`, which acts for a host); reviewer credentials
 //!   only `Approvals` and `ManifestPins`; `Resources` takes either. Health
 //!   and reflection are open.
 //! - The host API is open only with `[server] open_host_api = true` (the
@@ -113,7 +114,7 @@ pub(crate) enum Reach {
 impl Reach {
     fn of(path: &str) -> Reach {
         match methods::service_of(path) {
-            methods::POLICY_DECISION_POINT => Reach::Host,
+            methods::POLICY_DECISION_POINT | methods::AUTHORIZATION => Reach::Host,
             methods::APPROVALS | methods::MANIFEST_PINS => Reach::Reviewer,
             methods::RESOURCES => Reach::HostOrReviewer,
             // Health and reflection are open; unknown services get
@@ -261,15 +262,57 @@ fn audit_refused(engine: &Engine, context: &RequestContext, refused: &Refused) {
     });
 }
 
+/// On `--ext-authz-listen`, which serves only Envoy's `Authorization` to a
+/// proxy that sends no token: every call acts with the authority of the
+/// host credential `[ext_authz] host_credential` names (refused while the
+/// policy names none).
+fn ext_authz_listener_caller(engine: &Engine) -> Result<Option<Caller>, Refused> {
+    let policy = engine.policy();
+    let credential = policy
+        .ext_authz
+        .host_credential
+        .as_deref()
+        .and_then(|identity| policy.host_credential(identity));
+    match credential {
+        Some(credential) => Ok(Some(Caller(Arc::clone(credential)))),
+        None => Err(Refused::unauthenticated(
+            "ext-authz-no-host-credential",
+            "the ext_authz listener acts with [ext_authz] host_credential, and the policy names none",
+        )),
+    }
+}
+
+/// Who the callers of a listener are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Callers {
+    /// Each call's bearer token says (the gRPC listener).
+    ByToken,
+    /// The ext_authz listener's host credential.
+    ExtAuthzHost,
+}
+
 /// The tower layer that authenticates every request.
 #[derive(Debug, Clone)]
 pub(crate) struct AuthLayer {
     engine: Engine,
+    callers: Callers,
 }
 
 impl AuthLayer {
     pub(crate) fn new(engine: Engine) -> Self {
-        AuthLayer { engine }
+        AuthLayer {
+            engine,
+            callers: Callers::ByToken,
+        }
+    }
+
+    /// The layer of `--ext-authz-listen`: no token, the authority of
+    /// `[ext_authz] host_credential`.
+    pub(crate) fn ext_authz_listener(engine: Engine) -> Self {
+        AuthLayer {
+            engine,
+            callers: Callers::ExtAuthzHost,
+        }
     }
 }
 
@@ -280,6 +323,7 @@ impl<S> Layer<S> for AuthLayer {
         AuthService {
             inner,
             engine: self.engine.clone(),
+            callers: self.callers,
         }
     }
 }
@@ -288,6 +332,7 @@ impl<S> Layer<S> for AuthLayer {
 pub(crate) struct AuthService<S> {
     inner: S,
     engine: Engine,
+    callers: Callers,
 }
 
 impl<S, RequestBody, ResponseBody> Service<http::Request<RequestBody>> for AuthService<S>
@@ -310,7 +355,11 @@ where
             .get(http::header::AUTHORIZATION)
             .map(http::HeaderValue::as_bytes);
         let path = request.uri().path();
-        match authenticate(&self.engine, path, authorization) {
+        let authenticated = match self.callers {
+            Callers::ByToken => authenticate(&self.engine, path, authorization),
+            Callers::ExtAuthzHost => ext_authz_listener_caller(&self.engine),
+        };
+        match authenticated {
             Ok(caller) => {
                 // The call runs in its context, for the audit lines of its
                 // rejections (`edge::status`).

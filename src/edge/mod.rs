@@ -7,6 +7,7 @@ pub(crate) mod approvals;
 pub(crate) mod auth;
 pub(crate) mod connections;
 pub(crate) mod convert;
+pub(crate) mod ext_authz;
 pub mod in_process;
 pub(crate) mod metrics_layer;
 pub(crate) mod overload;

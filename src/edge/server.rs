@@ -13,11 +13,13 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tower::ServiceBuilder;
+use tower::layer::util::{Identity, Stack};
 
 use crate::domain::policy::ServerSettings;
 use crate::edge::approvals::ApprovalsService;
 use crate::edge::auth::AuthLayer;
 use crate::edge::connections::{ConnectionSettings, Connections};
+use crate::edge::ext_authz::ExtAuthzService;
 use crate::edge::metrics_layer::{MetricsLayer, serve_metrics};
 use crate::edge::overload::{OverloadLayer, OverloadSettings};
 use crate::edge::pdp::PdpService;
@@ -32,6 +34,7 @@ use crate::pb::approvals_server::ApprovalsServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
 use crate::pb::policy_decision_point_server::PolicyDecisionPointServer;
 use crate::pb::resources_server::ResourcesServer;
+use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -50,6 +53,9 @@ pub enum ServeError {
 pub struct Listeners {
     pub grpc: TcpListener,
     pub metrics: Option<TcpListener>,
+    /// `--ext-authz-listen`: Envoy's `Authorization` alone, without a
+    /// token, acting as `[ext_authz] host_credential`.
+    pub ext_authz: Option<TcpListener>,
 }
 
 /// How often expired approvals are swept when nothing else touches them
@@ -76,6 +82,7 @@ pub async fn serve(
         Listeners {
             grpc: listener,
             metrics: None,
+            ext_authz: None,
         },
         engine,
         shutdown,
@@ -117,7 +124,25 @@ pub async fn serve_with_options(
         metrics: Arc::clone(&metrics),
         log_sink: options.log_sink.clone(),
     };
+    let ext_authz = listeners.ext_authz.map(|listener| {
+        let grpc = Grpc {
+            settings: &settings,
+            engine: engine.clone(),
+            metrics: Arc::clone(&metrics),
+            log_sink: options.log_sink.clone(),
+        };
+        grpc.serve_ext_authz(listener, stopped(&stop_signal))
+    });
     let served = grpc.serve(listeners.grpc, health_service, stopped(&stop_signal))?;
+    let served = async move {
+        match ext_authz {
+            None => served.await,
+            Some(ext_authz) => {
+                let (served, ext_authz) = tokio::join!(served, ext_authz);
+                served.and(ext_authz)
+            }
+        }
+    };
     let health = HealthFollower {
         sink: options.log_sink,
         reporter: health_reporter.clone(),
@@ -216,15 +241,17 @@ struct Grpc<'a> {
     log_sink: Option<SinkStatus>,
 }
 
+/// The layers every listener's calls go through, outermost first.
+type Layers = ServiceBuilder<Stack<AuthLayer, Stack<OverloadLayer, Stack<MetricsLayer, Identity>>>>;
+
 impl Grpc<'_> {
-    /// toolgate's services behind the metrics, overload and authentication
-    /// layers, plus health and reflection, on `listener` until `stopped`.
-    fn serve(
+    /// The server's transport settings behind the metrics, overload and
+    /// authentication (`auth`) layers, and its connections under the
+    /// policy's caps.
+    fn transport(
         self,
-        listener: TcpListener,
-        health: HealthServer<impl Health>,
-        stopped: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+        auth: impl FnOnce(Engine) -> AuthLayer,
+    ) -> (Server<Stack<Layers, Identity>>, Connections) {
         let Grpc {
             settings,
             engine,
@@ -240,13 +267,26 @@ impl Grpc<'_> {
                 metrics,
                 log_sink,
             ))
-            .layer(AuthLayer::new(engine.clone()));
-        let limit = settings.max_message_bytes;
-        Ok(Server::builder()
+            .layer(auth(engine));
+        let server = Server::builder()
             .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
             .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
             .max_concurrent_streams(Some(settings.max_concurrent_streams))
-            .layer(layers)
+            .layer(layers);
+        (server, connections)
+    }
+
+    /// toolgate's services behind the metrics, overload and authentication
+    /// layers, plus health and reflection, on `listener` until `stopped`.
+    fn serve(
+        self,
+        listener: TcpListener,
+        health: HealthServer<impl Health>,
+        stopped: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+        let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
+        let (mut server, connections) = self.transport(AuthLayer::new);
+        Ok(server
             .add_service(health)
             .add_service(reflection()?.build_v1()?)
             .add_service(reflection()?.build_v1alpha()?)
@@ -263,19 +303,63 @@ impl Grpc<'_> {
                     .max_decoding_message_size(limit),
             )
             .add_service(
-                ResourcesServer::new(ResourcesService::new(engine))
+                ResourcesServer::new(ResourcesService::new(engine.clone()))
+                    .max_decoding_message_size(limit),
+            )
+            .add_service(
+                AuthorizationServer::new(ExtAuthzService::new(engine))
                     .max_decoding_message_size(limit),
             )
             .serve_with_incoming_shutdown(connections.incoming(listener), stopped))
     }
+
+    /// `--ext-authz-listen`: Envoy's `Authorization` alone, behind the
+    /// same layers, its callers acting as `[ext_authz] host_credential`.
+    fn serve_ext_authz(
+        self,
+        listener: TcpListener,
+        stopped: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = Result<(), tonic::transport::Error>> {
+        let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
+        let (mut server, connections) = self.transport(AuthLayer::ext_authz_listener);
+        server
+            .add_service(
+                AuthorizationServer::new(ExtAuthzService::new(engine))
+                    .max_decoding_message_size(limit),
+            )
+            .serve_with_incoming_shutdown(connections.incoming(listener), stopped)
+    }
 }
 
-/// Reflection over toolgate's, health's and the error details' descriptors.
+/// Reflection over toolgate's, health's, the error details' and Envoy's
+/// external authorization descriptors.
 fn reflection() -> Result<tonic_reflection::server::Builder<'static>, ServeError> {
+    let error_details = error_detail_descriptors()?;
+    let envoy = envoy_auth_descriptors(&error_details)?;
     Ok(tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_file_descriptor_set(error_detail_descriptors()?))
+        .register_file_descriptor_set(error_details)
+        .register_file_descriptor_set(envoy))
+}
+
+/// `envoy.service.auth.v3` and its imports, less the files another set
+/// already serves (`google/rpc/status.proto`): one file per name.
+fn envoy_auth_descriptors(
+    served: &prost_types::FileDescriptorSet,
+) -> Result<prost_types::FileDescriptorSet, prost::DecodeError> {
+    use prost::Message;
+
+    let mut set = prost_types::FileDescriptorSet::decode(pb::ENVOY_AUTH_DESCRIPTOR_SET)?;
+    let toolgate = prost_types::FileDescriptorSet::decode(pb::FILE_DESCRIPTOR_SET)?;
+    let health = prost_types::FileDescriptorSet::decode(tonic_health::pb::FILE_DESCRIPTOR_SET)?;
+    let taken: std::collections::HashSet<String> = [served, &toolgate, &health]
+        .into_iter()
+        .flat_map(|set| set.file.iter().filter_map(|file| file.name.clone()))
+        .collect();
+    set.file
+        .retain(|file| file.name.as_ref().is_none_or(|name| !taken.contains(name)));
+    Ok(set)
 }
 
 /// The `google.rpc` error-detail types (`Status`, `BadRequest`, `ErrorInfo`,

@@ -197,7 +197,7 @@ pub(crate) fn note_session(session: &SessionRef) {
 
 /// `request_rejected`: method, field path and rule (never a value), the
 /// caller, the actor and session when they parsed, the policy revision.
-fn audit_rejected(field: &str, rule: &str) {
+pub(crate) fn audit_rejected(field: &str, rule: &str) {
     let in_call = REQUEST.try_with(|context| {
         let session = context.session.borrow();
         let (actor, session_id) = match &*session {

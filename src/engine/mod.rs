@@ -289,14 +289,48 @@ impl Engine {
         session: &SessionRef,
         proposal: &Proposal,
     ) -> Result<(Decision, String)> {
+        self.decide_with(session, proposal, None, State::decide)
+            .await
+    }
+
+    /// An external authorizer's Check of a tool call (issue 17): Decide's
+    /// check order, with a grant consumed at once ([`State::authorize`]),
+    /// durable before the answer. Its audit line and answer carry
+    /// `decision_id`.
+    pub async fn authorize(
+        &self,
+        session: &SessionRef,
+        proposal: &Proposal,
+        decision_id: Uuid,
+    ) -> Result<(Decision, String)> {
+        self.decide_with(session, proposal, Some(decision_id), State::authorize)
+            .await
+    }
+
+    /// Decide or a Check: screened without the lock, decided under it, the
+    /// ledger transition published, counted and audited as `decision`.
+    async fn decide_with(
+        &self,
+        session: &SessionRef,
+        proposal: &Proposal,
+        decision_id: Option<Uuid>,
+        operation: impl FnOnce(
+            &mut State,
+            &Policy,
+            Timestamp,
+            &SessionRef,
+            &Proposal,
+            proposal::Screened<'_>,
+        ) -> Result<(Decision, Option<ApprovalEvent>)>,
+    ) -> Result<(Decision, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
-        let (decision, created) = self
+        let (decision, transition) = self
             .with_expiry(&policy, |state, now| {
-                state.decide(&policy, now, session, proposal, screened)
+                operation(state, &policy, now, session, proposal, screened)
             })
             .await?;
-        self.publish(created);
+        self.publish(transition);
         if let Some(metrics) = self.metrics() {
             metrics.decision(decision.reason);
         }
@@ -311,6 +345,7 @@ impl Engine {
             tool = proposal.name.as_str(),
             call_id = proposal.call_id.as_str(),
             approval_id = blank(decision.approval.map(|(id, _)| id)),
+            decision_id = blank(decision_id),
             policy_revision = policy.revision.as_str(),
         );
         Ok((decision, policy.revision.clone()))

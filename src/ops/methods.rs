@@ -9,13 +9,22 @@ pub const POLICY_DECISION_POINT: &str = pb::policy_decision_point_server::SERVIC
 pub const APPROVALS: &str = pb::approvals_server::SERVICE_NAME;
 pub const MANIFEST_PINS: &str = pb::manifest_pins_server::SERVICE_NAME;
 pub const RESOURCES: &str = pb::resources_server::SERVICE_NAME;
+/// Envoy's external authorization (issue 17), from envoy-types.
+pub const AUTHORIZATION: &str =
+    envoy_types::pb::envoy::service::auth::v3::authorization_server::SERVICE_NAME;
 pub const HEALTH: &str = tonic_health::pb::health_server::SERVICE_NAME;
 pub const REFLECTION_V1: &str = tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME;
 pub const REFLECTION_V1ALPHA: &str =
     tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME;
 
 /// toolgate's own services (each reported by health).
-pub const SERVICES: [&str; 4] = [POLICY_DECISION_POINT, APPROVALS, MANIFEST_PINS, RESOURCES];
+pub const SERVICES: [&str; 5] = [
+    POLICY_DECISION_POINT,
+    APPROVALS,
+    MANIFEST_PINS,
+    RESOURCES,
+    AUTHORIZATION,
+];
 
 /// The label of every call to a method not in [`METHODS`].
 pub const OTHER: &str = "other";
@@ -49,7 +58,7 @@ const fn join<const LEN: usize>(service: &str, method: &str) -> [u8; LEN] {
 }
 
 /// Every RPC toolgate serves, as `service/method` labels, and [`OTHER`].
-pub const METHODS: [&str; 19] = [
+pub const METHODS: [&str; 20] = [
     method!(POLICY_DECISION_POINT, "Decide"),
     method!(POLICY_DECISION_POINT, "Dispatch"),
     method!(POLICY_DECISION_POINT, "AssessManifest"),
@@ -68,6 +77,7 @@ pub const METHODS: [&str; 19] = [
     method!(HEALTH, "Check"),
     method!(HEALTH, "Watch"),
     method!(REFLECTION_V1, "ServerReflectionInfo"),
+    method!(AUTHORIZATION, "Check"),
     OTHER,
 ];
 

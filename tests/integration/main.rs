@@ -20,6 +20,8 @@ mod cli;
 mod decide;
 mod dispatch;
 mod dispatch_model;
+mod examples_envoy;
+mod ext_authz;
 mod fixtures;
 mod fuzz_regressions;
 mod hostile;

@@ -71,6 +71,7 @@ async fn reflection_lists_every_service() {
         "toolgate.v1.ManifestPins",
         "toolgate.v1.PolicyDecisionPoint",
         "toolgate.v1.Resources",
+        "envoy.service.auth.v3.Authorization",
     ] {
         assert!(
             names.iter().any(|name| name == expected),

@@ -91,6 +91,7 @@ impl TestServer {
         let listeners = Listeners {
             grpc: listener,
             metrics: metrics_listener,
+            ext_authz: None,
         };
         let handle = tokio::spawn(async move {
             serve_with(listeners, server_engine, async {

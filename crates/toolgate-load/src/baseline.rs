@@ -1,5 +1,6 @@
 //! The no-op baseline: a tonic server implementing the same
-//! `PolicyDecisionPoint` service whose handlers return a fixed answer.
+//! `PolicyDecisionPoint` service (and Envoy's `Authorization`, for the
+//! ext-authz scenario) whose handlers return a fixed answer.
 //! Same transport settings as `toolgate serve` (HTTP/2 keepalive, streams
 //! per connection, TCP_NODELAY) and the same runtime (tokio's default multi-thread
 //! runtime, whose worker count `TOKIO_WORKER_THREADS` sets). It decodes each
@@ -14,6 +15,10 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
+use envoy_types::pb::envoy::service::auth::v3::authorization_server::{
+    Authorization, AuthorizationServer,
+};
+use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse};
 use toolgate::pb;
 use toolgate::pb::policy_decision_point_server::{PolicyDecisionPoint, PolicyDecisionPointServer};
 
@@ -105,6 +110,71 @@ impl PolicyDecisionPoint for NoopPdp {
     }
 }
 
+/// Envoy's Authorization, answering every Check with a fixed OK of the
+/// shape toolgate sends (two headers upstream, four metadata fields).
+#[derive(Debug, Clone)]
+struct NoopAuthorization {
+    allowed: CheckResponse,
+}
+
+impl NoopAuthorization {
+    fn new() -> Self {
+        use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+        use envoy_types::pb::envoy::service::auth::v3::OkHttpResponse;
+        use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+        use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+
+        let header = |key: &str, value: &str| HeaderValueOption {
+            header: Some(HeaderValue {
+                key: key.into(),
+                value: value.into(),
+                ..Default::default()
+            }),
+            append_action: 2,
+            ..Default::default()
+        };
+        let text = |text: &str| Value {
+            kind: Some(Kind::StringValue(text.into())),
+        };
+        let decision_id = "00000000-0000-4000-8000-000000000000";
+        let fingerprint = "0".repeat(64);
+        NoopAuthorization {
+            allowed: CheckResponse {
+                status: Some(envoy_types::pb::google::rpc::Status::default()),
+                dynamic_metadata: Some(Struct {
+                    fields: [
+                        ("decision_id", text(decision_id)),
+                        ("outcome", text("allow")),
+                        ("reason", text("allowed")),
+                        ("approval_id", text("")),
+                        ("fingerprint", text(&fingerprint)),
+                    ]
+                    .into_iter()
+                    .map(|(key, value)| (key.to_string(), value))
+                    .collect(),
+                }),
+                http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
+                    headers: vec![
+                        header("x-toolgate-decision-id", decision_id),
+                        header("x-toolgate-fingerprint", &fingerprint),
+                    ],
+                    ..Default::default()
+                })),
+            },
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Authorization for NoopAuthorization {
+    async fn check(
+        &self,
+        _request: Request<CheckRequest>,
+    ) -> Result<Response<CheckResponse>, Status> {
+        Ok(Response::new(self.allowed.clone()))
+    }
+}
+
 /// Runs the baseline on `listen` until killed; prints
 /// `toolgate listening on ADDR` like `toolgate serve`.
 pub fn run(listen: SocketAddr, workers: Option<usize>) -> BoxResult<()> {
@@ -127,6 +197,10 @@ pub fn run(listen: SocketAddr, workers: Option<usize>) -> BoxResult<()> {
             .max_concurrent_streams(Some(1024))
             .add_service(
                 PolicyDecisionPointServer::new(NoopPdp::new())
+                    .max_decoding_message_size(1024 * 1024),
+            )
+            .add_service(
+                AuthorizationServer::new(NoopAuthorization::new())
                     .max_decoding_message_size(1024 * 1024),
             )
             // TCP_NODELAY on accepted connections, as `toolgate serve`.

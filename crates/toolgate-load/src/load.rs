@@ -22,12 +22,32 @@ use hdrhistogram::Histogram;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
+use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse};
 use toolgate::pb;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
 use crate::servers::{ServerProcess, StoreCounters, machine_busy, own_cpu_time};
 
 pub type PdpClient = PolicyDecisionPointClient<Channel>;
+pub type AuthzClient = AuthorizationClient<Channel>;
+
+/// The clients of one connection: toolgate's host API and Envoy's
+/// Authorization (the ext-authz scenario).
+#[derive(Debug, Clone)]
+pub struct Clients {
+    pdp: PdpClient,
+    authz: AuthzClient,
+}
+
+impl Clients {
+    pub fn new(channel: &Channel) -> Self {
+        Clients {
+            pdp: PdpClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024),
+            authz: AuthzClient::new(channel.clone()),
+        }
+    }
+}
 
 /// How long one call may take before the load generator gives up on it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,6 +73,8 @@ pub enum Expect {
     },
     /// Accepted, `ASSESS_REASON_MATCHED`.
     Matched,
+    /// An ext_authz Check let through with this reason.
+    CheckAllowed { reason: &'static str },
 }
 
 /// One request of a scenario.
@@ -61,6 +83,8 @@ pub enum Call {
     Decide(pb::DecideRequest, Expect),
     Dispatch(pb::DispatchRequest, Expect),
     Assess(pb::AssessManifestRequest, Expect),
+    /// Boxed: a Check is most of the enum's size.
+    Check(Box<CheckRequest>, Expect),
 }
 
 /// Makes request `index` of a round; `None` ends the round (a finite pool).
@@ -86,7 +110,7 @@ pub fn with_token<T>(
 }
 
 async fn execute(
-    client: &mut PdpClient,
+    clients: &mut Clients,
     call: Call,
     token: &MetadataValue<tonic::metadata::Ascii>,
     check: bool,
@@ -94,25 +118,36 @@ async fn execute(
     let answered = tokio::time::timeout(CALL_TIMEOUT, async {
         match call {
             Call::Decide(request, expect) => {
-                let answer = client
+                let answer = clients
+                    .pdp
                     .decide(with_token(request, token))
                     .await?
                     .into_inner();
                 Ok(check.then(|| check_decide(&answer, &expect)).flatten())
             }
             Call::Dispatch(request, expect) => {
-                let answer = client
+                let answer = clients
+                    .pdp
                     .dispatch(with_token(request, token))
                     .await?
                     .into_inner();
                 Ok(check.then(|| check_dispatch(&answer, &expect)).flatten())
             }
             Call::Assess(request, expect) => {
-                let answer = client
+                let answer = clients
+                    .pdp
                     .assess_manifest(with_token(request, token))
                     .await?
                     .into_inner();
                 Ok(check.then(|| check_assess(&answer, &expect)).flatten())
+            }
+            Call::Check(request, expect) => {
+                let answer = clients
+                    .authz
+                    .check(with_token(*request, token))
+                    .await?
+                    .into_inner();
+                Ok(check.then(|| check_authz(&answer, &expect)).flatten())
             }
         }
     })
@@ -182,6 +217,25 @@ fn check_assess(answer: &pb::AssessManifestResponse, _expect: &Expect) -> Option
             answer.accepted, answer.reason
         )
     })
+}
+
+fn check_authz(answer: &CheckResponse, expect: &Expect) -> Option<String> {
+    let Expect::CheckAllowed { reason } = expect else {
+        return Some("check with a non-check expectation".into());
+    };
+    let found = answer
+        .dynamic_metadata
+        .as_ref()
+        .and_then(|metadata| metadata.fields.get("reason"))
+        .and_then(|value| match &value.kind {
+            Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(text)) => {
+                Some(text.as_str())
+            }
+            _ => None,
+        });
+    let code = answer.status.as_ref().map_or(-1, |status| status.code);
+    (code != 0 || found != Some(*reason))
+        .then(|| format!("check: expected OK {reason}, got code {code} reason {found:?}"))
 }
 
 /// Latencies in nanoseconds, 1 ns to 60 s, 3 significant digits.
@@ -384,8 +438,7 @@ pub async fn closed_loop(
     let exhausted = Arc::new(AtomicUsize::new(0));
     let mut callers = Vec::with_capacity(concurrency);
     for caller in 0..concurrency.max(1) {
-        let mut client = PdpClient::new(target.channels[caller % target.channels.len()].clone())
-            .max_decoding_message_size(64 * 1024 * 1024);
+        let mut client = Clients::new(&target.channels[caller % target.channels.len()]);
         let generator = Arc::clone(&generator);
         let next_index = Arc::clone(&next_index);
         let exhausted = Arc::clone(&exhausted);
@@ -468,7 +521,7 @@ pub async fn open_loop(
     for channel in target.channels {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<Scheduled>();
         senders.push(sender);
-        let client = PdpClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024);
+        let client = Clients::new(channel);
         drivers.push(tokio::spawn(drive(
             client,
             receiver,
@@ -533,7 +586,7 @@ pub async fn open_loop(
 /// A connection's driver: sends what the scheduler hands it, at most
 /// `max_in_flight` at once, and records each answer.
 async fn drive(
-    client: PdpClient,
+    client: Clients,
     mut receiver: tokio::sync::mpsc::UnboundedReceiver<Scheduled>,
     warmup_requests: u64,
     token: MetadataValue<tonic::metadata::Ascii>,

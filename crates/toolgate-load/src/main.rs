@@ -58,7 +58,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the no-op PolicyDecisionPoint (fixed answers).
+    /// Serve the no-op PolicyDecisionPoint and Authorization (fixed answers).
     BaselineServer {
         #[arg(long, default_value = "127.0.0.1:50052")]
         listen: SocketAddr,
@@ -77,11 +77,11 @@ enum Command {
 /// Options of `run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Comma-separated: all, throughput (the eight load scenarios), scaling
+    /// Comma-separated: all, throughput (the nine load scenarios), scaling
     /// (callers, memory, tools, workers), or names: decide-allow,
     /// decide-pending, decide-1000-sessions, dispatch-replay,
     /// dispatch-commit, dispatch-commit-direct, assess-manifest, mixed,
-    /// callers, memory, tools, workers, recovery.
+    /// ext-authz-check, callers, memory, tools, workers, recovery.
     #[arg(long, default_value = "all")]
     pub scenario: String,
     /// The stores toolgate is run on, comma-separated: durable (SQLite in a

@@ -17,6 +17,8 @@ pub const REVIEWER_TOKEN: &str = "toolgate-load-reviewer-token";
 pub const ACTOR: &str = "bench-agent";
 /// The workspace every session works in.
 pub const WORKSPACE: &str = "bench";
+/// The header the ext-authz scenario's actor comes in (`[ext_authz]`).
+pub const EXT_AUTHZ_ACTOR_HEADER: &str = "x-bench-actor";
 /// The manifest server the read tool belongs to (pinned by the policy).
 pub const MANIFEST_SERVER: &str = "bench-docs";
 /// Tools in the manifest of the AssessManifest scenario.
@@ -128,9 +130,21 @@ cost = 1
 effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status" }}
 input_schema = {{ type = "object", required = ["ticket", "status"], additionalProperties = false, properties = {{ ticket = {{ type = "string", pattern = "^[a-z][a-z0-9-]{{0,31}}$" }}, status = {{ type = "string", enum = ["open", "done"] }} }} }}
 
+[tools.lookup]
+mode = "read"
+roles = ["reader"]
+cost = 1
+input_schema = {{ type = "object", required = ["query"], additionalProperties = false, properties = {{ query = {{ type = "string", maxLength = 512 }}, limit = {{ type = "integer", minimum = 1, maximum = 50 }} }} }}
+
 [[pins]]
 server = "{MANIFEST_SERVER}"
 manifest = "bench-docs.json"
+
+[ext_authz]
+actor_header = "{EXT_AUTHZ_ACTOR_HEADER}"
+session_header = "mcp-session-id"
+workspace = "{WORKSPACE}"
+host_credential = "bench-host"
 "#
     ));
     text.push_str(&credentials());

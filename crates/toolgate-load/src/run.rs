@@ -819,6 +819,20 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
                         verdict(ratio >= 0.80)
                     );
                 }
+                Scenario::ExtAuthzCheck => {
+                    let p99 = result.open[first].percentile(0.99);
+                    let _ = writeln!(
+                        text,
+                        "- ext-authz-check throughput ≥ 0.80× baseline ({name}): {ratio:.2}× — {}",
+                        verdict(ratio >= 0.80)
+                    );
+                    let _ = writeln!(
+                        text,
+                        "- ext-authz-check p99 at half of saturation ≤ 1 ms ({name}): {:.3} ms — {}",
+                        p99.as_secs_f64() * 1000.0,
+                        verdict(p99 <= std::time::Duration::from_millis(1))
+                    );
+                }
                 _ => {}
             }
         }

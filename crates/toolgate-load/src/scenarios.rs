@@ -14,8 +14,8 @@ use toolgate::pb::approvals_client::ApprovalsClient;
 use crate::BoxResult;
 use crate::load::{Call, Expect, Generator, PdpClient, with_token};
 use crate::policies::{
-    ACTOR, HOST_TOKEN, REPLAY_RESOURCE, REVIEWER_TOKEN, WORKSPACE, commit_resource,
-    manifest_message,
+    ACTOR, EXT_AUTHZ_ACTOR_HEADER, HOST_TOKEN, REPLAY_RESOURCE, REVIEWER_TOKEN, WORKSPACE,
+    commit_resource, manifest_message,
 };
 
 /// The throughput scenarios, in the order `all` runs them.
@@ -29,9 +29,10 @@ pub enum Scenario {
     DispatchDirect,
     AssessManifest,
     Mixed,
+    ExtAuthzCheck,
 }
 
-pub const ALL: [Scenario; 8] = [
+pub const ALL: [Scenario; 9] = [
     Scenario::DecideAllow,
     Scenario::DecidePending,
     Scenario::DecideSessions,
@@ -40,6 +41,7 @@ pub const ALL: [Scenario; 8] = [
     Scenario::DispatchDirect,
     Scenario::AssessManifest,
     Scenario::Mixed,
+    Scenario::ExtAuthzCheck,
 ];
 
 /// Sessions the `decide-1000-sessions` scenario (and the mixed one) spread over.
@@ -56,6 +58,7 @@ impl Scenario {
             Scenario::DispatchDirect => "dispatch-commit-direct",
             Scenario::AssessManifest => "assess-manifest",
             Scenario::Mixed => "mixed",
+            Scenario::ExtAuthzCheck => "ext-authz-check",
         }
     }
 
@@ -84,6 +87,9 @@ impl Scenario {
             }
             Scenario::Mixed => {
                 "60 % decide-allow, 15 % decide-1000-sessions, 10 % decide-pending, 10 % dispatch-replay, 5 % assess-manifest"
+            }
+            Scenario::ExtAuthzCheck => {
+                "Envoy ext_authz Check of an MCP tools/call (a read tool, a 200-byte arguments object, one warm session, the call id derived from session, tool and arguments) as Envoy sends it → OK `allowed`"
             }
         }
     }
@@ -409,6 +415,15 @@ pub fn generator(
             let request = assess_request();
             Arc::new(move |_| Some(Call::Assess(request.clone(), Expect::Matched)))
         }
+        Scenario::ExtAuthzCheck => {
+            let request = Box::new(mcp_check_request());
+            Arc::new(move |_| {
+                Some(Call::Check(
+                    request.clone(),
+                    Expect::CheckAllowed { reason: "allowed" },
+                ))
+            })
+        }
         Scenario::Mixed => {
             let allow = read_request("allow".into(), "read-1".into());
             let pending = pending_request();
@@ -462,5 +477,68 @@ pub fn direct_request(tag: &str, index: u64, slot: usize, version: u64) -> pb::D
             version,
             set_arguments(slot, version),
         )),
+    }
+}
+
+/// The arguments of the ext-authz scenario: a JSON object of exactly 200
+/// bytes.
+pub fn mcp_arguments() -> String {
+    let frame = r#"{"query":"","limit":10}"#.len();
+    let query: String =
+        "how do I reset the sensor on a lamp that keeps blinking after a firmware update "
+            .chars()
+            .cycle()
+            .take(200 - frame)
+            .collect();
+    format!(r#"{{"query":"{query}","limit":10}}"#)
+}
+
+/// An Envoy Check of an MCP `tools/call` of the read tool `lookup`, as the
+/// ext_authz filter sends it with `with_request_body` (headers, the body
+/// as a string).
+pub fn mcp_check_request() -> envoy_types::pb::envoy::service::auth::v3::CheckRequest {
+    use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+        HttpRequest, Peer, Request,
+    };
+    use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
+
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{{"name":"lookup","arguments":{}}}}}"#,
+        mcp_arguments()
+    );
+    let headers = [
+        (":method", "POST"),
+        (":path", "/mcp"),
+        (":authority", "mcp.bench"),
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-session-id", "mcp-warm"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "lookup"),
+        (EXT_AUTHZ_ACTOR_HEADER, ACTOR),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .collect();
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer::default()),
+            request: Some(Request {
+                http: Some(HttpRequest {
+                    id: "1".into(),
+                    method: "POST".into(),
+                    headers,
+                    path: "/mcp".into(),
+                    host: "mcp.bench".into(),
+                    scheme: "http".into(),
+                    protocol: "HTTP/1.1".into(),
+                    size: i64::try_from(body.len()).unwrap_or(-1),
+                    body,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
     }
 }

@@ -403,6 +403,11 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`); off when absent.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve Envoy's external authorization (`envoy.service.auth.v3`) alone on
+    /// this address too, without a token: its Checks act as the policy's
+    /// `[ext_authz] host_credential` (required). Off when absent.
+    #[arg(long, value_name = "ADDR")]
+    pub ext_authz_listen: Option<SocketAddr>,
     /// Write logs and audit lines to this file instead of stderr, rotated by size.
     #[arg(long, value_name = "PATH")]
     pub log_file: Option<PathBuf>,

@@ -7,6 +7,7 @@
 //! batch committed.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -106,6 +107,12 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
+    if args.ext_authz_listen.is_some() && policy.ext_authz.host_credential.is_none() {
+        tracing::error!(
+            "--ext-authz-listen needs [ext_authz] host_credential: the host credential its Checks act as"
+        );
+        return ExitCode::FAILURE;
+    }
     let engine = match open_engine(&args, policy) {
         Ok(engine) => engine,
         Err(error) => {
@@ -131,15 +138,11 @@ pub fn serve(args: ServeArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let metrics = match args.metrics_listen {
-            None => None,
-            Some(address) => match TcpListener::bind(address).await {
-                Ok(listener) => Some(listener),
-                Err(error) => {
-                    tracing::error!(%error, metrics_listen = %address, "cannot bind the metrics listener");
-                    return ExitCode::FAILURE;
-                }
-            },
+        let Ok(metrics) = bind_optional(args.metrics_listen, "metrics").await else {
+            return ExitCode::FAILURE;
+        };
+        let Ok(ext_authz) = bind_optional(args.ext_authz_listen, "ext_authz").await else {
+            return ExitCode::FAILURE;
         };
         // SIGHUP is caught from before the address is announced: a reload
         // sent right after `listening on` must not kill the process.
@@ -169,9 +172,15 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             tracing::info!(metrics_listen = %local, "serving /metrics");
             println!("toolgate metrics on {local}");
         }
+        if let Some(ext_authz) = &ext_authz {
+            let local = ext_authz.local_addr().map(|addr| addr.to_string()).unwrap_or_default();
+            tracing::info!(ext_authz_listen = %local, "serving envoy.service.auth.v3.Authorization");
+            println!("toolgate ext_authz on {local}");
+        }
         let listeners = toolgate::server::Listeners {
             grpc: listener,
             metrics,
+            ext_authz,
         };
         let options = toolgate::server::ServeOptions {
             log_sink: Some(log_sink),
@@ -193,6 +202,21 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// An optional listener (`--metrics-listen`, `--ext-authz-listen`), bound;
+/// `Err` once the failure is logged.
+async fn bind_optional(address: Option<SocketAddr>, what: &str) -> Result<Option<TcpListener>, ()> {
+    let Some(address) = address else {
+        return Ok(None);
+    };
+    match TcpListener::bind(address).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(error) => {
+            tracing::error!(%error, listen = %address, "cannot bind the {what} listener");
+            Err(())
+        }
+    }
 }
 
 /// The engine on the store `--store` names, with the state it holds

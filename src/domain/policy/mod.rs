@@ -14,6 +14,7 @@
 //! - `tools`, `effects`: `[tools]` and their effects;
 //! - `state`: `[state]`, the initial versioned resources;
 //! - `pins`: `[[pins]]`;
+//! - `ext_authz`: `[ext_authz]`, how an Envoy Check maps onto a proposal;
 //! - `warnings`: dangling names, and what a reload refuses.
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ mod actors;
 mod credentials;
 mod decode;
 mod effects;
+mod ext_authz;
 mod limits;
 mod parse;
 mod pins;
@@ -36,6 +38,7 @@ mod warnings;
 pub use actors::{ActorProfile, Reviewer};
 pub use credentials::{Credential, CredentialKind};
 pub use effects::Effect;
+pub use ext_authz::{ActorSource, ExtAuthzSettings, WorkspaceSource};
 pub use limits::Limits;
 pub use pins::PolicyPin;
 pub use server::ServerSettings;
@@ -89,6 +92,9 @@ pub struct Policy {
     /// explicit, never the result of an absence; refused with host
     /// credentials and on a non-loopback listener, at start and at reload.
     pub open_host_api: bool,
+    /// `[ext_authz]`: how an Envoy external-authorization Check becomes a
+    /// session and a proposal.
+    pub ext_authz: ExtAuthzSettings,
     /// Dangling names, in key order (see [`PolicyWarning`]).
     pub warnings: Vec<PolicyWarning>,
 }

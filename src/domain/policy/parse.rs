@@ -8,6 +8,7 @@ use serde::Deserialize;
 use super::actors::{RawActor, RawProfile, RawReviewer, actors, check_profiles, reviewers};
 use super::credentials::{RawCredential, credentials, host_credential_count};
 use super::decode::decode;
+use super::ext_authz::{RawExtAuthz, ext_authz_settings};
 use super::limits::{RawLimits, limits};
 use super::pins::{RawPin, pins};
 use super::server::{RawServer, server_settings};
@@ -39,6 +40,8 @@ pub(super) struct RawPolicy {
     state: RawState,
     #[serde(default)]
     server: RawServer,
+    #[serde(default)]
+    ext_authz: RawExtAuthz,
 }
 
 /// Collects the error context while validating.
@@ -93,7 +96,8 @@ impl Policy {
     ///
     /// Sections are checked in this order, and the first error wins:
     /// limits, actors, profiles, state, tools, reviewers, credentials, pins,
-    /// server; then how hosts authenticate.
+    /// server, ext_authz; then how hosts authenticate and the credential
+    /// `ext_authz` names.
     pub fn parse(
         text: &str,
         source_name: &str,
@@ -114,6 +118,7 @@ impl Policy {
         let pins = pins(&loader, raw.pins)?;
         let open_host_api = raw.server.open_host_api;
         let server = server_settings(&loader, raw.server)?;
+        let ext_authz = ext_authz_settings(&loader, raw.ext_authz)?;
         let mut policy = Policy {
             revision: revision_of(text),
             tools,
@@ -125,9 +130,11 @@ impl Policy {
             state,
             server,
             open_host_api,
+            ext_authz,
             warnings: Vec::new(),
         };
         policy.check_host_access(&loader)?;
+        policy.check_ext_authz_credential(&loader)?;
         policy.warnings = policy.dangling_names();
         Ok(policy)
     }

@@ -29,12 +29,42 @@ impl State {
         proposal: &Proposal,
         screened: Screened<'_>,
     ) -> Result<Decided> {
+        let call = (policy, now, session_ref, proposal);
+        self.decide_with(call, screened, Grants::Keep)
+    }
+
+    /// Decide as an external authorizer asks it (issue 17): the same check
+    /// order and charge, but a grant is consumed here, in the same critical
+    /// section — there is no Dispatch after it (the proxy forwards the call
+    /// once) — so that under any concurrency exactly one call passes on one
+    /// grant. The consumption counts the tool's cost as a commit does.
+    /// Returns the decision and the ledger transition (a request made or a
+    /// grant consumed), if any.
+    pub fn authorize(
+        &mut self,
+        policy: &Policy,
+        now: Timestamp,
+        session_ref: &SessionRef,
+        proposal: &Proposal,
+        screened: Screened<'_>,
+    ) -> Result<Decided> {
+        let call = (policy, now, session_ref, proposal);
+        self.decide_with(call, screened, Grants::Consume)
+    }
+
+    /// Decide's steps, charged, with what step 8 does with a grant.
+    fn decide_with(
+        &mut self,
+        (policy, now, session_ref, proposal): (&Policy, Timestamp, &SessionRef, &Proposal),
+        screened: Screened<'_>,
+        grants: Grants,
+    ) -> Result<Decided> {
         self.charged(
             policy,
             now,
             session_ref,
             proposal,
-            |state, call| state.decide_steps(call, screened),
+            |state, call| state.decide_steps(call, screened, grants),
             |cause| (Decision::answer(cause, proposal, session_ref, None), None),
         )
     }
@@ -42,7 +72,12 @@ impl State {
     /// SPEC §4 steps 2–8 (step 1 was checked at the edge and by
     /// [`State::charged`]), in the contract's order; a step that answers
     /// ends the call.
-    fn decide_steps(&mut self, call: &Call<'_>, screened: Screened<'_>) -> Step<Decided, Decided> {
+    fn decide_steps(
+        &mut self,
+        call: &Call<'_>,
+        screened: Screened<'_>,
+        grants: Grants,
+    ) -> Step<Decided, Decided> {
         // Charging: a new call id once the decisions are spent.
         self.check_decisions_left(call)?;
         // 2–3. Actor, tool, mode, roles (screened before the lock).
@@ -56,10 +91,11 @@ impl State {
         // 7. No approval needed.
         let reason = allow_unless_approval_needed(call, &admitted)?;
         // 8. The ledger.
-        self.ask_ledger(call, admitted.tool, reason)
+        self.ask_ledger(call, admitted.tool, reason, grants)
     }
 
-    /// SPEC §4 step 8: a grant → ALLOW `approved`; a denial → DENY
+    /// SPEC §4 step 8: a grant → ALLOW `approved` (consumed, when `grants`
+    /// says so); a denial → DENY
     /// `approval-denied` with the reviewer's note; pending, or none usable
     /// (then a request is made) → REQUIRE_APPROVAL with the request's reason.
     fn ask_ledger(
@@ -67,18 +103,36 @@ impl State {
         call: &Call<'_>,
         tool: &Tool,
         reason: Reason,
+        grants: Grants,
     ) -> Step<Decided, Decided> {
         let (cause, approval, created) = match self.approval_gate(call, tool, reason)? {
+            Gate::Granted(approval) if grants == Grants::Consume => {
+                self.sessions
+                    .open(call.session, call.now, &call.policy.limits)?
+                    .executed(tool.cost);
+                let consumed = self.ledger.consume(approval.id, call.now)?;
+                (Cause::GrantConsumed, approval, Some(consumed))
+            }
             Gate::Granted(approval) => (Cause::Approved, approval, None),
             Gate::Denied(approval, note) => (Cause::ApprovalDenied { note }, approval, None),
-            Gate::Pending(approval, created) => {
-                (Cause::AwaitingApproval(approval.reason), approval, created)
-            }
+            Gate::Pending(approval, created) => (
+                Cause::AwaitingApproval(approval.reason),
+                approval,
+                created.map(|event| *event),
+            ),
         };
         let approval = Some((approval.id, approval.expires_at));
         let decision = Decision::answer(&cause, call.proposal, call.session, approval);
-        Ok((decision, created.map(|event| *event)))
+        Ok((decision, created))
     }
+}
+
+/// What step 8 does with a grant: Decide keeps it for Dispatch; an
+/// external authorizer's Check consumes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grants {
+    Keep,
+    Consume,
 }
 
 /// SPEC §4 step 7: a `read` or `propose` tool, or an `execute` tool whose

@@ -1,0 +1,622 @@
+//! MCP over streamable HTTP, as an external authorizer sees it (issue 17):
+//! an HTTP request (method, headers, body, peer principal, verified JWT
+//! claims) becomes either a `tools/call` to decide — the trusted session
+//! and the proposal — or another MCP request, or a refusal with a stable
+//! reason; and the JSON-RPC error body a denied call is answered with.
+//!
+//! No Envoy or gRPC type appears here: the edge hands the request in
+//! through [`HttpRequest`]. Every refusal changes no state.
+
+use crate::domain::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
+use crate::domain::error::Error;
+use crate::domain::ids::check_identifier;
+use crate::domain::policy::{ActorSource, ExtAuthzSettings, WorkspaceSource};
+use crate::domain::proposal::{Proposal, SessionRef};
+
+/// The header Envoy sets when it sent only part of the body.
+pub const PARTIAL_BODY_HEADER: &str = "x-envoy-auth-partial-body";
+/// The current MCP revision's headers naming the method and the tool.
+pub const MCP_METHOD_HEADER: &str = "mcp-method";
+pub const MCP_NAME_HEADER: &str = "mcp-name";
+/// The header that names the operation key of a call (its call id).
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// The request as the authorizer sees it.
+pub trait HttpRequest {
+    /// The HTTP method (`POST`, `GET`, …).
+    fn method(&self) -> &str;
+    /// A header's value, by lowercase name.
+    fn header(&self, name: &str) -> Option<&str>;
+    /// The body Envoy buffered, if it sent one.
+    fn body(&self) -> Option<&[u8]>;
+    /// The peer principal (`attributes.source.principal`), if any.
+    fn principal(&self) -> Option<&str>;
+    /// A claim of the verified JWT whose payload the JWT filter stored
+    /// under `payload`; `Err` says why it is not a usable string.
+    fn jwt_claim(&self, payload: &str, claim: &str) -> Result<String, String>;
+}
+
+/// Why a request is refused before any decision (the stable reasons of a
+/// Check besides Decide's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestRefusal {
+    /// A POST without a body.
+    BodyMissing,
+    /// Envoy sent part of the body (`x-envoy-auth-partial-body: true`).
+    BodyTruncated,
+    /// The body is not (strict) JSON.
+    BodyNotJson,
+    /// A JSON-RPC batch.
+    Batch,
+    /// A JSON value that is not a JSON-RPC request.
+    NotJsonRpc,
+    /// `Mcp-Method` or `Mcp-Name` disagrees with the body.
+    HeaderMismatch,
+    /// A `tools/call` whose params or tool name are malformed.
+    InvalidToolCall,
+    /// The arguments fail the tool's input schema (Decide's
+    /// INVALID_ARGUMENT).
+    InvalidArguments,
+    /// No usable actor (header, claim or principal).
+    ActorMissing,
+    /// No session id header.
+    SessionMissing,
+    /// No usable workspace.
+    WorkspaceMissing,
+    /// A method other than `tools/call` while `other_methods = "deny"`.
+    MethodNotAllowed,
+}
+
+impl RequestRefusal {
+    pub const ALL: [RequestRefusal; 12] = [
+        RequestRefusal::BodyMissing,
+        RequestRefusal::BodyTruncated,
+        RequestRefusal::BodyNotJson,
+        RequestRefusal::Batch,
+        RequestRefusal::NotJsonRpc,
+        RequestRefusal::HeaderMismatch,
+        RequestRefusal::InvalidToolCall,
+        RequestRefusal::InvalidArguments,
+        RequestRefusal::ActorMissing,
+        RequestRefusal::SessionMissing,
+        RequestRefusal::WorkspaceMissing,
+        RequestRefusal::MethodNotAllowed,
+    ];
+
+    /// The stable kebab-case reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestRefusal::BodyMissing => "body-missing",
+            RequestRefusal::BodyTruncated => "body-truncated",
+            RequestRefusal::BodyNotJson => "body-not-json",
+            RequestRefusal::Batch => "batch-not-supported",
+            RequestRefusal::NotJsonRpc => "not-json-rpc",
+            RequestRefusal::HeaderMismatch => "mcp-header-mismatch",
+            RequestRefusal::InvalidToolCall => "invalid-tool-call",
+            RequestRefusal::InvalidArguments => "invalid-arguments",
+            RequestRefusal::ActorMissing => "actor-missing",
+            RequestRefusal::SessionMissing => "session-missing",
+            RequestRefusal::WorkspaceMissing => "workspace-missing",
+            RequestRefusal::MethodNotAllowed => "method-not-allowed",
+        }
+    }
+
+    /// The JSON-RPC error code of the denied answer.
+    pub fn json_rpc_code(self) -> i64 {
+        match self {
+            RequestRefusal::BodyNotJson => PARSE_ERROR,
+            RequestRefusal::InvalidArguments | RequestRefusal::InvalidToolCall => INVALID_PARAMS,
+            RequestRefusal::MethodNotAllowed => DENIED,
+            _ => INVALID_REQUEST,
+        }
+    }
+}
+
+/// JSON-RPC's codes, and the two of toolgate's answers (in the range
+/// JSON-RPC leaves to servers).
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const INVALID_PARAMS: i64 = -32602;
+/// Denied by policy (DENY).
+pub const DENIED: i64 = -32001;
+/// A reviewer must approve this exact call first (REQUIRE_APPROVAL).
+pub const APPROVAL_REQUIRED: i64 = -32002;
+
+/// A refused request: the reason, what exactly is wrong, and the JSON-RPC
+/// id when the body had one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    pub refusal: RequestRefusal,
+    pub message: String,
+    pub id: Value,
+}
+
+/// What a request is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpRequest {
+    /// A `tools/call`: decide it (boxed: it is most of the enum's size).
+    ToolCall(Box<ToolCall>),
+    /// Any other MCP request (`initialize`, `tools/list`, a notification,
+    /// the GET stream, a DELETE of the session): the method when a body
+    /// named one, and the JSON-RPC id.
+    Other { method: Option<String>, id: Value },
+}
+
+/// A `tools/call` as a session and a proposal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// The trusted session, not yet in a host's namespace.
+    pub session: SessionRef,
+    pub proposal: Proposal,
+    /// The JSON-RPC id, echoed in a denied answer.
+    pub id: Value,
+}
+
+type Refusable<T> = std::result::Result<T, Box<Refused>>;
+
+fn refused(refusal: RequestRefusal, message: impl Into<String>, id: &Value) -> Box<Refused> {
+    Box::new(Refused {
+        refusal,
+        message: message.into(),
+        id: id.clone(),
+    })
+}
+
+/// What `request` is, under the policy's `[ext_authz]` mapping. A POST must
+/// carry the whole body as one JSON-RPC request; a `tools/call` must name
+/// its session, actor and workspace as the mapping says.
+pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refusable<McpRequest> {
+    let none = Value::Null;
+    if !request.method().eq_ignore_ascii_case("POST") {
+        return Ok(McpRequest::Other {
+            method: None,
+            id: none,
+        });
+    }
+    if request
+        .header(PARTIAL_BODY_HEADER)
+        .is_some_and(|value| value.eq_ignore_ascii_case("true"))
+    {
+        return Err(refused(
+            RequestRefusal::BodyTruncated,
+            "Envoy sent only part of the body (x-envoy-auth-partial-body: true): raise \
+             with_request_body.max_request_bytes and keep allow_partial_message: false",
+            &none,
+        ));
+    }
+    let body = match request.body() {
+        Some(body) if !body.is_empty() => body,
+        _ => {
+            return Err(refused(
+                RequestRefusal::BodyMissing,
+                "a POST must carry its JSON-RPC body: configure the ext_authz filter's \
+                 with_request_body",
+                &none,
+            ));
+        }
+    };
+    let message = match canonical::parse(body) {
+        Ok(Value::Object(message)) => message,
+        Ok(Value::Array(_)) => {
+            return Err(refused(
+                RequestRefusal::Batch,
+                "a JSON-RPC batch is not decided; send one request per POST",
+                &none,
+            ));
+        }
+        Ok(other) => {
+            return Err(refused(
+                RequestRefusal::NotJsonRpc,
+                format!(
+                    "the body must be a JSON-RPC object, not {}",
+                    other.kind_name()
+                ),
+                &none,
+            ));
+        }
+        Err(error) => {
+            return Err(refused(
+                RequestRefusal::BodyNotJson,
+                format!("the body is not JSON: {error}"),
+                &none,
+            ));
+        }
+    };
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    let method = json_rpc_method(&message, &id)?;
+    check_header(request, MCP_METHOD_HEADER, method, &id)?;
+    if method != "tools/call" {
+        return Ok(McpRequest::Other {
+            method: Some(method.to_string()),
+            id,
+        });
+    }
+    let (name, arguments) = tool_call_params(&message, &id)?;
+    check_header(request, MCP_NAME_HEADER, name, &id)?;
+    let session = session_of(settings, request, &id)?;
+    let call_id = call_id_of(request, &session.session_id, name, arguments);
+    let proposal = Proposal::with_arguments(
+        call_id,
+        session.actor.clone(),
+        name.to_string(),
+        0,
+        arguments.clone(),
+    )
+    .map_err(|error| match error {
+        Error::InvalidArgument { field, rule } => refused(
+            RequestRefusal::InvalidToolCall,
+            format!("params.{field}: {rule}"),
+            &id,
+        ),
+        other => refused(RequestRefusal::InvalidToolCall, other.to_string(), &id),
+    })?;
+    Ok(McpRequest::ToolCall(Box::new(ToolCall {
+        session,
+        proposal,
+        id,
+    })))
+}
+
+/// The request's `method`, checked to be a JSON-RPC 2.0 request.
+fn json_rpc_method<'m>(message: &'m Object, id: &Value) -> Refusable<&'m str> {
+    if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(refused(
+            RequestRefusal::NotJsonRpc,
+            "jsonrpc: must be \"2.0\"",
+            id,
+        ));
+    }
+    match message.get("method") {
+        Some(Value::String(method)) => Ok(method),
+        Some(other) => Err(refused(
+            RequestRefusal::NotJsonRpc,
+            format!("method: must be a string, not {}", other.kind_name()),
+            id,
+        )),
+        // A response (to a server's request) carries no method.
+        None => Err(refused(
+            RequestRefusal::NotJsonRpc,
+            "method: is required",
+            id,
+        )),
+    }
+}
+
+/// A header, when present, must say what the body says.
+fn check_header(
+    request: &impl HttpRequest,
+    header: &str,
+    in_body: &str,
+    id: &Value,
+) -> Refusable<()> {
+    match request.header(header) {
+        Some(value) if value != in_body => Err(refused(
+            RequestRefusal::HeaderMismatch,
+            format!(
+                "header {header} says {:?} but the body says {in_body:?}",
+                shown(value)
+            ),
+            id,
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `params.name` and `params.arguments` (an absent `arguments` is `{}`).
+fn tool_call_params<'m>(message: &'m Object, id: &Value) -> Refusable<(&'m str, &'m Object)> {
+    static EMPTY: std::sync::LazyLock<Object> = std::sync::LazyLock::new(Object::new);
+    let Some(params) = message.get("params").and_then(Value::as_object) else {
+        return Err(refused(
+            RequestRefusal::InvalidToolCall,
+            "params: a tools/call needs a params object",
+            id,
+        ));
+    };
+    let Some(name) = params.get("name").and_then(Value::as_str) else {
+        return Err(refused(
+            RequestRefusal::InvalidToolCall,
+            "params.name: must be a string (the tool's name)",
+            id,
+        ));
+    };
+    let arguments = match params.get("arguments") {
+        None => &EMPTY,
+        Some(Value::Object(arguments)) => arguments,
+        Some(other) => {
+            return Err(refused(
+                RequestRefusal::InvalidToolCall,
+                format!(
+                    "params.arguments: must be an object, not {}",
+                    other.kind_name()
+                ),
+                id,
+            ));
+        }
+    };
+    Ok((name, arguments))
+}
+
+/// The trusted session: actor, session id and workspace as the mapping says.
+fn session_of(
+    settings: &ExtAuthzSettings,
+    request: &impl HttpRequest,
+    id: &Value,
+) -> Refusable<SessionRef> {
+    let actor = actor_of(settings, request, id)?;
+    let Some(session_header) = request.header(&settings.session_header) else {
+        return Err(refused(
+            RequestRefusal::SessionMissing,
+            format!("no {} header", settings.session_header),
+            id,
+        ));
+    };
+    let session_id = as_identifier("s-", session_header);
+    let workspace = match &settings.workspace {
+        WorkspaceSource::Fixed(workspace) => workspace.clone(),
+        WorkspaceSource::Header(header) => match request.header(header) {
+            Some(value) if check_identifier(header, value).is_ok() => value.to_string(),
+            Some(value) => {
+                return Err(refused(
+                    RequestRefusal::WorkspaceMissing,
+                    format!(
+                        "header {header}: {:?} is not a workspace name ([A-Za-z][A-Za-z0-9_-]{{0,39}})",
+                        shown(value)
+                    ),
+                    id,
+                ));
+            }
+            None => {
+                return Err(refused(
+                    RequestRefusal::WorkspaceMissing,
+                    format!("no {header} header"),
+                    id,
+                ));
+            }
+        },
+    };
+    SessionRef::new(actor, session_id, workspace)
+        .map_err(|error| refused(RequestRefusal::InvalidToolCall, error.to_string(), id))
+}
+
+/// The actor, from the header, the JWT claim or the principal.
+fn actor_of(
+    settings: &ExtAuthzSettings,
+    request: &impl HttpRequest,
+    id: &Value,
+) -> Refusable<String> {
+    let (found, from) = match &settings.actor {
+        ActorSource::Header(header) => (
+            request
+                .header(header)
+                .map(str::to_string)
+                .ok_or_else(|| format!("no {header} header")),
+            format!("header {header}"),
+        ),
+        ActorSource::Claim { claim, payload } => (
+            request.jwt_claim(payload, claim),
+            format!("JWT claim {claim:?}"),
+        ),
+        ActorSource::Principal(principals) => {
+            let principal = request
+                .principal()
+                .filter(|principal| !principal.is_empty())
+                .ok_or_else(|| "no peer principal (attributes.source.principal)".to_string());
+            (
+                principal.map(|principal| {
+                    principals
+                        .get(principal)
+                        .cloned()
+                        .unwrap_or_else(|| principal.to_string())
+                }),
+                "the peer principal".to_string(),
+            )
+        }
+    };
+    let actor = found.map_err(|why| refused(RequestRefusal::ActorMissing, why, id))?;
+    check_identifier("actor", &actor).map_err(|_| {
+        refused(
+            RequestRefusal::ActorMissing,
+            format!(
+                "{from}: {:?} is not an actor name ([A-Za-z][A-Za-z0-9_-]{{0,39}})",
+                shown(&actor)
+            ),
+            id,
+        )
+    })?;
+    Ok(actor)
+}
+
+/// The call id: the `Idempotency-Key` when there is one, otherwise derived
+/// from the session, the tool and the canonical arguments, so that a retry
+/// with a new JSON-RPC id is the same action.
+fn call_id_of(
+    request: &impl HttpRequest,
+    session_id: &str,
+    name: &str,
+    arguments: &Object,
+) -> String {
+    if let Some(key) = request.header(IDEMPOTENCY_KEY_HEADER) {
+        return as_identifier("k-", key);
+    }
+    let mut action = ObjectHasher::new();
+    action.member_object("arguments", arguments);
+    action.member_str("name", name);
+    action.member_str("session_id", session_id);
+    format!("mcp-{}", hex32(&action.finish()))
+}
+
+/// `text` when it is an identifier; otherwise `prefix` and 32 hex digits of
+/// its SHA-256 (MCP session ids and idempotency keys are often UUIDs, which
+/// may start with a digit).
+fn as_identifier(prefix: &str, text: &str) -> String {
+    if check_identifier("", text).is_ok() {
+        return text.to_string();
+    }
+    format!("{prefix}{}", hex32(&Fingerprint::of_bytes(text.as_bytes())))
+}
+
+fn hex32(fingerprint: &Fingerprint) -> String {
+    let mut hex = fingerprint.to_hex();
+    hex.truncate(32);
+    hex
+}
+
+/// At most 64 characters of a client's text, for a message.
+fn shown(text: &str) -> &str {
+    match text.char_indices().nth(64) {
+        Some((cut, _)) => &text[..cut],
+        None => text,
+    }
+}
+
+/// The JSON-RPC error body of a denied answer: the request's `id`, the
+/// code, the message, and `data` (the reason, fingerprint, approval id …).
+pub fn error_body(id: &Value, code: i64, message: &str, data: Object) -> String {
+    let mut error = Object::new();
+    error.insert("code", Value::from(code));
+    error.insert("message", Value::from(message));
+    error.insert("data", Value::Object(data));
+    let mut body = Object::new();
+    body.insert("jsonrpc", Value::from("2.0"));
+    body.insert("id", id.clone());
+    body.insert("error", Value::Object(error));
+    canonical::to_canonical(&Value::Object(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Request {
+        method: &'static str,
+        headers: Vec<(&'static str, &'static str)>,
+        body: Option<&'static str>,
+    }
+
+    impl HttpRequest for Request {
+        fn method(&self) -> &str {
+            self.method
+        }
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| *value)
+        }
+        fn body(&self) -> Option<&[u8]> {
+            self.body.map(str::as_bytes)
+        }
+        fn principal(&self) -> Option<&str> {
+            None
+        }
+        fn jwt_claim(&self, _: &str, _: &str) -> Result<String, String> {
+            Err("no JWT".into())
+        }
+    }
+
+    fn post(body: &'static str) -> Request {
+        Request {
+            method: "POST",
+            headers: vec![("x-toolgate-actor", "agent"), ("mcp-session-id", "s1")],
+            body: Some(body),
+        }
+    }
+
+    fn refusal(request: &Request) -> RequestRefusal {
+        classify(&ExtAuthzSettings::default(), request)
+            .expect_err("refused")
+            .refusal
+    }
+
+    #[test]
+    fn a_retry_with_a_new_json_rpc_id_is_the_same_call() {
+        let first = post(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"b":1,"a":2}}}"#,
+        );
+        let retry = post(
+            r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"t","arguments":{"a":2,"b":1}}}"#,
+        );
+        let settings = ExtAuthzSettings::default();
+        let (Ok(McpRequest::ToolCall(first)), Ok(McpRequest::ToolCall(retry))) =
+            (classify(&settings, &first), classify(&settings, &retry))
+        else {
+            panic!("both are tool calls");
+        };
+        assert_eq!(first.proposal.fingerprint, retry.proposal.fingerprint);
+        assert!(first.proposal.call_id.starts_with("mcp-"));
+        assert_eq!(first.id, Value::from(1i64));
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused_with_their_reason() {
+        assert_eq!(refusal(&post("[]")), RequestRefusal::Batch);
+        assert_eq!(refusal(&post("{")), RequestRefusal::BodyNotJson);
+        assert_eq!(refusal(&post("{}")), RequestRefusal::NotJsonRpc);
+        assert_eq!(
+            refusal(&post(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#)),
+            RequestRefusal::InvalidToolCall
+        );
+        let mut partial = post("{}");
+        partial.headers.push((PARTIAL_BODY_HEADER, "true"));
+        assert_eq!(refusal(&partial), RequestRefusal::BodyTruncated);
+        let mut mismatch =
+            post(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
+        mismatch.headers.push((MCP_NAME_HEADER, "other"));
+        assert_eq!(refusal(&mismatch), RequestRefusal::HeaderMismatch);
+    }
+
+    /// Owned bytes as a POST body, for the property below.
+    struct Bytes(Vec<u8>);
+
+    impl HttpRequest for Bytes {
+        fn method(&self) -> &str {
+            "POST"
+        }
+        fn header(&self, name: &str) -> Option<&str> {
+            match name {
+                "x-toolgate-actor" => Some("agent"),
+                "mcp-session-id" => Some("s1"),
+                _ => None,
+            }
+        }
+        fn body(&self) -> Option<&[u8]> {
+            Some(&self.0)
+        }
+        fn principal(&self) -> Option<&str> {
+            None
+        }
+        fn jwt_claim(&self, _: &str, _: &str) -> Result<String, String> {
+            Err("no JWT".into())
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the body, a request is classified or refused with a
+        /// reason and a message: never a panic.
+        #[test]
+        fn any_body_is_classified_or_refused(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            if let Err(refused) = classify(&ExtAuthzSettings::default(), &Bytes(body)) {
+                proptest::prop_assert!(!refused.message.is_empty());
+            }
+        }
+
+        /// Bodies shaped like a tools/call, with arbitrary names and
+        /// arguments text.
+        #[test]
+        fn any_tool_call_is_classified_or_refused(name in ".{0,50}", arguments in ".{0,80}") {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":{name:?},"arguments":{arguments}}}}}"#
+            );
+            if let Err(refused) = classify(&ExtAuthzSettings::default(), &Bytes(body.into_bytes())) {
+                proptest::prop_assert!(!refused.message.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn a_session_id_that_is_no_identifier_is_hashed() {
+        assert_eq!(as_identifier("s-", "abc"), "abc");
+        let hashed = as_identifier("s-", "0c1d-uuid");
+        assert!(hashed.starts_with("s-") && hashed.len() == 34);
+    }
+}

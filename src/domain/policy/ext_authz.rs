@@ -1,0 +1,240 @@
+//! `[ext_authz]`: how an Envoy external-authorization Check of an MCP
+//! request becomes a session and a proposal (issue 17; README, "toolgate as
+//! Envoy's external authorizer").
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::parse::Loader;
+use super::{Credential, CredentialKind, Policy, PolicyError};
+
+/// Where the actor of a Check comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ActorSource {
+    /// A request header set by a trusted upstream (lowercase name).
+    Header(String),
+    /// A claim of the JWT that `envoy.filters.http.jwt_authn` verified, from
+    /// the Check's `metadata_context`: the claim, under the payload key
+    /// that filter's `payload_in_metadata` names.
+    Claim { claim: String, payload: String },
+    /// The peer principal, `attributes.source.principal` (mTLS, Istio):
+    /// the actor a `[ext_authz.principals]` entry names for it, or the
+    /// principal itself when it is an identifier.
+    Principal(BTreeMap<String, String>),
+}
+
+/// Where the workspace of a Check comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceSource {
+    /// A request header (lowercase name).
+    Header(String),
+    /// The same workspace for every Check.
+    Fixed(String),
+}
+
+/// The `[ext_authz]` section, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtAuthzSettings {
+    pub actor: ActorSource,
+    /// The header of the MCP session id (lowercase).
+    pub session_header: String,
+    pub workspace: WorkspaceSource,
+    /// The host credential whose authority Checks act with: its identity
+    /// namespaces the sessions and bounds the actors; a Check on the gRPC
+    /// listener must authenticate as it. `None`: the authenticated host.
+    pub host_credential: Option<String>,
+    /// Whether MCP requests other than `tools/call` (`initialize`,
+    /// `tools/list`, notifications, the GET stream) are let through.
+    pub allow_other_methods: bool,
+}
+
+impl Default for ExtAuthzSettings {
+    fn default() -> Self {
+        ExtAuthzSettings {
+            actor: ActorSource::Header(DEFAULT_ACTOR_HEADER.to_string()),
+            session_header: DEFAULT_SESSION_HEADER.to_string(),
+            workspace: WorkspaceSource::Fixed(DEFAULT_WORKSPACE.to_string()),
+            host_credential: None,
+            allow_other_methods: false,
+        }
+    }
+}
+
+const DEFAULT_ACTOR_HEADER: &str = "x-toolgate-actor";
+const DEFAULT_SESSION_HEADER: &str = "mcp-session-id";
+const DEFAULT_WORKSPACE: &str = "default";
+const DEFAULT_JWT_PAYLOAD: &str = "jwt_payload";
+
+/// The section as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawExtAuthz {
+    actor_header: Option<String>,
+    actor_claim: Option<String>,
+    jwt_payload: Option<String>,
+    actor_from_principal: Option<bool>,
+    session_header: Option<String>,
+    workspace_header: Option<String>,
+    workspace: Option<String>,
+    host_credential: Option<String>,
+    other_methods: Option<String>,
+    principals: Option<BTreeMap<String, String>>,
+}
+
+pub(super) fn ext_authz_settings(
+    loader: &Loader<'_>,
+    raw: RawExtAuthz,
+) -> Result<ExtAuthzSettings, PolicyError> {
+    let actor = actor_source(loader, &raw)?;
+    let session_header = match raw.session_header {
+        Some(name) => header_name(loader, "ext_authz.session_header", &name)?,
+        None => DEFAULT_SESSION_HEADER.to_string(),
+    };
+    let workspace = match (raw.workspace_header, raw.workspace) {
+        (Some(_), Some(_)) => {
+            return Err(loader.error(
+                "ext_authz.workspace",
+                "give either workspace_header or workspace, not both",
+            ));
+        }
+        (Some(name), None) => {
+            WorkspaceSource::Header(header_name(loader, "ext_authz.workspace_header", &name)?)
+        }
+        (None, Some(workspace)) => {
+            loader.identifier("ext_authz.workspace", &workspace)?;
+            WorkspaceSource::Fixed(workspace)
+        }
+        (None, None) => WorkspaceSource::Fixed(DEFAULT_WORKSPACE.to_string()),
+    };
+    if let Some(identity) = &raw.host_credential {
+        loader.identifier("ext_authz.host_credential", identity)?;
+    }
+    let allow_other_methods = match raw.other_methods.as_deref() {
+        None | Some("deny") => false,
+        Some("allow") => true,
+        Some(other) => {
+            return Err(loader.error(
+                "ext_authz.other_methods",
+                format!("must be \"allow\" or \"deny\", not {other:?}"),
+            ));
+        }
+    };
+    Ok(ExtAuthzSettings {
+        actor,
+        session_header,
+        workspace,
+        host_credential: raw.host_credential,
+        allow_other_methods,
+    })
+}
+
+/// Exactly one of `actor_header`, `actor_claim`, `actor_from_principal =
+/// true` (none: the default header).
+fn actor_source(loader: &Loader<'_>, raw: &RawExtAuthz) -> Result<ActorSource, PolicyError> {
+    let from_principal = raw.actor_from_principal == Some(true);
+    let given = usize::from(raw.actor_header.is_some())
+        + usize::from(raw.actor_claim.is_some())
+        + usize::from(from_principal);
+    if given > 1 {
+        return Err(loader.error(
+            "ext_authz.actor_header",
+            "give one of actor_header, actor_claim and actor_from_principal = true",
+        ));
+    }
+    if raw.jwt_payload.is_some() && raw.actor_claim.is_none() {
+        return Err(loader.error(
+            "ext_authz.jwt_payload",
+            "names where actor_claim is read; it needs actor_claim",
+        ));
+    }
+    if let Some(name) = &raw.actor_header {
+        return Ok(ActorSource::Header(header_name(
+            loader,
+            "ext_authz.actor_header",
+            name,
+        )?));
+    }
+    if let Some(claim) = &raw.actor_claim {
+        if claim.is_empty() {
+            return Err(loader.error("ext_authz.actor_claim", "must not be empty"));
+        }
+        let payload = raw
+            .jwt_payload
+            .clone()
+            .unwrap_or_else(|| DEFAULT_JWT_PAYLOAD.to_string());
+        if payload.is_empty() {
+            return Err(loader.error("ext_authz.jwt_payload", "must not be empty"));
+        }
+        return Ok(ActorSource::Claim {
+            claim: claim.clone(),
+            payload,
+        });
+    }
+    if let Some(principals) = &raw.principals {
+        if !from_principal {
+            return Err(loader.error(
+                "ext_authz.principals",
+                "maps peer principals to actors; it needs actor_from_principal = true",
+            ));
+        }
+        for (principal, actor) in principals {
+            if principal.is_empty() {
+                return Err(loader.error("ext_authz.principals", "a principal must not be empty"));
+            }
+            loader.identifier(&format!("ext_authz.principals.{principal:?}"), actor)?;
+        }
+    }
+    if from_principal {
+        return Ok(ActorSource::Principal(
+            raw.principals.clone().unwrap_or_default(),
+        ));
+    }
+    Ok(ActorSource::Header(DEFAULT_ACTOR_HEADER.to_string()))
+}
+
+/// An HTTP header name as Envoy sends it in a Check: lowercase token
+/// characters, not a pseudo-header.
+fn header_name(loader: &Loader<'_>, key: &str, name: &str) -> Result<String, PolicyError> {
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|byte| {
+            byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"-_.!#$%&'*+^`|~".contains(&byte)
+        });
+    if !valid {
+        return Err(loader.error(
+            key,
+            format!(
+                "must be a lowercase HTTP header name (at most 128 of a-z 0-9 - _ .), not {name:?}"
+            ),
+        ));
+    }
+    Ok(name.to_string())
+}
+
+impl Policy {
+    /// The host credential of this identity.
+    pub fn host_credential(&self, identity: &str) -> Option<&Arc<Credential>> {
+        self.credentials.values().find(|credential| {
+            credential.kind == CredentialKind::Host && credential.identity == identity
+        })
+    }
+
+    /// `ext_authz.host_credential` names a host credential of the policy.
+    pub(super) fn check_ext_authz_credential(
+        &self,
+        loader: &Loader<'_>,
+    ) -> Result<(), PolicyError> {
+        let Some(identity) = &self.ext_authz.host_credential else {
+            return Ok(());
+        };
+        if self.host_credential(identity).is_some() {
+            return Ok(());
+        }
+        Err(loader.error(
+            "ext_authz.host_credential",
+            format!("names no host credential: no [[credentials]] of kind \"host\" has identity {identity:?}"),
+        ))
+    }
+}

@@ -1,0 +1,606 @@
+//! toolgate as Envoy's external authorizer for MCP tool calls (issue 17):
+//! `envoy.service.auth.v3.Authorization/Check` over real gRPC, with the
+//! envoy-types client, sent as Envoy sends it (headers, a string or raw
+//! body, `metadata_context` with the JWT filter's claims, the peer
+//! principal), on `tests/fixtures/decide.toml` with an `[ext_authz]`
+//! section.
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderValueOption, Metadata};
+use envoy_types::pb::envoy::service::auth::v3::attribute_context::{HttpRequest, Peer, Request};
+use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
+use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest, CheckResponse};
+use envoy_types::pb::google::protobuf::{Struct, Value as ProtoValue, value::Kind};
+use serde_json::{Value, json};
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::support::policies::decide_text;
+use crate::support::tokens::{ALICE, HOST, OTHER_HOST};
+use crate::support::{TestServer, authed, pb};
+
+/// The mapping most tests use: the actor from a header, sessions from
+/// `mcp-session-id`, workspace `acme` (alice reviews there).
+const MAPPING: &str = r#"
+[ext_authz]
+actor_header = "x-agent"
+session_header = "mcp-session-id"
+workspace = "acme"
+host_credential = "agent-host"
+"#;
+
+async fn start(mapping: &str) -> TestServer {
+    TestServer::start(&decide_text(mapping)).await
+}
+
+/// A JSON-RPC `tools/call` body.
+fn tool_call(id: Value, name: &str, arguments: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}})
+    .to_string()
+}
+
+/// A Check of a POST as Envoy sends it with `with_request_body` (the body
+/// as a string), with these headers (lowercase, as Envoy sends them).
+fn post(headers: &[(&str, &str)], body: &str) -> CheckRequest {
+    let mut http = http_request("POST", headers);
+    http.body = body.to_string();
+    http.size = body.len() as i64;
+    check_of(http)
+}
+
+fn http_request(method: &str, headers: &[(&str, &str)]) -> HttpRequest {
+    let mut all: HashMap<String, String> = [
+        (":method", method),
+        (":path", "/mcp"),
+        (":authority", "mcp.local"),
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .collect();
+    for (key, value) in headers {
+        all.insert((*key).to_string(), (*value).to_string());
+    }
+    HttpRequest {
+        id: "10512434565396349786".into(),
+        method: method.into(),
+        headers: all,
+        path: "/mcp".into(),
+        host: "mcp.local".into(),
+        scheme: "http".into(),
+        protocol: "HTTP/1.1".into(),
+        size: -1,
+        ..Default::default()
+    }
+}
+
+fn check_of(http: HttpRequest) -> CheckRequest {
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            source: Some(Peer::default()),
+            request: Some(Request {
+                http: Some(http),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The usual headers of payer's session `s1`.
+const PAYER: [(&str, &str); 2] = [("x-agent", "payer"), ("mcp-session-id", "s1")];
+
+fn client(server: &TestServer) -> AuthorizationClient<Channel> {
+    AuthorizationClient::new(server.channel.clone())
+}
+
+async fn check(server: &TestServer, request: CheckRequest) -> CheckResponse {
+    client(server)
+        .check(authed(request, HOST))
+        .await
+        .expect("Check answers")
+        .into_inner()
+}
+
+fn header<'a>(headers: &'a [HeaderValueOption], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .filter_map(|option| option.header.as_ref())
+        .find(|header| header.key == name)
+        .map(|header| header.value.as_str())
+}
+
+fn metadata(response: &CheckResponse, key: &str) -> String {
+    let value = response
+        .dynamic_metadata
+        .as_ref()
+        .and_then(|metadata| metadata.fields.get(key))
+        .and_then(|value| value.kind.as_ref());
+    match value {
+        Some(Kind::StringValue(text)) => text.clone(),
+        other => panic!("metadata {key}: {other:?}"),
+    }
+}
+
+/// An allowed answer: the decision id and fingerprint headers upstream.
+fn assert_allowed(response: &CheckResponse, reason: &str) -> (String, String) {
+    assert_eq!(
+        response.status.as_ref().map(|status| status.code),
+        Some(0),
+        "{response:?}"
+    );
+    let Some(HttpResponse::OkResponse(ok)) = &response.http_response else {
+        panic!("not an OK response: {response:?}");
+    };
+    assert_eq!(metadata(response, "outcome"), "allow");
+    assert_eq!(metadata(response, "reason"), reason);
+    let decision_id = header(&ok.headers, "x-toolgate-decision-id").expect("decision id header");
+    assert_eq!(decision_id, metadata(response, "decision_id"));
+    let fingerprint = header(&ok.headers, "x-toolgate-fingerprint").unwrap_or_default();
+    (decision_id.to_string(), fingerprint.to_string())
+}
+
+/// A denied answer: HTTP 403, JSON, the JSON-RPC error body (returned),
+/// metadata that agrees with it.
+fn assert_denied(response: &CheckResponse, reason: &str) -> Value {
+    assert_eq!(
+        response.status.as_ref().map(|status| status.code),
+        Some(Code::PermissionDenied as i32),
+        "{response:?}"
+    );
+    let Some(HttpResponse::DeniedResponse(denied)) = &response.http_response else {
+        panic!("not a denied response: {response:?}");
+    };
+    assert_eq!(denied.status.as_ref().map(|status| status.code), Some(403));
+    assert_eq!(
+        header(&denied.headers, "content-type"),
+        Some("application/json")
+    );
+    let body: Value = serde_json::from_str(&denied.body).expect("a JSON body");
+    assert_eq!(body["jsonrpc"], "2.0");
+    assert_eq!(body["error"]["data"]["reason"], reason, "{body}");
+    assert_eq!(metadata(response, "reason"), reason);
+    assert_eq!(
+        body["error"]["data"]["decision_id"].as_str(),
+        Some(metadata(response, "decision_id").as_str())
+    );
+    body
+}
+
+#[tokio::test]
+async fn a_read_tool_call_is_allowed_with_its_decision_id_and_fingerprint() {
+    let server = start(MAPPING).await;
+    let body = tool_call(json!(1), "read_balance", json!({"account": "main"}));
+    let answer = check(&server, post(&PAYER, &body)).await;
+    let (decision_id, fingerprint) = assert_allowed(&answer, "allowed");
+    assert_eq!(decision_id.len(), 36, "a UUID");
+    assert_eq!(fingerprint.len(), 64);
+    assert_eq!(fingerprint, metadata(&answer, "fingerprint"));
+    assert_eq!(metadata(&answer, "approval_id"), "");
+    // The same call again is the same proposal: the same fingerprint.
+    let again = check(&server, post(&PAYER, &body)).await;
+    assert_eq!(assert_allowed(&again, "allowed").1, fingerprint);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_raw_body_is_read_like_a_string_one() {
+    let server = start(MAPPING).await;
+    let body = tool_call(json!("r1"), "read_balance", json!({}));
+    let mut http = http_request("POST", &PAYER);
+    http.raw_body = body.into_bytes();
+    let answer = check(&server, check_of(http)).await;
+    assert_allowed(&answer, "allowed");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_denied_tool_call_answers_403_with_a_json_rpc_error_of_the_same_id() {
+    let server = start(MAPPING).await;
+    let body = tool_call(json!("call-7"), "change_role", json!({}));
+    let answer = check(&server, post(&PAYER, &body)).await;
+    let error = assert_denied(&answer, "forbidden-tool");
+    assert_eq!(error["id"], "call-7");
+    assert_eq!(error["error"]["code"], -32001);
+    assert_eq!(error["error"]["data"]["outcome"], "deny");
+    assert_eq!(
+        error["error"]["data"]["fingerprint"].as_str(),
+        Some(metadata(&answer, "fingerprint").as_str())
+    );
+    assert!(error["error"]["data"].get("approval_id").is_none());
+    // An unknown tool is Decide's unknown-tool.
+    let unknown = tool_call(json!(8), "no_such_tool", json!({}));
+    let answer = check(&server, post(&PAYER, &unknown)).await;
+    assert_eq!(assert_denied(&answer, "unknown-tool")["id"], 8);
+    server.stop().await;
+}
+
+/// The Check of a wire transfer to `to` with JSON-RPC id `id`.
+fn wire(id: Value, to: &str) -> CheckRequest {
+    post(&PAYER, &tool_call(id, "wire_transfer", json!({"to": to})))
+}
+
+/// REQUIRE_APPROVAL: the approval id, in the body and the metadata.
+fn approval_of(answer: &CheckResponse) -> String {
+    let error = assert_denied(answer, "approval-required");
+    assert_eq!(error["error"]["code"], -32002);
+    assert_eq!(error["error"]["data"]["outcome"], "require_approval");
+    let approval_id = error["error"]["data"]["approval_id"]
+        .as_str()
+        .expect("an approval id")
+        .to_string();
+    assert_eq!(approval_id, metadata(answer, "approval_id"));
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains(&approval_id)),
+        "{error}"
+    );
+    approval_id
+}
+
+#[tokio::test]
+async fn a_grant_lets_one_call_through_and_a_retry_with_a_new_id_meets_it() {
+    let server = start(MAPPING).await;
+    let first = check(&server, wire(json!(1), "acct-9")).await;
+    let approval_id = approval_of(&first);
+    // A retry with a new JSON-RPC id is the same action: the same approval.
+    let retry = check(&server, wire(json!("retry-2"), "acct-9")).await;
+    assert_eq!(approval_of(&retry), approval_id);
+    assert_eq!(assert_denied(&retry, "approval-required")["id"], "retry-2");
+    server
+        .grant(ALICE, &approval_id)
+        .await
+        .expect("alice grants");
+    // Granted: the next call (yet another JSON-RPC id) passes and consumes it.
+    let allowed = check(&server, wire(json!(3), "acct-9")).await;
+    assert_allowed(&allowed, "approved");
+    assert_eq!(metadata(&allowed, "approval_id"), approval_id);
+    let approval = server.get_approval(ALICE, &approval_id).await.expect("get");
+    assert_eq!(
+        approval.status(),
+        pb::ApprovalStatus::Consumed,
+        "{approval:?}"
+    );
+    // Consumed: a second identical call needs a new approval.
+    let second = check(&server, wire(json!(4), "acct-9")).await;
+    let new_approval = approval_of(&second);
+    assert_ne!(new_approval, approval_id);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn two_hundred_racing_checks_on_one_grant_let_exactly_one_through() {
+    let server = start(MAPPING).await;
+    let approval_id = approval_of(&check(&server, wire(json!(0), "acct-race")).await);
+    server
+        .grant(ALICE, &approval_id)
+        .await
+        .expect("alice grants");
+    let racers = (0..200).map(|index| {
+        let mut client = client(&server);
+        async move {
+            client
+                .check(authed(wire(json!(index), "acct-race"), HOST))
+                .await
+                .expect("Check answers")
+                .into_inner()
+        }
+    });
+    let answers = futures_util::future::join_all(racers).await;
+    let allowed: Vec<&CheckResponse> = answers
+        .iter()
+        .filter(|answer| matches!(answer.http_response, Some(HttpResponse::OkResponse(_))))
+        .collect();
+    assert_eq!(allowed.len(), 1, "exactly one passes on one grant");
+    assert_allowed(allowed[0], "approved");
+    for answer in &answers {
+        if !matches!(answer.http_response, Some(HttpResponse::OkResponse(_))) {
+            assert_ne!(
+                approval_of(answer),
+                approval_id,
+                "the others wait for a new approval"
+            );
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_idempotency_key_is_the_call_id() {
+    let server = start(MAPPING).await;
+    let keyed = |to: &str| {
+        let mut headers = PAYER.to_vec();
+        headers.push(("idempotency-key", "4f1c2b7e-0d9a-4c1e-9f3b-6a2d8e5c7b10"));
+        post(
+            &headers,
+            &tool_call(json!(1), "read_balance", json!({"account": to})),
+        )
+    };
+    assert_allowed(&check(&server, keyed("a")).await, "allowed");
+    // The same key for other arguments: another action under one call id.
+    let conflict = check(&server, keyed("b")).await;
+    assert_denied(&conflict, "call-id-conflict");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn arguments_failing_the_input_schema_are_denied_with_the_field() {
+    let server = start(MAPPING).await;
+    let body = tool_call(json!(5), "wire_transfer", json!({"to": 7}));
+    let error = assert_denied(
+        &check(&server, post(&PAYER, &body)).await,
+        "invalid-arguments",
+    );
+    assert_eq!(error["id"], 5);
+    assert_eq!(error["error"]["code"], -32602);
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(message.starts_with("proposal.arguments.to: "), "{message}");
+    assert!(message.contains("`type`"), "{message}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_requests_fail_closed_with_a_precise_reason() {
+    let server = start(MAPPING).await;
+    let good = tool_call(json!(1), "read_balance", json!({}));
+    let mut partial = PAYER.to_vec();
+    partial.push(("x-envoy-auth-partial-body", "true"));
+    let mut wrong_method = PAYER.to_vec();
+    wrong_method.push(("mcp-method", "tools/list"));
+    let mut wrong_name = PAYER.to_vec();
+    wrong_name.push(("mcp-name", "change_role"));
+    let cases: Vec<(&str, CheckRequest, &str)> = vec![
+        ("truncated", post(&partial, &good), "body-truncated"),
+        ("no body", post(&PAYER, ""), "body-missing"),
+        (
+            "not JSON",
+            post(&PAYER, "{\"jsonrpc\": \"2.0\","),
+            "body-not-json",
+        ),
+        (
+            "a batch",
+            post(&PAYER, &format!("[{good}]")),
+            "batch-not-supported",
+        ),
+        (
+            "not JSON-RPC",
+            post(&PAYER, "{\"method\": \"tools/call\"}"),
+            "not-json-rpc",
+        ),
+        (
+            "Mcp-Method",
+            post(&wrong_method, &good),
+            "mcp-header-mismatch",
+        ),
+        ("Mcp-Name", post(&wrong_name, &good), "mcp-header-mismatch"),
+        (
+            "no params",
+            post(&PAYER, r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#),
+            "invalid-tool-call",
+        ),
+        (
+            "no session",
+            post(&[("x-agent", "payer")], &good),
+            "session-missing",
+        ),
+        (
+            "no actor",
+            post(&[("mcp-session-id", "s1")], &good),
+            "actor-missing",
+        ),
+    ];
+    for (case, request, reason) in cases {
+        let answer = check(&server, request).await;
+        let error = assert_denied(&answer, reason);
+        assert!(
+            !error["error"]["message"].as_str().unwrap_or("").is_empty(),
+            "{case}"
+        );
+    }
+    // Nothing was decided: no session exists.
+    assert_eq!(server.engine.stats().expect("stats").sessions, 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn other_mcp_methods_follow_the_policy_setting() {
+    let denied = start(MAPPING).await;
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let error = assert_denied(
+        &check(&denied, post(&PAYER, list)).await,
+        "method-not-allowed",
+    );
+    assert_eq!(error["id"], 2);
+    let stream = check_of(http_request("GET", &PAYER));
+    assert_denied(&check(&denied, stream).await, "method-not-allowed");
+    denied.stop().await;
+
+    let allowed = start(&format!("{MAPPING}other_methods = \"allow\"\n")).await;
+    for body in [
+        list,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    ] {
+        let answer = check(&allowed, post(&[], body)).await;
+        assert_allowed(&answer, "method-allowed");
+    }
+    let stream = check_of(http_request("GET", &[]));
+    assert_allowed(&check(&allowed, stream).await, "method-allowed");
+    allowed.stop().await;
+}
+
+/// The JWT filter's metadata: the payload under `jwt_payload`.
+fn jwt_metadata(claims: &[(&str, &str)]) -> Metadata {
+    let text = |text: &str| ProtoValue {
+        kind: Some(Kind::StringValue(text.to_string())),
+    };
+    let claims = Struct {
+        fields: claims
+            .iter()
+            .map(|(key, value)| ((*key).to_string(), text(value)))
+            .collect(),
+    };
+    let payload = Struct {
+        fields: HashMap::from([(
+            "jwt_payload".to_string(),
+            ProtoValue {
+                kind: Some(Kind::StructValue(claims)),
+            },
+        )]),
+    };
+    Metadata {
+        filter_metadata: HashMap::from([("envoy.filters.http.jwt_authn".to_string(), payload)]),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn the_actor_can_come_from_a_jwt_claim() {
+    let server = start(
+        "[ext_authz]\nactor_claim = \"sub\"\njwt_payload = \"jwt_payload\"\nworkspace = \"acme\"\n",
+    )
+    .await;
+    let body = tool_call(json!(1), "read_balance", json!({}));
+    let mut request = post(&[("mcp-session-id", "s1"), ("x-agent", "guest")], &body);
+    if let Some(attributes) = request.attributes.as_mut() {
+        attributes.metadata_context = Some(jwt_metadata(&[("sub", "payer"), ("iss", "idp")]));
+    }
+    assert_allowed(&check(&server, request).await, "allowed");
+    // No verified JWT: no actor (the header is not trusted under this mapping).
+    let unverified = post(&[("mcp-session-id", "s2"), ("x-agent", "payer")], &body);
+    assert_denied(&check(&server, unverified).await, "actor-missing");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_actor_can_come_from_the_peer_principal() {
+    let server = start(
+        "[ext_authz]\nactor_from_principal = true\nworkspace = \"acme\"\n\
+         [ext_authz.principals]\n\"spiffe://cluster.local/ns/agents/sa/payer\" = \"payer\"\n",
+    )
+    .await;
+    let body = tool_call(json!(1), "read_balance", json!({}));
+    let mut request = post(&[("mcp-session-id", "s1")], &body);
+    if let Some(source) = request
+        .attributes
+        .as_mut()
+        .and_then(|attributes| attributes.source.as_mut())
+    {
+        source.principal = "spiffe://cluster.local/ns/agents/sa/payer".to_string();
+    }
+    assert_allowed(&check(&server, request).await, "allowed");
+    let mut stranger = post(&[("mcp-session-id", "s1")], &body);
+    if let Some(source) = stranger
+        .attributes
+        .as_mut()
+        .and_then(|attributes| attributes.source.as_mut())
+    {
+        source.principal = "spiffe://cluster.local/ns/x/sa/y".to_string();
+    }
+    assert_denied(&check(&server, stranger).await, "actor-missing");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn only_the_named_host_credential_may_ask() {
+    let server = start(MAPPING).await;
+    let body = tool_call(json!(1), "read_balance", json!({}));
+    let refused = client(&server)
+        .check(authed(post(&PAYER, &body), OTHER_HOST))
+        .await
+        .expect_err("another host");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    let anonymous = client(&server)
+        .check(tonic::Request::new(post(&PAYER, &body)))
+        .await
+        .expect_err("no token");
+    assert_eq!(anonymous.code(), Code::Unauthenticated);
+    server.stop().await;
+}
+
+#[test]
+fn the_ext_authz_section_is_validated_with_the_key_named() {
+    let cases = [
+        (
+            "[ext_authz]\nactor_header = \"X-Agent\"\n",
+            "ext_authz.actor_header",
+        ),
+        (
+            "[ext_authz]\nactor_header = \"x\"\nactor_claim = \"sub\"\n",
+            "ext_authz.actor_header",
+        ),
+        (
+            "[ext_authz]\nworkspace = \"a\"\nworkspace_header = \"w\"\n",
+            "ext_authz.workspace",
+        ),
+        ("[ext_authz]\nworkspace = \"1bad\"\n", "ext_authz.workspace"),
+        (
+            "[ext_authz]\nother_methods = \"maybe\"\n",
+            "ext_authz.other_methods",
+        ),
+        (
+            "[ext_authz]\nhost_credential = \"nobody\"\n",
+            "ext_authz.host_credential",
+        ),
+        (
+            "[ext_authz]\njwt_payload = \"p\"\n",
+            "ext_authz.jwt_payload",
+        ),
+        (
+            "[ext_authz]\n[ext_authz.principals]\n\"a\" = \"b\"\n",
+            "ext_authz.principals",
+        ),
+        ("[ext_authz]\nactor_heder = \"x\"\n", "ext_authz"),
+    ];
+    for (section, key) in cases {
+        let root = crate::support::policies::repo_path("");
+        let error = crate::support::Policy::parse(&decide_text(section), "p.toml", Some(&root))
+            .expect_err(section);
+        assert!(error.key.starts_with(key), "{section}: {error}");
+    }
+    let default = crate::support::Policy::embedded_default().expect("embedded default");
+    assert!(default.ext_authz.allow_other_methods);
+}
+
+#[tokio::test]
+async fn a_grant_consumed_by_a_check_stays_consumed_after_a_restart() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data = directory.path().join("data");
+    let store = || -> Box<dyn crate::support::Store> {
+        Box::new(crate::support::SqliteStore::open(&data).expect("open the store"))
+    };
+    let policy = || crate::support::policies::parse(&decide_text(MAPPING));
+    let clock = crate::support::ManualClock::starting_at(crate::support::EPOCH);
+    let first = TestServer::start_on(policy(), store(), clock.clone()).await;
+    let approval_id = approval_of(&check(&first, wire(json!(1), "acct-restart")).await);
+    first
+        .grant(ALICE, &approval_id)
+        .await
+        .expect("alice grants");
+    assert_allowed(
+        &check(&first, wire(json!(2), "acct-restart")).await,
+        "approved",
+    );
+    first.engine.close_store();
+    first.stop().await;
+
+    let second = TestServer::start_on(policy(), store(), clock).await;
+    let approval = second.get_approval(ALICE, &approval_id).await.expect("get");
+    assert_eq!(
+        approval.status(),
+        pb::ApprovalStatus::Consumed,
+        "{approval:?}"
+    );
+    let again = check(&second, wire(json!(3), "acct-restart")).await;
+    assert_ne!(
+        approval_of(&again),
+        approval_id,
+        "a consumed grant never lets a call through again"
+    );
+    second.stop().await;
+}
