@@ -119,7 +119,8 @@ impl Policy {
             tools,
             actors,
             reviewers,
-            credentials,
+            credentials: credentials.by_token,
+            certificate_credentials: credentials.by_certificate,
             pins,
             limits,
             state,
@@ -128,6 +129,7 @@ impl Policy {
             warnings: Vec::new(),
         };
         policy.check_host_access(&loader)?;
+        policy.check_client_identities(&loader)?;
         policy.warnings = policy.dangling_names();
         Ok(policy)
     }
