@@ -324,7 +324,7 @@ impl Connections {
         let _ = stream.set_nodelay(true);
         let stream = match &self.shared.tls {
             None => Transport::Plain(stream),
-            Some(tls) => Transport::Handshaking(tls.acceptor().accept(stream)),
+            Some(tls) => Transport::Handshaking(Box::new(tls.acceptor().accept(stream))),
         };
         Some(Connection {
             stream,
@@ -339,8 +339,9 @@ impl Connections {
 /// What a connection's bytes travel over.
 enum Transport {
     Plain(TcpStream),
-    /// The TLS handshake, driven by the first read or write.
-    Handshaking(tokio_rustls::Accept<TcpStream>),
+    /// The TLS handshake, driven by the first read or write (boxed: the
+    /// rustls connection state is large, a plain connection small).
+    Handshaking(Box<tokio_rustls::Accept<TcpStream>>),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
     /// The handshake failed; every read and write fails.
     Failed,
@@ -413,7 +414,7 @@ impl Connection {
                 _ => Poll::Ready(Ok(())),
             };
         };
-        match Pin::new(accept).poll(context) {
+        match Pin::new(accept.as_mut()).poll(context) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(stream)) => {
                 if let Some(certificate) = stream
