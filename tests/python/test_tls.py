@@ -88,7 +88,10 @@ def pki(tmp_path):
 
 @pytest.fixture
 def mtls_server(start_server, pki):
-    return start_server(POLICY.read_text() + CERT_HOST, [
+    policy = POLICY.read_text().replace(
+        'manifest = "../../examples/manifests/docs-search.json"',
+        f'manifest = "{REPO / "examples" / "manifests" / "docs-search.json"}"')
+    return start_server(policy + CERT_HOST, [
         "--store", "memory",
         "--tls-cert", str(pki["server"]), "--tls-key", str(pki["server_key"]),
         "--tls-client-ca", str(pki["ca"])])
