@@ -529,3 +529,47 @@ async fn plaintext_off_loopback_needs_tls_or_the_mesh_acknowledgement() {
     assert_ne!(acknowledged.addr.port(), 0);
     acknowledged.kill();
 }
+
+#[test]
+fn client_identity_and_server_tls_are_validated_naming_the_key() {
+    let refused = |extra: &str| {
+        let error = Policy::parse(
+            &decide_text(extra),
+            "policy.toml",
+            Some(Path::new("/etc/toolgate")),
+        )
+        .expect_err("refused");
+        (error.key, error.message)
+    };
+    let (key, message) = refused(
+        "[[credentials]]\nkind = \"host\"\nidentity = \"h\"\nactors = [\"payer\"]\n\
+         client_identity = \"CN=h, O=Example\"\n",
+    );
+    assert_eq!(key, "credentials[6].client_identity");
+    assert!(message.contains("no spaces around `,`"), "{message}");
+    let (key, _) = refused(
+        "[[credentials]]\nkind = \"host\"\nidentity = \"h\"\nactors = [\"payer\"]\n\
+         client_identity = \"spiffe://a/b\"\n\n\
+         [[credentials]]\nkind = \"host\"\nidentity = \"i\"\nactors = [\"payer\"]\n\
+         client_identity = \"spiffe://a/b\"\n",
+    );
+    assert_eq!(key, "credentials[7].client_identity");
+    let (key, _) = refused("[server.tls]\ncert = \"server.pem\"\n");
+    assert_eq!(key, "server.tls");
+    let (key, message) = refused("[server.tls]\ncert = \"\"\nkey = \"k.pem\"\n");
+    assert_eq!(
+        (key.as_str(), message.as_str()),
+        ("server.tls.cert", "must be a file path")
+    );
+    // Relative paths resolve against the policy file's folder.
+    let policy = Policy::parse(
+        &decide_text("[server.tls]\ncert = \"a/server.pem\"\nkey = \"/abs/server.key\"\n"),
+        "policy.toml",
+        Some(Path::new("/etc/toolgate")),
+    )
+    .expect("valid");
+    let tls = policy.server.tls.expect("[server.tls]");
+    assert_eq!(tls.cert, Path::new("/etc/toolgate/a/server.pem"));
+    assert_eq!(tls.key, Path::new("/abs/server.key"));
+    assert_eq!(tls.client_ca, None);
+}
