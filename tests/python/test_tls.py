@@ -6,6 +6,8 @@ alone (by SPIFFE URI SAN), through the `toolgate_client` package too."""
 
 import datetime
 import ipaddress
+import os
+import subprocess
 import sys
 
 import grpc
@@ -148,3 +150,46 @@ def test_the_client_package_speaks_https(mtls_server, pki):
         assert host.decide(proposal).reason == "allowed"
     with pytest.raises(ValueError):
         toolgate_client.open_channel(f"localhost:{port}", ca=str(pki["ca"]))
+
+
+def test_the_python_host_example_over_mtls(pb, start_server, pki, tmp_path):
+    """examples/python/host.py --server https://… --ca --cert --key: its
+    client certificate is its host credential (no token); the reviewer
+    grants with the CLI over https."""
+    from test_examples import PYTHON_HOST, REVIEWER_TOKEN, TICKETS, parse, script_env
+    from conftest import toolgate_bin
+
+    cert_host = CERT_HOST.replace('actors = ["payer"]', 'actors = ["learner"]')
+    server = start_server(
+        TICKETS.read_text().replace("open_host_api = true", "open_host_api = false") + cert_host,
+        ["--store", "memory",
+         "--tls-cert", str(pki["server"]), "--tls-key", str(pki["server_key"]),
+         "--tls-client-ca", str(pki["ca"])])
+    url = f"https://localhost:{server.address.rsplit(':', 1)[1]}"
+
+    def grant(approval_id):
+        done = subprocess.run(
+            [toolgate_bin(), "approvals", "grant", approval_id, "--server", url,
+             "--ca", str(pki["ca"]), "--cert", str(pki["client"]), "--key", str(pki["client_key"])],
+            env={**os.environ, "TOOLGATE_TOKEN": REVIEWER_TOKEN},
+            capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    process = subprocess.Popen(
+        [str(PYTHON_HOST), "--server", url, "--timeout", "20", "--ca", str(pki["ca"]),
+         "--cert", str(pki["client"]), "--key", str(pki["client_key"])],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env())
+    words = []
+    try:
+        for line in process.stdout:
+            word, fields = parse(line.rstrip("\n"))
+            words.append(word)
+            if word == "waiting":
+                grant(fields["approval_id"])
+        code = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert code == 0, f"host.py over mTLS exited {code}: {words} {process.stderr.read()}"
+    assert words[-1] == "done" and words.count("receipt") == 2, words
