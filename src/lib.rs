@@ -10,7 +10,7 @@
 //!   decisions and their reasons, sessions, the approval ledger, resources,
 //!   receipts, pins, and `State`, one method per operation.
 //! - [`ops`]: what an operator runs it with: audit events, the log writer,
-//!   the metrics registry.
+//!   the metrics registry, the listener's TLS material (reloadable).
 //! - [`store`]: where the state is kept between runs: the `Store` seam,
 //!   the memory and SQLite stores, and the group-commit writer.
 //! - [`engine`]: `Engine`, the handle every RPC goes through: the state behind

@@ -135,7 +135,14 @@ pub(super) fn credentials(
                     ));
                 }
             }
-            (None, None) => unreachable!("credential() requires sha256 or client_identity"),
+            // credential() refuses an entry with neither; kept as an error,
+            // not a panic, should that ever change.
+            (None, None) => {
+                return Err(loader.error(
+                    key("sha256"),
+                    "a credential needs sha256 or client_identity",
+                ));
+            }
         }
     }
     Ok(credentials)
