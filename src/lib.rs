@@ -11,7 +11,7 @@
 //!   receipts, pins, and `State`, one method per operation.
 //! - [`ops`]: what an operator runs it with: audit events, the log writer,
 //!   the metrics registry, the `process_*` figures and the build's version
-//!   and commit.
+//!   and commit, the listener's TLS material (reloadable).
 //! - [`store`]: where the state is kept between runs: the `Store` seam,
 //!   the memory and SQLite stores, and the group-commit writer.
 //! - [`engine`]: `Engine`, the handle every RPC goes through: the state behind

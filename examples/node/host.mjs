@@ -3,6 +3,7 @@
 //
 //   cd examples/node && npm ci
 //   examples/node/host.mjs --server 127.0.0.1:50051 [--session ID] [--timeout 120] [--token T]
+//   examples/node/host.mjs --server https://localhost:50051 --ca ca.pem [--cert host.pem --key host.key]
 //
 // against `toolgate serve --config examples/tickets.toml`. The host reads the
 // current version of `lamp` (GetResource), proposes set_ticket lamp -> done at
@@ -15,6 +16,9 @@
 // --session is given; the call id is `<session>-1`), so it can run again and
 // again on one server. `--token` (or TOOLGATE_TOKEN) is sent as
 // `authorization: Bearer <token>` when the policy has host credentials.
+// `https://` speaks TLS, trusting `--ca` (the system's roots without it);
+// `--cert`/`--key` add a client certificate (mTLS), which may be the host's
+// credential by itself.
 // Output lines and exit status are those of examples/python/host.py: 0 when
 // committed, 1 on any other outcome, 2 on bad usage.
 //
@@ -25,6 +29,7 @@
 // string both ways.
 
 import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
@@ -45,7 +50,8 @@ class HostError extends Error {}
 
 function usage(message) {
   process.stderr.write(
-    "usage: host.mjs --server HOST:PORT [--session SESSION_ID] [--timeout SECONDS] [--token TOKEN]\n" +
+    "usage: host.mjs --server HOST:PORT|https://HOST:PORT [--session SESSION_ID] [--timeout SECONDS] [--token TOKEN]\n" +
+      "                [--ca PEM] [--cert PEM --key PEM]\n" +
       `host.mjs: ${message}\n`,
   );
   process.exit(2);
@@ -60,6 +66,9 @@ function parse() {
         session: { type: "string", default: `node-${randomBytes(4).toString("hex")}` },
         timeout: { type: "string", default: String(DEFAULT_TIMEOUT_SECONDS) },
         token: { type: "string", default: process.env.TOOLGATE_TOKEN ?? "" },
+        ca: { type: "string" },
+        cert: { type: "string" },
+        key: { type: "string" },
       },
       strict: true,
     }));
@@ -73,10 +82,26 @@ function parse() {
   }
   const timeout = Number(values.timeout);
   if (!(timeout > 0)) usage("--timeout must be a positive number of seconds");
-  return { server: values.server, session: values.session, timeoutMs: timeout * 1000, token: values.token };
+  const https = values.server.startsWith("https://");
+  if (!https && (values.ca || values.cert || values.key)) usage("--ca, --cert and --key need an https:// --server");
+  if (!values.cert !== !values.key) usage("--cert and --key go together");
+  return {
+    server: values.server.replace(/^https?:\/\//, ""),
+    session: values.session,
+    timeoutMs: timeout * 1000,
+    token: values.token,
+    tls: https ? { ca: values.ca, cert: values.cert, key: values.key } : null,
+  };
 }
 
-function loadClients(server) {
+// Plaintext, or TLS (with a client certificate for mTLS) for https://.
+function channelCredentials(tls) {
+  if (!tls) return grpc.credentials.createInsecure();
+  const read = (file) => (file ? readFileSync(file) : null);
+  return grpc.credentials.createSsl(read(tls.ca), read(tls.key), read(tls.cert));
+}
+
+function loadClients(server, tls) {
   const definition = protoLoader.loadSync("toolgate/v1/toolgate.proto", {
     includeDirs: [PROTO_ROOT],
     keepCase: true,
@@ -85,7 +110,7 @@ function loadClients(server) {
     defaults: true,
   });
   const { toolgate } = grpc.loadPackageDefinition(definition);
-  const pdp = new toolgate.v1.PolicyDecisionPoint(server, grpc.credentials.createInsecure());
+  const pdp = new toolgate.v1.PolicyDecisionPoint(server, channelCredentials(tls));
   // The second client shares the first one's channel.
   const resources = new toolgate.v1.Resources(server, null, { channelOverride: pdp.getChannel() });
   return { pdp, resources };
@@ -129,8 +154,8 @@ async function waitUntilDecided(pdp, request, first, timeoutMs, metadata) {
   return answer;
 }
 
-async function run({ server, session: sessionId, timeoutMs, token }) {
-  const { pdp, resources } = loadClients(server);
+async function run({ server, session: sessionId, timeoutMs, token, tls }) {
+  const { pdp, resources } = loadClients(server, tls);
   const metadata = metadataFor(token);
   try {
     const lamp = await unary(resources, "GetResource", { name: "lamp" }, metadata);

@@ -106,7 +106,12 @@ def run(host, timeout):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", required=True, metavar="HOST:PORT",
-                        help="address of a toolgate serving examples/tickets.toml")
+                        help="address of a toolgate serving examples/tickets.toml"
+                             " (https://HOST:PORT for TLS)")
+    parser.add_argument("--ca", metavar="PEM",
+                        help="https: the CA certificate the server's must chain to")
+    parser.add_argument("--cert", metavar="PEM", help="https with mTLS: the client certificate")
+    parser.add_argument("--key", metavar="PEM", help="https with mTLS: the client key")
     parser.add_argument("--session", metavar="SESSION_ID",
                         help="session id; call ids are <session>-<n> (default: a new random id)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
@@ -124,7 +129,8 @@ def main(argv=None):
     try:
         with toolgate_client.Host(args.server, actor=ACTOR, workspace=WORKSPACE,
                                   session_id=session_id, token=args.token or None,
-                                  rpc_timeout=RPC_TIMEOUT_SECONDS) as host:
+                                  rpc_timeout=RPC_TIMEOUT_SECONDS,
+                                  ca=args.ca, cert=args.cert, key=args.key) as host:
             run(host, args.timeout)
     except (HostError, toolgate_client.ToolgateError) as error:
         print(f"host: {error}", file=sys.stderr, flush=True)

@@ -13,8 +13,8 @@ use crate::domain::error::{Error, Result};
 use crate::domain::ids::approval_id;
 use crate::domain::ledger::{ApprovalEvent, Verdict, visible_to};
 use crate::domain::limits::{Note, approval_page_token};
-use crate::domain::policy::CredentialKind;
-use crate::edge::auth::{Caller, Reach, token_digest};
+use crate::domain::policy::{CredentialKind, PeerCertificate};
+use crate::edge::auth::{Caller, Reach, current_credential, peer_certificate, token_digest};
 use crate::edge::convert::list_query;
 use crate::edge::unary::unary;
 use crate::engine::Engine;
@@ -57,8 +57,10 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ApprovalEvent, Status>> 
 struct Watch {
     engine: Engine,
     identity: String,
-    /// The watcher's token digest; re-checked at every policy reload.
+    /// The watcher's token digest and client certificate; re-checked at
+    /// every policy reload.
     digest: Option<Fingerprint>,
+    peer: Option<PeerCertificate>,
     events: tokio::sync::broadcast::Receiver<ApprovalEvent>,
     reloads: tokio::sync::watch::Receiver<u64>,
     closed: Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -70,22 +72,28 @@ impl Watch {
     /// Whether the token this watch was opened with still authenticates
     /// the same reviewer under the policy in force.
     fn credential_holds(&self) -> bool {
-        self.digest
-            .and_then(|digest| self.engine.credential(&digest))
-            .is_some_and(|credential| {
+        current_credential(&self.engine, self.digest.as_ref(), self.peer.as_ref()).is_some_and(
+            |credential| {
                 credential.kind == CredentialKind::Reviewer && credential.identity == self.identity
-            })
+            },
+        )
     }
 
     /// Opens a watch for `caller`, subscribed before the call answers, so
     /// that nothing after the answer is missed; the credential is checked
     /// once more after subscribing to reloads, so that a reload racing the
     /// call cannot be missed either.
-    fn open(engine: &Engine, caller: &Caller, digest: Option<Fingerprint>) -> Result<Watch> {
+    fn open(
+        engine: &Engine,
+        caller: &Caller,
+        digest: Option<Fingerprint>,
+        peer: Option<PeerCertificate>,
+    ) -> Result<Watch> {
         let watch = Watch {
             engine: engine.clone(),
             identity: caller.identity.clone(),
             digest,
+            peer,
             events: engine.subscribe(),
             reloads: engine.reloads(),
             closed: Box::pin(engine.closed()),
@@ -225,7 +233,12 @@ impl Approvals for ApprovalsService {
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let caller = Caller::require(&request, Reach::Reviewer)?;
-        let watch = Watch::open(&self.engine, &caller, token_digest(&request))?;
+        let watch = Watch::open(
+            &self.engine,
+            &caller,
+            token_digest(&request),
+            peer_certificate(&request),
+        )?;
         Ok(Response::new(watch.into_stream()))
     }
 }

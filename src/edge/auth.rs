@@ -3,6 +3,11 @@
 //!
 //! - `authorization: Bearer <token>`; the token's SHA-256 digest is looked up
 //!   among the policy's credentials (tokens themselves are never stored).
+//! - With mTLS, the verified client certificate: a credential bound to a
+//!   `client_identity` (the certificate's subject or one of its URI SANs)
+//!   is refused on a connection whose certificate does not name it (so
+//!   never over plaintext); one without a token is the certificate alone,
+//!   used when a call comes with no token.
 //! - Host credentials reach only `PolicyDecisionPoint` (and Envoy's
 //!   `Authorization`, which acts for a host); reviewer credentials
 //!   only `Approvals` and `ManifestPins`; `Resources` takes either. Health
@@ -19,7 +24,8 @@
 //! [`RequestContext`] (for the call's `request_rejected` lines), and writes
 //! an `auth_failed` audit line for every refusal: method, code, a stable
 //! reason (`missing-token`, `malformed-authorization`, `unknown-token`,
-//! `reviewer-api-closed`, `wrong-credential-kind`, and from the handlers
+//! `client-identity-mismatch`, `reviewer-api-closed`,
+//! `wrong-credential-kind`, and from the handlers
 //! `actor-not-permitted`), never the token.
 
 use std::sync::{Arc, LazyLock};
@@ -31,8 +37,9 @@ use tower::{Layer, Service};
 use crate::audit;
 use crate::domain::canonical::Fingerprint;
 use crate::domain::error::Error;
-use crate::domain::policy::{Credential, CredentialKind};
+use crate::domain::policy::{Credential, CredentialKind, PeerCertificate};
 use crate::edge::BoxFuture;
+use crate::edge::connections::ConnectionInfo;
 use crate::edge::status::RequestContext;
 use crate::engine::Engine;
 use crate::ops::audit::Rejection;
@@ -139,6 +146,7 @@ pub(crate) fn anonymous_host() -> Caller {
             identity: "anonymous".to_string(),
             kind: CredentialKind::Host,
             actors: vec!["*".to_string()],
+            client_identity: None,
         })
     });
     Caller(Arc::clone(&ANONYMOUS))
@@ -185,18 +193,48 @@ pub(crate) fn token_digest<T>(request: &tonic::Request<T>) -> Option<Fingerprint
     bearer_token(header.as_bytes()).map(|token| Fingerprint::of_bytes(token.as_bytes()))
 }
 
-/// Decides whether a request may reach its service, and as whom.
+/// The verified client certificate of the request's connection (mTLS).
+pub(crate) fn peer_certificate<T>(request: &tonic::Request<T>) -> Option<PeerCertificate> {
+    request
+        .extensions()
+        .get::<ConnectionInfo>()
+        .and_then(ConnectionInfo::peer_certificate)
+        .cloned()
+}
+
+/// The credential a token digest and a client certificate authenticate as
+/// under the policy in force (what the layer decides, less the reach), for
+/// the checks a long call repeats at every reload.
+pub(crate) fn current_credential(
+    engine: &Engine,
+    digest: Option<&Fingerprint>,
+    peer: Option<&PeerCertificate>,
+) -> Option<Arc<Credential>> {
+    match digest {
+        Some(digest) => engine.credential(digest).filter(|credential| {
+            credential
+                .client_identity
+                .as_ref()
+                .is_none_or(|bound| peer.is_some_and(|peer| peer.matches(bound)))
+        }),
+        None => peer.and_then(|peer| engine.certificate_credential(peer)),
+    }
+}
+
+/// Decides whether a request may reach its service, and as whom. `peer` is
+/// the client certificate the connection's TLS handshake verified (mTLS).
 fn authenticate(
     engine: &Engine,
     path: &str,
     authorization: Option<&[u8]>,
+    peer: Option<&PeerCertificate>,
 ) -> Result<Option<Caller>, Refused> {
     let reach = Reach::of(path);
     if reach == Reach::Open {
         return Ok(None);
     }
     let Some(header) = authorization else {
-        return without_token(engine, reach);
+        return without_token(engine, reach, path, peer);
     };
     let token = bearer_token(header).ok_or_else(|| {
         Refused::unauthenticated(
@@ -204,12 +242,21 @@ fn authenticate(
             "authorization must be `Bearer <token>`",
         )
     })?;
-    with_token(engine, reach, path, token).map(Some)
+    with_token(engine, reach, path, token, peer).map(Some)
 }
 
-/// A request without a token: the anonymous host where the policy opens the
-/// host API; refused otherwise.
-fn without_token(engine: &Engine, reach: Reach) -> Result<Option<Caller>, Refused> {
+/// A request without a token: the credential its client certificate is,
+/// if it is one; else the anonymous host where the policy opens the host
+/// API; refused otherwise.
+fn without_token(
+    engine: &Engine,
+    reach: Reach,
+    path: &str,
+    peer: Option<&PeerCertificate>,
+) -> Result<Option<Caller>, Refused> {
+    if let Some(credential) = peer.and_then(|peer| engine.certificate_credential(peer)) {
+        return admitted(reach, path, credential).map(Some);
+    }
     if reach != Reach::Reviewer && engine.policy().open_host_api {
         return Ok(Some(anonymous_host()));
     }
@@ -225,13 +272,37 @@ fn without_token(engine: &Engine, reach: Reach) -> Result<Option<Caller>, Refuse
     ))
 }
 
-/// A request with a token: the credential it matches, if one of that kind
-/// may call the service.
-fn with_token(engine: &Engine, reach: Reach, path: &str, token: &str) -> Result<Caller, Refused> {
+/// A request with a token: the credential it matches, if the connection's
+/// client certificate is the one the credential is bound to (when it is
+/// bound to one) and one of that kind may call the service.
+fn with_token(
+    engine: &Engine,
+    reach: Reach,
+    path: &str,
+    token: &str,
+    peer: Option<&PeerCertificate>,
+) -> Result<Caller, Refused> {
     let digest = Fingerprint::of_bytes(token.as_bytes());
     let Some(credential) = engine.credential(&digest) else {
         return Err(Refused::unauthenticated("unknown-token", "unknown token"));
     };
+    if let Some(bound) = &credential.client_identity
+        && !peer.is_some_and(|peer| peer.matches(bound))
+    {
+        return Err(Refused {
+            error: Error::Unauthenticated(
+                "this token is bound to a client certificate the connection did not present (mTLS)"
+                    .to_string(),
+            ),
+            reason: "client-identity-mismatch",
+            identity: Some(credential.identity.clone()),
+        });
+    }
+    admitted(reach, path, credential)
+}
+
+/// The caller `credential` is, if one of its kind may call the service.
+fn admitted(reach: Reach, path: &str, credential: Arc<Credential>) -> Result<Caller, Refused> {
     if !reach.admits(credential.kind) {
         return Err(Refused {
             error: Error::PermissionDenied(format!(
@@ -355,8 +426,12 @@ where
             .get(http::header::AUTHORIZATION)
             .map(http::HeaderValue::as_bytes);
         let path = request.uri().path();
+        let peer = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .and_then(ConnectionInfo::peer_certificate);
         let authenticated = match self.callers {
-            Callers::ByToken => authenticate(&self.engine, path, authorization),
+            Callers::ByToken => authenticate(&self.engine, path, authorization, peer),
             Callers::ExtAuthzHost => ext_authz_listener_caller(&self.engine),
         };
         match authenticated {

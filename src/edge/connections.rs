@@ -19,9 +19,15 @@
 //!   that stopped reading its TCP stream) closes the connection, which frees
 //!   everything buffered for it.
 //!
+//! - with TLS, a connection is accepted here and its TLS handshake runs in
+//!   the connection's own task on its first read or write (so a slow
+//!   handshake holds up nobody else); it counts against the handshake
+//!   timeout. Each connection takes the TLS configuration in force when it
+//!   was accepted ([`ServerTls`]), so a reload never drops one.
+//!
 //! Each connection's [`ConnectionInfo`] rides in the request extensions: the
 //! overload layer marks the connection as having made a request and counts
-//! its calls in flight.
+//! its calls in flight; auth reads the verified client certificate.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,7 +35,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -39,8 +45,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::domain::policy::PeerCertificate;
 use crate::ops::metrics::CloseReason;
 use crate::ops::metrics::Metrics;
+use crate::ops::tls::{ServerTls, peer_certificate};
 
 /// The connection limits (the policy's `[server]` section).
 #[derive(Debug, Clone)]
@@ -81,6 +89,9 @@ struct ConnectionState {
     closing: AtomicBool,
     /// The connection task, woken to notice `closing`.
     waker: AtomicWaker,
+    /// The client certificate the TLS handshake verified (mTLS), set once
+    /// the handshake is done, before any request can arrive.
+    peer_certificate: OnceLock<PeerCertificate>,
 }
 
 impl ConnectionState {
@@ -105,6 +116,11 @@ impl ConnectionInfo {
         CallGuard {
             state: Arc::clone(&self.state),
         }
+    }
+
+    /// The verified client certificate, on an mTLS connection.
+    pub(crate) fn peer_certificate(&self) -> Option<&PeerCertificate> {
+        self.state.peer_certificate.get()
     }
 
     pub(crate) fn tcp_info(&self) -> TcpConnectInfo {
@@ -174,6 +190,7 @@ impl Registry {
 #[derive(Debug)]
 struct Shared {
     settings: ConnectionSettings,
+    tls: Option<ServerTls>,
     registry: Mutex<Registry>,
     metrics: Arc<Metrics>,
 }
@@ -195,10 +212,16 @@ pub(crate) struct Connections {
 }
 
 impl Connections {
-    pub(crate) fn new(settings: ConnectionSettings, metrics: Arc<Metrics>) -> Connections {
+    /// Plaintext connections, or TLS ones with `tls`.
+    pub(crate) fn new(
+        settings: ConnectionSettings,
+        tls: Option<ServerTls>,
+        metrics: Arc<Metrics>,
+    ) -> Connections {
         Connections {
             shared: Arc::new(Shared {
                 settings,
+                tls,
                 registry: Mutex::new(Registry::default()),
                 metrics,
             }),
@@ -286,6 +309,7 @@ impl Connections {
                 in_flight: AtomicUsize::new(0),
                 closing: AtomicBool::new(false),
                 waker: AtomicWaker::new(),
+                peer_certificate: OnceLock::new(),
             });
             registry.open.insert(state.id, Arc::clone(&state));
             *registry.per_peer.entry(ip).or_insert(0) += 1;
@@ -298,6 +322,10 @@ impl Connections {
         // TCP_NODELAY: replies are small; without it Nagle's algorithm and
         // delayed ACKs hold many of them back for ~40 ms.
         let _ = stream.set_nodelay(true);
+        let stream = match &self.shared.tls {
+            None => Transport::Plain(stream),
+            Some(tls) => Transport::Handshaking(Box::new(tls.acceptor().accept(stream))),
+        };
         Some(Connection {
             stream,
             handshake: Some(Box::pin(tokio::time::sleep(settings.handshake_timeout))),
@@ -308,9 +336,20 @@ impl Connections {
     }
 }
 
+/// What a connection's bytes travel over.
+enum Transport {
+    Plain(TcpStream),
+    /// The TLS handshake, driven by the first read or write (boxed: the
+    /// rustls connection state is large, a plain connection small).
+    Handshaking(Box<tokio_rustls::Accept<TcpStream>>),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// The handshake failed; every read and write fails.
+    Failed,
+}
+
 /// An accepted TCP connection, with its deadlines.
 pub(crate) struct Connection {
-    stream: TcpStream,
+    stream: Transport,
     state: Arc<ConnectionState>,
     shared: Arc<Shared>,
     /// Until the first request: closes the connection when it fires.
@@ -363,6 +402,43 @@ impl Connection {
         Ok(())
     }
 
+    /// Drives the TLS handshake (if one is under way): ready once the
+    /// bytes can flow. A failed handshake fails the connection.
+    fn poll_transport(&mut self, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Transport::Handshaking(accept) = &mut self.stream else {
+            return match self.stream {
+                Transport::Failed => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "tls handshake failed",
+                ))),
+                _ => Poll::Ready(Ok(())),
+            };
+        };
+        match Pin::new(accept.as_mut()).poll(context) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(stream)) => {
+                if let Some(certificate) = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| peer_certificate(leaf))
+                {
+                    let _ = self.state.peer_certificate.set(certificate);
+                }
+                self.stream = Transport::Tls(Box::new(stream));
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(error)) => {
+                // Not an audit event: scanners and misconfigured clients
+                // would flood it. Never the certificate's contents.
+                tracing::debug!(peer = %self.state.peer, %error, "tls handshake failed");
+                self.stream = Transport::Failed;
+                Poll::Ready(Err(error))
+            }
+        }
+    }
+
     /// Tracks a write's progress: a write pending for longer than the write
     /// timeout closes the connection.
     fn progress<T>(
@@ -407,6 +483,28 @@ impl Connected for Connection {
     }
 }
 
+/// `$poll` on the transport's stream once the handshake is done.
+macro_rules! on_stream {
+    ($connection:expr, $context:expr, |$stream:ident| $poll:expr) => {{
+        match $connection.poll_transport($context) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+            Poll::Pending => return Poll::Pending,
+        }
+        match &mut $connection.stream {
+            Transport::Plain($stream) => $poll,
+            Transport::Tls(tls) => {
+                let $stream = tls.as_mut();
+                $poll
+            }
+            Transport::Handshaking(_) | Transport::Failed => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "tls handshake not done",
+            ))),
+        }
+    }};
+}
+
 impl AsyncRead for Connection {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -414,7 +512,8 @@ impl AsyncRead for Connection {
         buffer: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         self.check(context)?;
-        Pin::new(&mut self.stream).poll_read(context, buffer)
+        on_stream!(self, context, |stream| Pin::new(stream)
+            .poll_read(context, buffer))
     }
 }
 
@@ -425,7 +524,8 @@ impl AsyncWrite for Connection {
         bytes: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.check(context)?;
-        let polled = Pin::new(&mut self.stream).poll_write(context, bytes);
+        let polled = on_stream!(self, context, |stream| Pin::new(stream)
+            .poll_write(context, bytes));
         self.progress(context, polled)
     }
 
@@ -435,21 +535,30 @@ impl AsyncWrite for Connection {
         buffers: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.check(context)?;
-        let polled = Pin::new(&mut self.stream).poll_write_vectored(context, buffers);
+        let polled = on_stream!(self, context, |stream| Pin::new(stream)
+            .poll_write_vectored(context, buffers));
         self.progress(context, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        match &self.stream {
+            Transport::Plain(stream) => stream.is_write_vectored(),
+            Transport::Tls(stream) => stream.is_write_vectored(),
+            Transport::Handshaking(_) | Transport::Failed => false,
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.check(context)?;
-        let polled = Pin::new(&mut self.stream).poll_flush(context);
+        let polled = on_stream!(self, context, |stream| Pin::new(stream).poll_flush(context));
         self.progress(context, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(context)
+        match &mut self.stream {
+            Transport::Plain(stream) => Pin::new(stream).poll_shutdown(context),
+            Transport::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(context),
+            Transport::Handshaking(_) | Transport::Failed => Poll::Ready(Ok(())),
+        }
     }
 }

@@ -77,6 +77,7 @@ pub fn host_credential(policy: &Policy, identity: Option<&str>) -> Result<Arc<Cr
         kind: CredentialKind::Host,
         identity: chosen.to_string(),
         actors,
+        client_identity: None,
     }))
 }
 
@@ -87,6 +88,7 @@ pub fn reviewer_credential(identity: &str) -> Arc<Credential> {
         kind: CredentialKind::Reviewer,
         identity: identity.to_string(),
         actors: Vec::new(),
+        client_identity: None,
     })
 }
 

@@ -29,6 +29,7 @@ use crate::engine::Engine;
 use crate::ops::logwriter::SinkStatus;
 use crate::ops::methods;
 use crate::ops::metrics::Metrics;
+use crate::ops::tls::ServerTls;
 use crate::pb;
 use crate::pb::approvals_server::ApprovalsServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
@@ -46,6 +47,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("metrics listener: {0}")]
     Metrics(#[from] std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::ops::tls::TlsError),
 }
 
 /// The gRPC listener and, optionally, the Prometheus one.
@@ -68,6 +71,11 @@ pub struct ServeOptions {
     /// The log sink audit lines go to: while it is stalled, health is
     /// NOT_SERVING and calls fail fast with UNAVAILABLE.
     pub log_sink: Option<SinkStatus>,
+    /// The TLS the gRPC listener serves (the binary loads it first, to
+    /// refuse bad files before anything is announced, and reloads it on
+    /// SIGHUP). Without it, the policy's `[server.tls]` is loaded here, if
+    /// there is one; else the listener is plaintext.
+    pub tls: Option<ServerTls>,
 }
 
 /// Serves toolgate on an already-bound listener until `shutdown` resolves.
@@ -109,6 +117,11 @@ pub async fn serve_with_options(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let settings = engine.policy().server.clone();
+    let tls = match (options.tls, &settings.tls) {
+        (Some(tls), _) => Some(tls),
+        (None, Some(files)) => Some(ServerTls::load(files.clone())?),
+        (None, None) => None,
+    };
     let metrics = attach_metrics(&engine, options.log_sink.as_ref());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     set_health(&health_reporter, ServingStatus::Serving).await;
@@ -118,21 +131,25 @@ pub async fn serve_with_options(
     let (stopping, stop_signal) = watch::channel(false);
     // Built (and refused, on bad descriptors) before any task is spawned;
     // nothing is accepted until it is polled.
-    let grpc = Grpc {
-        settings: &settings,
-        engine: engine.clone(),
-        metrics: Arc::clone(&metrics),
-        log_sink: options.log_sink.clone(),
-    };
+    // The external authorizer's listener speaks TLS when the gRPC one does
+    // (the same material, reloaded together).
     let ext_authz = listeners.ext_authz.map(|listener| {
         let grpc = Grpc {
             settings: &settings,
             engine: engine.clone(),
             metrics: Arc::clone(&metrics),
             log_sink: options.log_sink.clone(),
+            tls: tls.clone(),
         };
         grpc.serve_ext_authz(listener, stopped(&stop_signal))
     });
+    let grpc = Grpc {
+        settings: &settings,
+        engine: engine.clone(),
+        metrics: Arc::clone(&metrics),
+        log_sink: options.log_sink.clone(),
+        tls,
+    };
     let served = grpc.serve(listeners.grpc, health_service, stopped(&stop_signal))?;
     let served = async move {
         match ext_authz {
@@ -239,6 +256,7 @@ struct Grpc<'a> {
     engine: Engine,
     metrics: Arc<Metrics>,
     log_sink: Option<SinkStatus>,
+    tls: Option<ServerTls>,
 }
 
 /// The layers every listener's calls go through, outermost first.
@@ -257,9 +275,13 @@ impl Grpc<'_> {
             engine,
             metrics,
             log_sink,
+            tls,
         } = self;
-        let connections =
-            Connections::new(ConnectionSettings::from(settings), Arc::clone(&metrics));
+        let connections = Connections::new(
+            ConnectionSettings::from(settings),
+            tls,
+            Arc::clone(&metrics),
+        );
         let layers = ServiceBuilder::new()
             .layer(MetricsLayer::new(Arc::clone(&metrics)))
             .layer(OverloadLayer::new(

@@ -30,6 +30,7 @@ pub fn reviewer_token(engine: &Engine) -> Option<String> {
             kind: CredentialKind::Reviewer,
             identity: REVIEWER.to_string(),
             actors: Vec::new(),
+            client_identity: None,
         },
     );
     Some(token)

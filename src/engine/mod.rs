@@ -157,15 +157,22 @@ impl Engine {
         runtime.get(token_digest).cloned()
     }
 
+    /// The credential without a token that a verified client certificate
+    /// is (by subject or by one of its URI SANs).
+    pub fn certificate_credential(
+        &self,
+        peer: &crate::domain::policy::PeerCertificate,
+    ) -> Option<Arc<Credential>> {
+        let policy = self.policy();
+        peer.identities()
+            .find_map(|identity| policy.certificate_credentials.get(&identity))
+            .cloned()
+    }
+
     /// True when the policy declares at least one credential of this kind
     /// (or one was made at start).
     pub fn has_credentials(&self, kind: CredentialKind) -> bool {
-        if self
-            .policy()
-            .credentials
-            .values()
-            .any(|credential| credential.kind == kind)
-        {
+        if self.policy().has_credentials(kind) {
             return true;
         }
         let runtime = match self.shared.runtime_credentials.read() {

@@ -1,8 +1,10 @@
-//! Policy reload on SIGHUP (SPEC §3): the policy file is read again and
-//! swapped in through the reload decision ([`Engine::reload`]). A file
-//! that does not load, or one the decision refuses, keeps the policy in
-//! force and is reported at WARN as `policy_reload_failed`. Each reload is
-//! counted in the metrics (`toolgate_config_last_reload_successful`).
+//! Reload on SIGHUP (SPEC §3): the policy file is read again and swapped in
+//! through the reload decision ([`Engine::reload`]), and the listener's TLS
+//! files are read again ([`ServerTls`]). Either failing keeps both the
+//! policy and the TLS material in force, and is reported at WARN as
+//! `policy_reload_failed`. New TLS material applies to new connections;
+//! open ones keep theirs, so nothing is dropped. Each reload is counted in
+//! the metrics (`toolgate_config_last_reload_successful`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,18 +14,28 @@ use tokio::task::JoinHandle;
 
 use crate::domain::policy::Policy;
 use crate::engine::Engine;
+use crate::ops::tls::ServerTls;
 
 /// Reloads the policy file at `path` once. `listen` is the gRPC
 /// listener's address (an open host API stays on loopback). On failure the
 /// policy in force is kept, `policy_reload_failed` is logged and the
 /// reason is returned.
 pub async fn reload_once(engine: &Engine, path: &Path, listen: SocketAddr) -> Result<(), String> {
-    let load_path = path.to_path_buf();
-    let reloaded = match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
-        Ok(Ok(policy)) => engine.reload(policy, listen),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(error) => Err(error.to_string()),
-    };
+    reload_with_tls(engine, Some(path), listen, None).await
+}
+
+/// Reloads the policy file at `path` (when there is one) and the TLS files
+/// of `tls` (when TLS is served), all or nothing: the TLS files are read
+/// first, the policy swapped next, and the new TLS material put in force
+/// only once the policy is. On failure nothing changes,
+/// `policy_reload_failed` is logged and the reason is returned.
+pub async fn reload_with_tls(
+    engine: &Engine,
+    path: Option<&Path>,
+    listen: SocketAddr,
+    tls: Option<&ServerTls>,
+) -> Result<(), String> {
+    let reloaded = reload_all(engine, path, listen, tls).await;
     engine.note_reload(reloaded.is_ok());
     if let Err(reason) = &reloaded {
         crate::audit_warn!(
@@ -35,21 +47,57 @@ pub async fn reload_once(engine: &Engine, path: &Path, listen: SocketAddr) -> Re
     reloaded
 }
 
+async fn reload_all(
+    engine: &Engine,
+    path: Option<&Path>,
+    listen: SocketAddr,
+    tls: Option<&ServerTls>,
+) -> Result<(), String> {
+    let prepared = match tls {
+        None => None,
+        Some(tls) => {
+            let reading = tls.clone();
+            let prepared = tokio::task::spawn_blocking(move || reading.prepare_reload())
+                .await
+                .map_err(|error| error.to_string())?
+                .map_err(|error| format!("{error} (the TLS material in force is kept)"))?;
+            Some((tls, prepared))
+        }
+    };
+    if let Some(path) = path {
+        let load_path = path.to_path_buf();
+        match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
+            Ok(Ok(policy)) => engine.reload(policy, listen)?,
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+    if let Some((tls, prepared)) = prepared {
+        tls.install(prepared);
+        tracing::info!(
+            cert = %tls.files().cert.display(),
+            "tls certificate reloaded; new connections use it"
+        );
+    }
+    Ok(())
+}
+
 /// Catches SIGHUP from now on and, in a task of its own, reloads the
-/// policy file at `path` ([`reload_once`]) on each one. Call it before the
-/// address is announced, so that a reload sent right after cannot kill the
-/// process. Must run inside a tokio runtime; fails when the signal cannot
-/// be caught.
+/// policy file at `path` and the TLS files ([`reload_with_tls`]) on each
+/// one. Call it before the address is announced, so that a reload sent
+/// right after cannot kill the process. Must run inside a tokio runtime;
+/// fails when the signal cannot be caught.
 pub fn reload_on_sighup(
     engine: Engine,
-    path: PathBuf,
+    path: Option<PathBuf>,
     listen: SocketAddr,
+    tls: Option<ServerTls>,
 ) -> std::io::Result<JoinHandle<()>> {
     let mut hangups = signal(SignalKind::hangup())?;
     Ok(tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            // The failure is logged by reload_once; the loop goes on.
-            let _ = reload_once(&engine, &path, listen).await;
+            // The failure is logged by reload_with_tls; the loop goes on.
+            let _ = reload_with_tls(&engine, path.as_deref(), listen, tls.as_ref()).await;
         }
     }))
 }

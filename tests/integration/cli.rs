@@ -1665,7 +1665,8 @@ async fn check_config_errors_name_the_key_in_plain_words() {
         ("[tools.x]\nroles = [\"r\"]\n", "tools.x: missing key mode"),
         (
             "[[credentials]]\nkind = \"reviewer\"\nidentity = \"b\"\n",
-            "credentials[0]: missing key sha256",
+            "credentials[0].sha256: a credential needs a token digest (sha256), a client \
+             certificate identity (client_identity), or both",
         ),
         (
             "[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = { type = \"object\", properties = { n = { type = \"integer\", minimum = \"1\" } } }\n",

@@ -35,4 +35,5 @@ mod properties;
 mod recovery;
 mod service_surface;
 mod store_cli;
+mod tls;
 mod transport;

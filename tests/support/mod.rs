@@ -43,13 +43,14 @@ pub use toolgate::domain::policy::Policy;
 pub use toolgate::domain::proposal::{MAX_ARGUMENTS_BYTES, Proposal, SessionRef};
 pub use toolgate::domain::records::{Change, Kind};
 pub use toolgate::domain::state::Stats;
-pub use toolgate::engine::Engine;
+pub use toolgate::engine::{Engine, reload};
 pub use toolgate::fuzzing;
 pub use toolgate::ops::audit::{
     AuditFormat, AuditLayer, REJECTION_BURST, REJECTION_LINES_PER_SECOND,
 };
+pub use toolgate::ops::tls::ServerTls;
 pub use toolgate::pb;
-pub use toolgate::server::{Listeners, serve_with};
+pub use toolgate::server::{Listeners, ServeOptions, serve_with, serve_with_options};
 pub use toolgate::store::Store;
 pub use toolgate::store::postgres::PostgresStore;
 pub use toolgate::store::sqlite::{self, SqliteStore};

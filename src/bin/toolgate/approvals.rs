@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tonic::transport::Endpoint;
 use tonic::{Code, Status};
 
 use toolgate::domain::ledger::ApprovalStatus;
@@ -16,7 +15,7 @@ use toolgate::pb::approvals_client::ApprovalsClient;
 use crate::args::{
     ApprovalsArgs, ApprovalsCommand, ClientArgs, ListApprovalsArgs, OutputFormat, StatusFilter,
 };
-use crate::client::{Authed, CONNECT_TIMEOUT, bearer, connect, error_chain, run, server_url};
+use crate::client::{Authed, bearer, connect, error_chain, run};
 use crate::output::{
     Failure, LINE_WIDTH, cell, clip, emit, emit_proto, fitted_table, json_cell, printable,
     proto_json, record, rfc3339, say, time_cell,
@@ -407,10 +406,7 @@ const FOLLOW_MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// refusal or the user stops it. Events while disconnected are missed.
 async fn follow_approvals(client_args: &ClientArgs, output: OutputFormat) -> Result<(), Failure> {
     let auth = bearer(client_args)?;
-    let url = server_url(&client_args.server)?;
-    let endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|error| Failure::Usage(format!("--server {url:?}: {}", error_chain(&error))))?
-        .connect_timeout(CONNECT_TIMEOUT);
+    let (endpoint, url) = crate::client::endpoint(client_args)?;
     let mut backoff = FOLLOW_FIRST_BACKOFF;
     loop {
         let why = match endpoint.connect().await {

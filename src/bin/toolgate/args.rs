@@ -101,7 +101,8 @@ pub struct CompletionsArgs {
 /// errors (including `Unavailable`).
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// Server address: a URL (`http://host:port`) or `host:port` (http is assumed).
+    /// Server address: a URL (`http://host:port`, `https://host:port`) or
+    /// `host:port` (http is assumed).
     #[arg(
         long,
         global = true,
@@ -126,6 +127,16 @@ pub struct ClientArgs {
     /// strings, RFC 3339 timestamps, default values left out).
     #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// https: the PEM CA certificate(s) the server's certificate must chain
+    /// to (the system's roots when absent).
+    #[arg(long, global = true, value_name = "PEM")]
+    pub ca: Option<PathBuf>,
+    /// https with mTLS: the client's PEM certificate chain (with `--key`).
+    #[arg(long, global = true, value_name = "PEM", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// https with mTLS: the PEM private key of `--cert`.
+    #[arg(long, global = true, value_name = "PEM", requires = "cert")]
+    pub key: Option<PathBuf>,
 }
 
 /// A bearer token. Its `Debug` form hides the value so that printing the
@@ -441,6 +452,22 @@ pub struct ServeArgs {
     /// time) [default: ./toolgate-data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Serve TLS with this PEM certificate chain (leaf first); instead of
+    /// the policy's `[server.tls] cert`. Read again on SIGHUP.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// mTLS: require client certificates signed by these PEM CA
+    /// certificates (with `--tls-cert`).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback `--listen` address: only where a
+    /// service mesh (a sidecar proxy) provides TLS in front of toolgate.
+    /// Same as `[server] plaintext_behind_mesh = true`.
+    #[arg(long)]
+    pub insecure_plaintext_behind_mesh: bool,
 }
 
 /// Where the state is kept (`--store`, `TOOLGATE_STORE`). The PostgreSQL

@@ -187,8 +187,7 @@ fn section(text: &mut String, title: &str, headers: &[&str], rows: &[Vec<String>
 fn sorted_credentials(policy: &Policy) -> Vec<&Credential> {
     // Only kind, identity and actors: the digests (map keys) are never shown.
     let mut credentials: Vec<_> = policy
-        .credentials
-        .values()
+        .all_credentials()
         .map(std::sync::Arc::as_ref)
         .collect();
     credentials.sort_by(|left, right| {

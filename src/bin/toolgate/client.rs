@@ -10,7 +10,7 @@ use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
 use crate::args::ClientArgs;
@@ -82,12 +82,45 @@ pub fn server_url(server: &str) -> Result<String, Failure> {
     } else {
         format!("http://{server}")
     };
-    if !url.starts_with("http://") {
+    if !url.starts_with("http://") && !url.starts_with("https://") {
         return Err(Failure::Usage(format!(
-            "--server {server:?}: only http:// is supported"
+            "--server {server:?}: only http:// and https:// are supported"
         )));
     }
     Ok(url)
+}
+
+/// A PEM file given on the command line.
+fn read_pem(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path)
+        .map_err(|error| Failure::Usage(format!("{flag} {}: {error}", path.display())))
+}
+
+/// The TLS of an `https://` server: `--ca` (else the system's roots), and
+/// `--cert`/`--key` for mTLS. `--ca`, `--cert` or `--key` with `http://`
+/// is refused rather than silently sent in plaintext.
+fn tls_config(client: &ClientArgs, url: &str) -> Result<Option<ClientTlsConfig>, Failure> {
+    let given = client.ca.is_some() || client.cert.is_some();
+    if !url.starts_with("https://") {
+        return match given {
+            true => Err(Failure::Usage(format!(
+                "--ca, --cert and --key need an https:// --server (got {url})"
+            ))),
+            false => Ok(None),
+        };
+    }
+    let mut config = ClientTlsConfig::new();
+    config = match &client.ca {
+        Some(path) => config.ca_certificate(Certificate::from_pem(read_pem("--ca", path)?)),
+        None => config.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&client.cert, &client.key) {
+        config = config.identity(Identity::from_pem(
+            read_pem("--cert", cert)?,
+            read_pem("--key", key)?,
+        ));
+    }
+    Ok(Some(config))
 }
 
 /// The authorization header; the token itself never appears in an error.
@@ -105,13 +138,24 @@ pub fn bearer(client: &ClientArgs) -> Result<BearerAuth, Failure> {
     })
 }
 
+/// The endpoint of `--server`, with its TLS (for `https://`), and its URL.
+pub fn endpoint(client: &ClientArgs) -> Result<(Endpoint, String), Failure> {
+    let url = server_url(&client.server)?;
+    let mut endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|error| Failure::Usage(format!("--server {url:?}: {}", error_chain(&error))))?
+        .connect_timeout(CONNECT_TIMEOUT);
+    if let Some(tls) = tls_config(client, &url)? {
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|error| Failure::Usage(format!("tls: {}", error_chain(&error))))?;
+    }
+    Ok((endpoint, url))
+}
+
 /// Connects eagerly so that an unreachable server is reported as such.
 pub async fn connect(client: &ClientArgs) -> Result<(Channel, BearerAuth), Failure> {
     let auth = bearer(client)?;
-    let url = server_url(&client.server)?;
-    let endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|error| Failure::Usage(format!("--server {url:?}: {}", error_chain(&error))))?
-        .connect_timeout(CONNECT_TIMEOUT);
+    let (endpoint, url) = endpoint(client)?;
     let channel = endpoint.connect().await.map_err(|error| {
         Failure::Connect(format!("cannot connect to {url}: {}", error_chain(&error)))
     })?;

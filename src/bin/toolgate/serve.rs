@@ -18,11 +18,12 @@ use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
 use toolgate::domain::clock::SystemClock;
-use toolgate::domain::policy::Policy;
+use toolgate::domain::policy::{Policy, TlsFiles};
 use toolgate::engine::Engine;
 use toolgate::engine::{bootstrap, reload};
 use toolgate::ops::audit::{self, AuditFormat, AuditLayer};
 use toolgate::ops::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
+use toolgate::ops::tls::ServerTls;
 
 use toolgate::store::Store;
 use toolgate::store::memory::MemoryStore;
@@ -113,6 +114,13 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
+    let tls = match server_tls(&args, &policy) {
+        Ok(tls) => tls,
+        Err(refusal) => {
+            tracing::error!(listen = %args.listen, "{refusal}");
+            return ExitCode::FAILURE;
+        }
+    };
     let engine = match open_engine(&args, policy) {
         Ok(engine) => engine,
         Err(error) => {
@@ -146,10 +154,15 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         };
         // SIGHUP is caught from before the address is announced: a reload
         // sent right after `listening on` must not kill the process.
-        if let Some(path) = &args.config
-            && let Err(error) = reload::reload_on_sighup(engine.clone(), path.clone(), args.listen)
+        if (args.config.is_some() || tls.is_some())
+            && let Err(error) = reload::reload_on_sighup(
+                engine.clone(),
+                args.config.clone(),
+                args.listen,
+                tls.clone(),
+            )
         {
-            tracing::error!(%error, "cannot listen for SIGHUP; policy reload is off");
+            tracing::error!(%error, "cannot listen for SIGHUP; policy and TLS reload are off");
         }
         if args.config.is_none()
             && let Some(token) = bootstrap::reviewer_token(&engine)
@@ -164,7 +177,12 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             .local_addr()
             .map(|addr| addr.to_string())
             .unwrap_or_default();
-        tracing::info!(listen = %local, policy_revision = %engine.policy().revision, "toolgate serving");
+        let transport = match &tls {
+            None => "plaintext",
+            Some(tls) if tls.mutual() => "mtls",
+            Some(_) => "tls",
+        };
+        tracing::info!(listen = %local, transport, policy_revision = %engine.policy().revision, "toolgate serving");
         // One machine-readable line for scripts that start toolgate on port 0.
         println!("toolgate listening on {local}");
         if let Some(metrics) = &metrics {
@@ -184,6 +202,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         };
         let options = toolgate::server::ServeOptions {
             log_sink: Some(log_sink),
+            tls,
         };
         let served = toolgate::server::serve_with_options(
             listeners,
@@ -217,6 +236,47 @@ async fn bind_optional(address: Option<SocketAddr>, what: &str) -> Result<Option
             Err(())
         }
     }
+}
+
+/// The TLS to serve: `--tls-cert`/`--tls-key`/`--tls-client-ca` (paths
+/// from the working directory), else the policy's `[server.tls]`, loaded
+/// now so that a bad file stops the start. Refused: plaintext on a
+/// non-loopback address without `--insecure-plaintext-behind-mesh` (or
+/// `[server] plaintext_behind_mesh = true`), and credentials bound to a
+/// client certificate without mTLS.
+fn server_tls(args: &ServeArgs, policy: &Policy) -> Result<Option<ServerTls>, String> {
+    let files = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+        }),
+        _ => policy.server.tls.clone(),
+    };
+    let plaintext_acknowledged =
+        args.insecure_plaintext_behind_mesh || policy.server.plaintext_behind_mesh;
+    if files.is_none() && !args.listen.ip().is_loopback() && !plaintext_acknowledged {
+        return Err(format!(
+            "refusing to serve plaintext on the non-loopback address {}: configure TLS \
+             ([server.tls] or --tls-cert/--tls-key), or acknowledge that a service mesh \
+             provides it (--insecure-plaintext-behind-mesh or [server] plaintext_behind_mesh = true)",
+            args.listen
+        ));
+    }
+    let mutual = files
+        .as_ref()
+        .is_some_and(|files| files.client_ca.is_some());
+    if policy.binds_client_identities() && !mutual {
+        return Err(
+            "credentials with client_identity need mTLS: give [server.tls] client_ca \
+             or --tls-client-ca (without it no call could ever use them)"
+                .to_string(),
+        );
+    }
+    files
+        .map(ServerTls::load)
+        .transpose()
+        .map_err(|error| format!("cannot load tls: {error}"))
 }
 
 /// The engine on the store `--store` names, with the state it holds

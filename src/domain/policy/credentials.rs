@@ -1,5 +1,6 @@
-//! `[[credentials]]` (bearer-token digests of hosts and reviewers), and how
-//! hosts authenticate.
+//! `[[credentials]]` (bearer-token digests of hosts and reviewers, and the
+//! client-certificate identities they may be bound to), and how hosts
+//! authenticate.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +33,35 @@ pub struct Credential {
     pub identity: String,
     /// For hosts: the actors it may assert; `*` means any.
     pub actors: Vec<String>,
+    /// `client_identity`: the verified client certificate (mTLS) a call
+    /// must come with, by subject or URI SAN ([`ClientIdentity`]). With a
+    /// token too, both must match; alone, the certificate is the credential.
+    pub client_identity: Option<ClientIdentity>,
+}
+
+/// What a credential's `client_identity` names in a client certificate:
+/// a value with `://` (`spiffe://example.org/host/a`) is a URI SAN, any
+/// other value the certificate's subject, as RFC 4514 writes it with `,`
+/// between attributes and no spaces (`CN=host-a,O=Example`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClientIdentity {
+    Uri(String),
+    Subject(String),
+}
+
+impl ClientIdentity {
+    pub fn parse(text: &str) -> ClientIdentity {
+        match text.contains("://") {
+            true => ClientIdentity::Uri(text.to_string()),
+            false => ClientIdentity::Subject(text.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            ClientIdentity::Uri(text) | ClientIdentity::Subject(text) => text,
+        }
+    }
 }
 
 impl Credential {
@@ -48,9 +78,13 @@ pub(super) struct RawCredential {
     kind: CredentialKind,
     identity: String,
     /// Hex SHA-256 digest of the bearer token (never the token itself).
-    sha256: String,
+    #[serde(default)]
+    sha256: Option<String>,
     #[serde(default)]
     actors: Vec<String>,
+    /// The client certificate identity the credential is bound to.
+    #[serde(default)]
+    client_identity: Option<String>,
 }
 
 /// Host credentials decide the default per-host shares of the limits.
@@ -61,38 +95,89 @@ pub(super) fn host_credential_count(credentials: &[RawCredential]) -> usize {
         .count()
 }
 
-/// `[[credentials]]`, by token digest; a digest is listed once.
+/// `[[credentials]]`: those with a token by its digest (a digest is listed
+/// once), those with a client certificate alone by its identity (listed
+/// once too).
+#[derive(Debug, Default)]
+pub(super) struct Credentials {
+    pub by_token: HashMap<Fingerprint, Arc<Credential>>,
+    pub by_certificate: HashMap<ClientIdentity, Arc<Credential>>,
+}
+
 pub(super) fn credentials(
     loader: &Loader<'_>,
     raw_credentials: Vec<RawCredential>,
     reviewers: &HashMap<String, Reviewer>,
-) -> Result<HashMap<Fingerprint, Arc<Credential>>, PolicyError> {
-    let mut credentials = HashMap::new();
+) -> Result<Credentials, PolicyError> {
+    let mut credentials = Credentials::default();
     for (index, raw_credential) in raw_credentials.into_iter().enumerate() {
         let key = |field: &str| format!("credentials[{index}].{field}");
         let (digest, credential) = credential(loader, &key, raw_credential, reviewers)?;
-        if credentials.insert(digest, Arc::new(credential)).is_some() {
-            return Err(loader.error(key("sha256"), "the same token digest is listed twice"));
+        let credential = Arc::new(credential);
+        match (digest, &credential.client_identity) {
+            (Some(digest), _) => {
+                if credentials.by_token.insert(digest, credential).is_some() {
+                    return Err(
+                        loader.error(key("sha256"), "the same token digest is listed twice")
+                    );
+                }
+            }
+            (None, Some(identity)) => {
+                let identity = identity.clone();
+                if credentials
+                    .by_certificate
+                    .insert(identity, credential)
+                    .is_some()
+                {
+                    return Err(loader.error(
+                        key("client_identity"),
+                        "another credential without a token is bound to the same client identity",
+                    ));
+                }
+            }
+            // credential() refuses an entry with neither; kept as an error,
+            // not a panic, should that ever change.
+            (None, None) => {
+                return Err(loader.error(
+                    key("sha256"),
+                    "a credential needs sha256 or client_identity",
+                ));
+            }
         }
     }
     Ok(credentials)
 }
 
-/// One credential: an identifier, a SHA-256 digest, and actors for a host
-/// only (at least one); a reviewer credential names a declared reviewer.
+/// One credential: an identifier, a SHA-256 digest and/or a client
+/// certificate identity, and actors for a host only (at least one); a
+/// reviewer credential names a declared reviewer.
 fn credential(
     loader: &Loader<'_>,
     key: &impl Fn(&str) -> String,
     raw: RawCredential,
     reviewers: &HashMap<String, Reviewer>,
-) -> Result<(Fingerprint, Credential), PolicyError> {
+) -> Result<(Option<Fingerprint>, Credential), PolicyError> {
     loader.identifier(&key("identity"), &raw.identity)?;
-    let digest = Fingerprint::from_hex(&raw.sha256).ok_or_else(|| {
-        loader.error(
+    let digest = match &raw.sha256 {
+        Some(hex) => Some(Fingerprint::from_hex(hex).ok_or_else(|| {
+            loader.error(
+                key("sha256"),
+                "must be the 64-hex-digit SHA-256 digest of the token",
+            )
+        })?),
+        None => None,
+    };
+    let client_identity = match raw.client_identity.as_deref() {
+        Some(text) => Some(client_identity(loader, &key("client_identity"), text)?),
+        None => None,
+    };
+    if digest.is_none() && client_identity.is_none() {
+        return Err(loader.error(
             key("sha256"),
-            "must be the 64-hex-digit SHA-256 digest of the token",
-        )
-    })?;
+            "a credential needs a token digest (sha256), a client certificate identity \
+             (client_identity), or both",
+        ));
+    }
     match raw.kind {
         CredentialKind::Host if raw.actors.is_empty() => {
             return Err(loader.error(
@@ -115,16 +200,100 @@ fn credential(
         kind: raw.kind,
         identity: raw.identity,
         actors: raw.actors,
+        client_identity,
     };
     Ok((digest, credential))
 }
 
+/// A `client_identity`: a URI (`scheme://…`, such as a SPIFFE ID) or an
+/// RFC 4514 subject (`CN=…,O=…`), printable ASCII without spaces around `,`.
+fn client_identity(
+    loader: &Loader<'_>,
+    key: &str,
+    text: &str,
+) -> Result<ClientIdentity, PolicyError> {
+    if text.is_empty() || !text.bytes().all(|byte| (0x20..0x7f).contains(&byte)) {
+        return Err(loader.error(key, "must be non-empty printable ASCII"));
+    }
+    let identity = ClientIdentity::parse(text);
+    match &identity {
+        ClientIdentity::Uri(uri) if uri.contains(char::is_whitespace) => Err(loader.error(
+            key,
+            "a URI (such as spiffe://trust-domain/path) has no spaces",
+        )),
+        ClientIdentity::Subject(subject)
+            if !subject.contains('=') || subject.contains(", ") || subject.contains(" ,") =>
+        {
+            Err(loader.error(
+                key,
+                "must be a URI SAN (spiffe://trust-domain/path) or a subject written as \
+                 RFC 4514 does, `CN=name,O=org` (no spaces around `,`)",
+            ))
+        }
+        _ => Ok(identity),
+    }
+}
+
+/// What a verified client certificate says of its holder (mTLS): its
+/// subject in RFC 4514 form and its URI SANs (a SPIFFE ID is one).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeerCertificate {
+    pub subject: String,
+    pub uris: Vec<String>,
+}
+
+impl PeerCertificate {
+    /// Every identity a `client_identity` may name in this certificate.
+    pub fn identities(&self) -> impl Iterator<Item = ClientIdentity> + '_ {
+        std::iter::once(ClientIdentity::Subject(self.subject.clone()))
+            .chain(self.uris.iter().cloned().map(ClientIdentity::Uri))
+    }
+
+    pub fn matches(&self, identity: &ClientIdentity) -> bool {
+        match identity {
+            ClientIdentity::Subject(subject) => *subject == self.subject,
+            ClientIdentity::Uri(uri) => self.uris.iter().any(|own| own == uri),
+        }
+    }
+}
+
 impl Policy {
+    /// Credentials bound to a client certificate need mTLS: with
+    /// `[server.tls]` and no `client_ca`, no client ever shows one, so the
+    /// policy is refused rather than left with credentials nobody can use.
+    /// (Without `[server.tls]`, `serve` refuses to start such a policy
+    /// unless `--tls-client-ca` is given; over plaintext no call ever
+    /// matches a bound credential.)
+    pub(super) fn check_client_identities(&self, loader: &Loader<'_>) -> Result<(), PolicyError> {
+        let needs_mtls = self.binds_client_identities();
+        match &self.server.tls {
+            Some(tls) if needs_mtls && tls.client_ca.is_none() => Err(loader.error(
+                "server.tls.client_ca",
+                "credentials with client_identity need mTLS: set client_ca \
+                 (the CA that signs client certificates)",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the policy declares at least one credential of `kind`.
     pub fn has_credentials(&self, kind: CredentialKind) -> bool {
+        self.all_credentials()
+            .any(|credential| credential.kind == kind)
+    }
+
+    /// Every credential: with a token, and with a client certificate alone.
+    pub fn all_credentials(&self) -> impl Iterator<Item = &Arc<Credential>> {
         self.credentials
             .values()
-            .any(|credential| credential.kind == kind)
+            .chain(self.certificate_credentials.values())
+    }
+
+    /// Whether a credential is bound to a client certificate: such a policy
+    /// needs mTLS (`[server.tls] client_ca` or `--tls-client-ca`).
+    pub fn binds_client_identities(&self) -> bool {
+        self.all_credentials()
+            .any(|credential| credential.client_identity.is_some())
     }
 
     /// A policy says how hosts authenticate: host credentials, or the

@@ -36,12 +36,12 @@ mod tools;
 mod warnings;
 
 pub use actors::{ActorProfile, Reviewer};
-pub use credentials::{Credential, CredentialKind};
+pub use credentials::{ClientIdentity, Credential, CredentialKind, PeerCertificate};
 pub use effects::Effect;
 pub use ext_authz::{ActorSource, ExtAuthzSettings, WorkspaceSource};
 pub use limits::Limits;
 pub use pins::PolicyPin;
-pub use server::ServerSettings;
+pub use server::{ServerSettings, TlsFiles};
 pub use state::{StatePolicy, VersionScope};
 pub use tools::{ApprovalRule, Mode, Tool};
 pub use warnings::PolicyWarning;
@@ -82,6 +82,9 @@ pub struct Policy {
     pub reviewers: HashMap<String, Reviewer>,
     /// Credentials by the SHA-256 digest of their bearer token.
     pub credentials: HashMap<Fingerprint, Arc<Credential>>,
+    /// Credentials without a token, by the client certificate identity
+    /// (mTLS) that is the credential.
+    pub certificate_credentials: HashMap<ClientIdentity, Arc<Credential>>,
     pub pins: HashMap<String, PolicyPin>,
     pub limits: Limits,
     pub state: StatePolicy,

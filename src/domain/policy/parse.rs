@@ -124,7 +124,8 @@ impl Policy {
             tools,
             actors,
             reviewers,
-            credentials,
+            credentials: credentials.by_token,
+            certificate_credentials: credentials.by_certificate,
             pins,
             limits,
             state,
@@ -135,6 +136,7 @@ impl Policy {
         };
         policy.check_host_access(&loader)?;
         policy.check_ext_authz_credential(&loader)?;
+        policy.check_client_identities(&loader)?;
         policy.warnings = policy.dangling_names();
         Ok(policy)
     }

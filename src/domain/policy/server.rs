@@ -1,5 +1,6 @@
-//! `[server]`: overload protection and HTTP/2 settings.
+//! `[server]`: overload protection, HTTP/2 settings, and `[server.tls]`.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -32,6 +33,25 @@ pub struct ServerSettings {
     /// Request and response bytes buffered at once, over all calls.
     pub max_buffered_request_bytes: usize,
     pub max_buffered_response_bytes: usize,
+    /// `[server.tls]`: serve TLS (and mTLS with a client CA).
+    pub tls: Option<TlsFiles>,
+    /// `plaintext_behind_mesh = true`: plaintext on a non-loopback address
+    /// is acknowledged (a service mesh provides TLS).
+    pub plaintext_behind_mesh: bool,
+}
+
+/// The PEM files TLS is served with (resolved against the policy file's
+/// folder, or the working directory for `serve` flags). They are read at
+/// start and again on every SIGHUP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Its private key (PKCS #8, PKCS #1 or SEC 1).
+    pub key: PathBuf,
+    /// CA certificates a client certificate must chain to: mTLS. Without
+    /// it, clients are not asked for a certificate.
+    pub client_ca: Option<PathBuf>,
 }
 
 impl Default for ServerSettings {
@@ -41,6 +61,8 @@ impl Default for ServerSettings {
 }
 
 impl From<RawServer> for ServerSettings {
+    /// Without `[server.tls]`: its paths need the policy's folder
+    /// ([`server_settings`]).
     fn from(raw: RawServer) -> Self {
         ServerSettings {
             max_concurrent_requests: raw.max_concurrent_requests,
@@ -57,6 +79,8 @@ impl From<RawServer> for ServerSettings {
             write_timeout: Duration::from_millis(raw.write_timeout_ms),
             max_buffered_request_bytes: raw.max_buffered_request_bytes,
             max_buffered_response_bytes: raw.max_buffered_response_bytes,
+            tls: None,
+            plaintext_behind_mesh: raw.plaintext_behind_mesh,
         }
     }
 }
@@ -79,6 +103,17 @@ pub(super) struct RawServer {
     max_buffered_request_bytes: usize,
     max_buffered_response_bytes: usize,
     pub(super) open_host_api: bool,
+    plaintext_behind_mesh: bool,
+    tls: Option<RawTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert: PathBuf,
+    key: PathBuf,
+    #[serde(default)]
+    client_ca: Option<PathBuf>,
 }
 
 impl Default for RawServer {
@@ -99,13 +134,15 @@ impl Default for RawServer {
             max_buffered_request_bytes: 64 * 1024 * 1024,
             max_buffered_response_bytes: 64 * 1024 * 1024,
             open_host_api: false,
+            plaintext_behind_mesh: false,
+            tls: None,
         }
     }
 }
 
 pub(super) fn server_settings(
     loader: &Loader<'_>,
-    raw: RawServer,
+    mut raw: RawServer,
 ) -> Result<ServerSettings, PolicyError> {
     let positive = [
         (
@@ -151,5 +188,37 @@ pub(super) fn server_settings(
     if raw.max_message_bytes > 64 * 1024 * 1024 {
         return Err(loader.error("server.max_message_bytes", "must be at most 64 MiB"));
     }
-    Ok(ServerSettings::from(raw))
+    let tls = raw
+        .tls
+        .take()
+        .map(|tls| tls_files(loader, tls))
+        .transpose()?;
+    Ok(ServerSettings {
+        tls,
+        ..ServerSettings::from(raw)
+    })
+}
+
+/// `[server.tls]`: paths relative to the policy file. The files are read
+/// when the server starts (and on SIGHUP), not here: `check-config` on
+/// another machine still validates the policy.
+fn tls_files(loader: &Loader<'_>, raw: RawTls) -> Result<TlsFiles, PolicyError> {
+    let resolve = |key: &str, path: PathBuf| -> Result<PathBuf, PolicyError> {
+        if path.as_os_str().is_empty() {
+            return Err(loader.error(format!("server.tls.{key}"), "must be a file path"));
+        }
+        match (path.is_absolute(), loader.base_dir) {
+            (true, _) => Ok(path),
+            (false, Some(base)) => Ok(base.join(path)),
+            (false, None) => Ok(Path::new(".").join(path)),
+        }
+    };
+    Ok(TlsFiles {
+        cert: resolve("cert", raw.cert)?,
+        key: resolve("key", raw.key)?,
+        client_ca: raw
+            .client_ca
+            .map(|path| resolve("client_ca", path))
+            .transpose()?,
+    })
 }

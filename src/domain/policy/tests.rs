@@ -108,8 +108,14 @@ fn decoding_errors_name_the_key_in_plain_words() {
             pair("tools.x.roles", "expected an array, found the string \"r\""),
         ),
         (
+            // sha256 is optional since a client certificate may be the
+            // credential (client_identity); one of the two is required.
             "[[credentials]]\nkind = \"reviewer\"\nidentity = \"b\"\n",
-            pair("credentials[0]", "missing key sha256"),
+            pair(
+                "credentials[0].sha256",
+                "a credential needs a token digest (sha256), a client certificate identity \
+                 (client_identity), or both",
+            ),
         ),
         ("bogus = 1\n", pair("", "unknown key bogus")),
         (

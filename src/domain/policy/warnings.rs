@@ -134,7 +134,7 @@ impl Policy {
     /// A reviewer with no reviewer credential to sign in with.
     fn reviewers_without_credentials(&self, warnings: &mut Vec<PolicyWarning>) {
         for reviewer in self.reviewers.values() {
-            let has_credential = self.credentials.values().any(|credential| {
+            let has_credential = self.all_credentials().any(|credential| {
                 credential.kind == CredentialKind::Reviewer
                     && credential.identity == reviewer.identity
             });

@@ -15,6 +15,7 @@ from toolgate_client.client import (
     Resource,
     ToolgateError,
     VerdictTimeout,
+    open_channel,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Resource",
     "ToolgateError",
     "VerdictTimeout",
+    "open_channel",
     "toolgate_pb2",
     "toolgate_pb2_grpc",
 ]

@@ -155,6 +155,28 @@ def _timestamp(message, field: str) -> datetime.datetime | None:
     return getattr(message, field).ToDatetime(tzinfo=datetime.timezone.utc)
 
 
+def open_channel(target: str, *, ca: str | None = None, cert: str | None = None,
+                 key: str | None = None) -> grpc.Channel:
+    """A channel to `target`: `host:port` or `http://host:port` in
+    plaintext, `https://host:port` over TLS. `ca` is the PEM file of the CA
+    that signed the server's certificate (the system's roots when absent);
+    `cert` and `key` are the client's PEM certificate and key, for mTLS."""
+    if target.startswith("https://"):
+        def read(path):
+            with open(path, "rb") as file:
+                return file.read()
+        if (cert is None) != (key is None):
+            raise ValueError("cert and key go together")
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(ca) if ca else None,
+            private_key=read(key) if key else None,
+            certificate_chain=read(cert) if cert else None)
+        return grpc.secure_channel(target.removeprefix("https://"), credentials)
+    if ca or cert or key:
+        raise ValueError(f"ca, cert and key need an https:// target (got {target})")
+    return grpc.insecure_channel(target.removeprefix("http://"))
+
+
 class Host:
     """One agent session's view of toolgate.
 
@@ -168,19 +190,23 @@ class Host:
     `session_id` defaults to a fresh random id, so that every run is a new
     session whose call ids (`<session_id>-<n>`) are new operations. `token`
     is sent as `authorization: Bearer <token>` when the policy has host
-    credentials.
+    credentials. `target` may be `https://host:port`, with `ca`, `cert`
+    and `key` as [`open_channel`] takes them (mTLS: a client certificate
+    may be the host's credential, with or without a token).
     """
 
     def __init__(self, target: str, *, actor: str, workspace: str,
                  session_id: str | None = None, token: str | None = None,
-                 rpc_timeout: float = 5.0, channel: grpc.Channel | None = None):
+                 rpc_timeout: float = 5.0, channel: grpc.Channel | None = None,
+                 ca: str | None = None, cert: str | None = None, key: str | None = None):
         self.actor = actor
         self.workspace = workspace
         self.session_id = session_id or f"s{uuid.uuid4().hex[:12]}"
         self.rpc_timeout = rpc_timeout
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._owns_channel = channel is None
-        self.channel = channel if channel is not None else grpc.insecure_channel(target)
+        self.channel = channel if channel is not None else open_channel(
+            target, ca=ca, cert=cert, key=key)
         self.pdp = pb2_grpc.PolicyDecisionPointStub(self.channel)
         self.resources_stub = pb2_grpc.ResourcesStub(self.channel)
         self._call_numbers = itertools.count(1)
