@@ -7,11 +7,11 @@
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::store::Resume;
 use crate::store::postgres::{
     self, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables,
     create_v2_commit_count, lock_keys,
 };
+use crate::store::{Resume, StoreError};
 
 /// Where the tests' database is.
 pub(super) const URL_VARIABLE: &str = "TOOLGATE_TEST_DATABASE_URL";
@@ -459,19 +459,35 @@ fn a_lost_connection_fails_the_commit_and_frees_the_schema() {
     );
 }
 
-/// Resumes `store`, waiting for the server to let the lost session's lock
-/// go (it ends a terminated backend in its own time).
-fn resumed(store: &mut PostgresStore) -> Resume {
+/// Runs `attempt` until the schema is no longer "in use" (the server ends
+/// a lost session, and its lock, in its own time) or 10 s pass.
+fn once_the_lock_is_free<T>(
+    mut attempt: impl FnMut() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match store.resume() {
-            Resume::Unreachable(error) if Instant::now() < deadline => {
+        match attempt() {
+            Err(error) if Instant::now() < deadline => {
                 assert!(error.0.contains("in use"), "{error}");
                 std::thread::sleep(Duration::from_millis(20));
             }
-            other => return other,
+            done => return done,
         }
     }
+}
+
+/// Resumes `store` once the lost session's lock is free.
+fn resumed(store: &mut PostgresStore) -> Resume {
+    once_the_lock_is_free(|| match store.resume() {
+        Resume::Unreachable(error) => Err(error),
+        other => Ok(other),
+    })
+    .unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// Opens the store at `target` once a lost session's lock is free.
+fn resumed_open(target: &PostgresTarget) -> PostgresStore {
+    once_the_lock_is_free(|| PostgresStore::open(target)).unwrap_or_else(|error| panic!("{error}"))
 }
 
 #[test]
@@ -529,21 +545,6 @@ fn a_commit_by_another_process_while_the_connection_was_lost_makes_the_failure_f
     match resumed(&mut store) {
         Resume::Final(Some(error)) => assert!(error.0.contains("another process"), "{error}"),
         other => panic!("{other:?}"),
-    }
-}
-
-/// Opens the store at `target` once the server let a lost session's lock go.
-fn resumed_open(target: &PostgresTarget) -> PostgresStore {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match PostgresStore::open(target) {
-            Ok(store) => return store,
-            Err(error) if Instant::now() < deadline => {
-                assert!(error.0.contains("in use"), "{error}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(error) => panic!("{error}"),
-        }
     }
 }
 
