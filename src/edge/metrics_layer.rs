@@ -97,8 +97,10 @@ pub(crate) fn response_code<B>(response: &http::Response<B>) -> i32 {
 }
 
 /// Counts every call as started, and as handled with its code and latency
-/// once its response headers are out (for a stream: when it starts to
-/// answer), by method.
+/// once its status is out, by method: with the headers for a trailers-only
+/// answer (an error), else when the body's trailers pass (for a stream:
+/// when it ends), or CANCELLED when the body is dropped before them (the
+/// client went away).
 #[derive(Debug, Clone)]
 pub(crate) struct MetricsLayer {
     metrics: Arc<Metrics>,
@@ -133,7 +135,7 @@ where
     S::Future: Send + 'static,
     ResponseBody: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = http::Response<Counted<ResponseBody>>;
     type Error = S::Error;
     type Future = BoxFuture<Self::Response, Self::Error>;
 
@@ -148,14 +150,105 @@ where
         let started = Instant::now();
         let future = self.inner.call(request);
         Box::pin(async move {
-            let result = future.await;
-            let code = match &result {
-                Ok(response) => response_code(response),
-                Err(_) => 2,
+            let handled = Handled {
+                metrics,
+                method,
+                started,
             };
-            metrics.rpc_handled(method, code, started.elapsed().as_secs_f64());
-            result
+            match future.await {
+                Ok(response) if response.headers().contains_key("grpc-status") => {
+                    handled.record(response_code(&response));
+                    Ok(response.map(|body| Counted {
+                        body,
+                        handled: None,
+                    }))
+                }
+                Ok(response) => Ok(response.map(|body| Counted {
+                    body,
+                    handled: Some(handled),
+                })),
+                Err(error) => {
+                    handled.record(2);
+                    Err(error)
+                }
+            }
         })
+    }
+}
+
+/// A call not yet counted as handled.
+#[derive(Debug)]
+struct Handled {
+    metrics: Arc<Metrics>,
+    method: usize,
+    started: Instant,
+}
+
+impl Handled {
+    fn record(self, code: i32) {
+        let seconds = self.started.elapsed().as_secs_f64();
+        self.metrics.rpc_handled(self.method, code, seconds);
+    }
+}
+
+/// CANCELLED, as gRPC numbers it.
+const CANCELLED: i32 = 1;
+
+/// A response body that counts its call as handled when its trailers pass
+/// (with their `grpc-status`), when it ends without any (OK), or when it is
+/// dropped before either (CANCELLED).
+#[derive(Debug)]
+pub(crate) struct Counted<B> {
+    body: B,
+    handled: Option<Handled>,
+}
+
+impl<B> http_body::Body for Counted<B>
+where
+    B: http_body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(context);
+        let code = match &polled {
+            Poll::Ready(Some(Ok(frame))) => frame.trailers_ref().map(|trailers| {
+                trailers
+                    .get("grpc-status")
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| value.parse().ok())
+                    .unwrap_or(0)
+            }),
+            Poll::Ready(Some(Err(_))) => Some(2),
+            Poll::Ready(None) => Some(0),
+            Poll::Pending => None,
+        };
+        if let Some(code) = code
+            && let Some(handled) = self.handled.take()
+        {
+            handled.record(code);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B> Drop for Counted<B> {
+    fn drop(&mut self) {
+        if let Some(handled) = self.handled.take() {
+            handled.record(CANCELLED);
+        }
     }
 }
 

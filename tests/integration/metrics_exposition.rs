@@ -11,12 +11,12 @@ use std::path::Path;
 
 use tonic::Code;
 
-use crate::support::TestServer;
 use crate::support::metrics::{Family, parse_exposition, scrape, scrape_raw};
 use crate::support::policies::{decide_policy, repo_path};
 use crate::support::proposal;
 use crate::support::session;
-use crate::support::tokens::HOST;
+use crate::support::tokens::{ALICE, HOST};
+use crate::support::{TestServer, authed, pb};
 
 /// The families a scrape of an idle server must hold.
 const IDLE_FAMILIES: [&str; 10] = [
@@ -202,6 +202,59 @@ async fn grpc_families_count_each_call_by_method_and_code() {
             names,
             ["grpc_service", "grpc_method", "grpc_type", "grpc_code"]
         );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_stream_is_handled_when_it_ends_not_when_it_starts() {
+    let server = TestServer::start_with_options(decide_policy(""), true).await;
+    let watch = [
+        ("grpc_service", "toolgate.v1.Approvals"),
+        ("grpc_method", "WatchApprovals"),
+        ("grpc_type", "server_stream"),
+    ];
+    let cancelled = {
+        let mut labels = watch.to_vec();
+        labels.push(("grpc_code", "CANCELLED"));
+        labels
+    };
+    let stream = server
+        .approvals()
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
+        .await
+        .expect("watch")
+        .into_inner();
+    let families = checked(&scrape(server.metrics_addr.expect("metrics listener")).await);
+    assert_eq!(
+        value(&families, "grpc_server_started_total", &watch),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&families, "grpc_server_handled_total", &cancelled),
+        None
+    );
+    assert_eq!(
+        value(&families, "grpc_server_handling_seconds_count", &watch),
+        None
+    );
+    // The client goes away: the stream ends, and is handled, CANCELLED.
+    drop(stream);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let families = checked(&scrape(server.metrics_addr.expect("metrics listener")).await);
+        if value(&families, "grpc_server_handled_total", &cancelled) == Some(1.0) {
+            assert_eq!(
+                value(&families, "grpc_server_handling_seconds_count", &watch),
+                Some(1.0)
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ended stream was never counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     server.stop().await;
 }
