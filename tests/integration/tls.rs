@@ -17,6 +17,8 @@ use tokio::sync::oneshot;
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::support::pb;
+use crate::support::pb::approvals_client::ApprovalsClient;
 use crate::support::pb::policy_decision_point_client::PolicyDecisionPointClient;
 use crate::support::policies::decide_text;
 use crate::support::tokens::{HOST, digest};
@@ -95,10 +97,12 @@ impl TestCa {
 }
 
 const HOST_CERT_URI: &str = "spiffe://toolgate.test/host/cert-only";
+const REVIEWER_CERT_URI: &str = "spiffe://toolgate.test/reviewer/bob";
 
 /// decide.toml with two more host credentials: `cert-host`, a client
 /// certificate alone (by URI SAN), and `bound-host`, a token bound to a
-/// certificate by subject; then `tls_section` (decide.toml has no
+/// certificate by subject; a reviewer credential for `bob` that is a
+/// client certificate alone; then `tls_section` (decide.toml has no
 /// `[server]`, so `[server.tls]` may come last).
 fn mtls_policy_text(tls_section: &str) -> String {
     decide_text(&format!(
@@ -106,6 +110,8 @@ fn mtls_policy_text(tls_section: &str) -> String {
          client_identity = \"{HOST_CERT_URI}\"\n\n\
          [[credentials]]\nkind = \"host\"\nidentity = \"bound-host\"\nactors = [\"payer\"]\n\
          sha256 = \"{bound}\"\nclient_identity = \"O=Toolgate Tests,CN=bound-host\"\n\n\
+         [[credentials]]\nkind = \"reviewer\"\nidentity = \"bob\"\n\
+         client_identity = \"{REVIEWER_CERT_URI}\"\n\n\
          {tls_section}",
         bound = digest("bound-host-secret"),
     ))
@@ -364,6 +370,27 @@ async fn a_credential_bound_to_a_client_certificate() {
     // (the credential has a token: it is not a certificate-only one).
     let status = decide(&channel, "", "c5").await.expect_err("refused");
     assert_eq!(status.code(), Code::Unauthenticated);
+
+    // A reviewer credential may be a certificate too: bob's reaches the
+    // Approvals API, and a host's certificate does not.
+    let list = |channel: Channel| async move {
+        ApprovalsClient::new(channel)
+            .list_approvals(pb::ListApprovalsRequest::default())
+            .await
+            .map(|page| page.into_inner().approvals.len())
+    };
+    let bob = clients.client("bob", Some(REVIEWER_CERT_URI));
+    let channel = server.connect(&ca.pem(), Some(&bob)).await.expect("mtls");
+    assert_eq!(list(channel.clone()).await.expect("listed"), 0);
+    // ... and a reviewer's certificate is no host's.
+    let status = decide(&channel, "", "c6").await.expect_err("refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let channel = server
+        .connect(&ca.pem(), Some(&cert_host))
+        .await
+        .expect("mtls");
+    let status = list(channel).await.expect_err("refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
 }
 
 #[tokio::test]
