@@ -15,6 +15,7 @@
 
 pub mod bootstrap;
 pub mod reload;
+mod replica;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -40,9 +41,10 @@ use crate::domain::state::{State, Stats};
 use crate::ops::audit;
 use crate::ops::audit::blank;
 use crate::ops::metrics::Metrics;
-use crate::store::Store;
 use crate::store::memory::MemoryStore;
+use crate::store::writer::Gate;
 use crate::store::writer::Writer;
+use crate::store::{Behind, Store};
 
 /// Ledger transitions buffered per watcher before it is told it lagged.
 pub const WATCH_BUFFER: usize = 1024;
@@ -54,9 +56,11 @@ pub struct Engine {
 
 #[derive(Debug)]
 struct Shared {
-    policy: RwLock<Arc<Policy>>,
+    /// Shared with the store's writer on a shared store (replicas), which
+    /// takes what other replicas committed into the state.
+    policy: Arc<RwLock<Arc<Policy>>>,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     /// Every ledger transition, for `WatchApprovals`. A broadcast channel
     /// never blocks the sender: a slow watcher lags, the ledger does not wait.
     events: broadcast::Sender<ApprovalEvent>,
@@ -88,21 +92,51 @@ impl Engine {
     /// An engine on the state `store` holds (recovery): the state is
     /// restored under `policy`, what is due expires against `clock`, and
     /// what that changed is committed before the engine answers anything.
+    /// On a shared store (replicas) all of it happens in one turn, at the
+    /// store's time, and so does every operation after it
+    /// ([`store`](crate::store)).
     pub fn open(policy: Policy, clock: Arc<dyn Clock>, mut store: Box<dyn Store>) -> Result<Self> {
         let unavailable =
             |error: crate::store::StoreError| Error::Unavailable(format!("the store: {error}"));
-        let records = store.load().map_err(unavailable)?;
+        let (records, now) = if store.shared() {
+            let turn = store.begin_turn().map_err(unavailable)?;
+            match turn.behind {
+                Some(Behind::Everything(records)) => {
+                    (records, replica::time_of(clock.as_ref(), turn.now))
+                }
+                _ => {
+                    let _ = store.commit(&[]);
+                    return Err(Error::Internal(
+                        "a shared store's first turn must hand back every record".into(),
+                    ));
+                }
+            }
+        } else {
+            (store.load().map_err(unavailable)?, clock.now())
+        };
         let mut state = State::restore(&policy, records)?;
-        let expired = state.sweep(&policy, clock.now());
+        let expired = state.sweep(&policy, now);
         store.commit(&state.take_changes()?).map_err(unavailable)?;
-        let writer = Writer::start(store)
-            .map_err(|error| Error::Internal(format!("the store writer did not start: {error}")))?;
+        let policy = Arc::new(policy);
+        let shared_policy = Arc::new(RwLock::new(Arc::clone(&policy)));
+        let state = Arc::new(Mutex::new(state));
         let (events, _) = broadcast::channel(WATCH_BUFFER);
+        let host = store.shared().then(|| {
+            Box::new(replica::Host {
+                state: Arc::clone(&state),
+                policy: Arc::clone(&shared_policy),
+                events: events.clone(),
+                adopted: policy,
+                clock: Arc::clone(&clock),
+            }) as Box<dyn crate::store::writer::TurnHost>
+        });
+        let writer = Writer::start(store, host)
+            .map_err(|error| Error::Internal(format!("the store writer did not start: {error}")))?;
         let engine = Engine {
             shared: Arc::new(Shared {
-                policy: RwLock::new(Arc::new(policy)),
+                policy: shared_policy,
                 clock,
-                state: Mutex::new(state),
+                state,
                 events,
                 runtime_credentials: RwLock::new(HashMap::new()),
                 metrics: std::sync::OnceLock::new(),
@@ -562,16 +596,20 @@ impl Engine {
     /// the writer there (in commit order), and returns its result once every
     /// change it made or could have observed is durable. When the store
     /// fails first the result is withheld: UNAVAILABLE, as for every call
-    /// after it.
+    /// after it. On a shared store the operation runs in a turn, at the
+    /// turn's time ([`Engine::in_turn`]).
     async fn committed<T>(
         &self,
         operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
     ) -> Result<T> {
-        let now = self.now();
-        let (result, number) = {
-            let mut state = self.state()?;
-            let result = operation(&mut state, now);
-            (result, self.hand_to_writer(&mut state)?)
+        let (result, number) = match self.shared.writer.gate() {
+            None => {
+                let now = self.now();
+                let mut state = self.state()?;
+                let result = operation(&mut state, now);
+                (result, self.hand_to_writer(&mut state)?)
+            }
+            Some(gate) => self.in_turn(gate, operation).await?,
         };
         self.shared
             .writer
@@ -579,6 +617,34 @@ impl Engine {
             .await
             .map_err(|error| store_failed(&error.to_string()))?;
         result
+    }
+
+    /// Waits for a turn of the shared store (asking for one when none is
+    /// open), runs `operation` in it under the state lock and hands its
+    /// changes to the writer: its result and the number to wait for.
+    async fn in_turn<T>(
+        &self,
+        gate: &Gate,
+        operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
+    ) -> Result<(Result<T>, u64)> {
+        let mut opened = gate.subscribe();
+        let mut operation = Some(operation);
+        loop {
+            opened.borrow_and_update();
+            {
+                let mut state = self.state()?;
+                if let Some(now) = gate.open_at()
+                    && let Some(operation) = operation.take()
+                {
+                    let result = operation(&mut state, now);
+                    return Ok((result, self.hand_to_writer(&mut state)?));
+                }
+                self.shared.writer.want_turn();
+            }
+            if opened.changed().await.is_err() {
+                return Err(store_failed("the store writer stopped"));
+            }
+        }
     }
 
     /// Hands the state's changes to the writer (under the state lock): the
@@ -634,7 +700,11 @@ impl Engine {
                 "[server] settings changed; they apply at the next start, not on reload"
             );
         }
-        if let Ok(mut state) = self.state() {
+        // On a shared store the new resources are adopted in the next turn
+        // (against what every replica committed), not here.
+        if self.shared.writer.gate().is_none()
+            && let Ok(mut state) = self.state()
+        {
             state.adopt_policy(&policy);
             // Nobody is answered about the new resources: they are stored
             // with the next batch, without waiting.

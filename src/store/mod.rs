@@ -13,8 +13,21 @@
 //! - [`memory`]: records in this process only; gone at exit (`--store memory`).
 //! - [`sqlite`]: the durable default: SQLite in WAL mode, synced on every
 //!   commit, in a data directory one process owns.
-//! - [`postgres`]: a schema of a PostgreSQL database, one transaction per
-//!   commit; one process at a time for now (an advisory lock).
+//! - [`postgres`]: a schema of a PostgreSQL database that several toolgate
+//!   processes (replicas) share: a shared store ([`Store::shared`]).
+//!
+//! # Replicas: turns
+//!
+//! On a shared store every replica keeps the whole state in memory too, and
+//! the store orders them: an operation runs only inside a *turn*
+//! ([`Store::begin_turn`]), which holds the store's lock (the database's,
+//! so it goes with a replica that dies), reads the store's clock (so every
+//! replica agrees when a grant expires) and hands back what the other
+//! replicas committed since this one last looked, which the state applies
+//! before any operation reads it. The turn's changes commit with the turn
+//! ([`Store::commit`]); the next replica's turn begins after that commit.
+//! So a grant is consumed, a receipt made and a version checked against the
+//! state as every replica committed it, in one order.
 
 pub mod memory;
 pub mod postgres;
@@ -23,6 +36,7 @@ pub mod writer;
 
 use std::collections::HashMap;
 
+use crate::domain::clock::Timestamp;
 use crate::domain::records::{Change, Kind, Record};
 
 /// Why a store could not do what it was asked. The message names the store,
@@ -57,6 +71,51 @@ pub trait Store: Send + 'static {
     fn resume(&mut self) -> Resume {
         Resume::Final(None)
     }
+
+    /// Whether other processes share this store (replicas): then every
+    /// operation runs in a turn ([`Store::begin_turn`]).
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Begins a turn (a shared store; see the module documentation): waits
+    /// for the store's lock, reads its clock and what other replicas
+    /// committed since this store last looked. The turn ends with the next
+    /// [`Store::commit`] (of its changes, none included), which releases
+    /// the lock.
+    fn begin_turn(&mut self) -> StoreResult<Turn> {
+        Err(StoreError(format!(
+            "the {} store takes no turns",
+            self.name()
+        )))
+    }
+
+    /// What other replicas committed since this store last looked, read
+    /// without a turn (an idle replica's watchers are told of them); `None`
+    /// when nothing. Only between turns.
+    fn catch_up(&mut self) -> StoreResult<Option<Behind>> {
+        Ok(None)
+    }
+}
+
+/// A turn of a shared store ([`Store::begin_turn`]).
+#[derive(Debug)]
+pub struct Turn {
+    /// The store's clock: the time of every operation in the turn.
+    pub now: Timestamp,
+    /// What the state must take in before the turn's operations run.
+    pub behind: Option<Behind>,
+}
+
+/// What other replicas committed that this one has not seen.
+#[derive(Debug)]
+pub enum Behind {
+    /// Their changes, in commit order.
+    Changes(Vec<Change>),
+    /// Everything the store holds: this replica is too far behind for the
+    /// changes (or its state is not the store's, after a commit that did
+    /// not take effect), so its state is rebuilt whole.
+    Everything(Vec<Record>),
 }
 
 /// What a store found when asked to resume after a failed commit

@@ -20,31 +20,47 @@
 //!
 //! # The schema
 //!
-//! - `S.records (kind smallint, key bytea, value bytea, PRIMARY KEY (kind,
-//!   key))`: every record, its [`Kind`] by a fixed number ([`kind_code`]).
+//! - `S.records (kind smallint, key bytea, value bytea, seq bigint,
+//!   PRIMARY KEY (kind, key))`: every record, its [`Kind`] by a fixed number
+//!   ([`kind_code`]), `seq` the commit that wrote it last; a deleted record
+//!   stays a while as a tombstone (`value` NULL; from version 3).
 //! - `S.schema_version (version integer)`: one row, the schema's version.
-//! - `S.commits (n bigint)`: one row, the number of commits made (from
-//!   version 2). Every commit's transaction moves it on by one, so that
-//!   after a lost connection the store reads whether the commit it was
-//!   making took effect, instead of guessing or making it twice
-//!   ([`Store::resume`]).
+//! - `S.commits (n bigint, token bytea, purged bigint)`: one row, the number
+//!   of commits made (from version 2), the last one's token, and up to which
+//!   commit tombstones are purged (from version 3).
+//! - `S.tokens (token bytea, n bigint)`: the token of each recent commit and
+//!   its number (from version 3), so that after a lost connection the store
+//!   reads whether the commit it was making took effect, instead of
+//!   guessing or making it twice ([`Store::resume`]).
 //!
 //! [`MIGRATIONS`]`[n]` takes a schema from version `n` to `n + 1`; opening
-//! applies the missing ones in one transaction (version 0: no
-//! `schema_version` table, and no other table either). A schema of a version
-//! newer than this binary knows is refused untouched; one that has tables but
-//! no `schema_version` is someone else's and refused too.
+//! applies the missing ones in one transaction, under the store's lock
+//! (version 0: no `schema_version` table, and no other table either). A
+//! schema of a version newer than this binary knows is refused untouched;
+//! one that has tables but no `schema_version` is someone else's and
+//! refused too.
 //!
-//! # One process at a time
+//! # Replicas
 //!
-//! The engine keeps the state in memory and holds it authoritative (a grant
-//! is consumed in memory, then journaled), so two toolgate processes on one
-//! schema would each consume "their" grant. Until replicas land, opening
-//! takes a session-level advisory lock keyed on the schema
-//! (`pg_try_advisory_lock`), held as long as the connection, and a second
-//! process is refused with the first one's backend pid and
-//! `application_name` (`toolgate[PID]` unless the URL sets one).
-//!
+//! Any number of toolgate processes may share one schema. Each keeps the
+//! state in memory and works on it only in a turn
+//! ([`Store::begin_turn`](super::Store::begin_turn), see
+//! [`store`](super)): a transaction that first takes the store's lock,
+//! `pg_advisory_xact_lock` keyed on the schema ([`lock_keys`]), then reads
+//! `S.commits` and the server's `clock_timestamp()` (the time of every
+//! operation of the turn: the replicas share one clock) and the records
+//! with `seq` above what this replica has seen (other replicas' commits,
+//! applied to the state before any operation of the turn reads it); the
+//! turn's changes are written with the next commit number in one statement
+//! that also moves `S.commits` on (only from the number read under the
+//! lock) and keeps the token, and the transaction commits, releasing the
+//! lock. So every grant consumed, receipt made and version checked is
+//! checked against the state every replica committed, in one order, by the
+//! database's lock: a replica that dies mid-turn loses its transaction and
+//! the lock with it (a session idle in a turn for [`TURN_IDLE_LIMIT`] is
+//! ended by the server; a turn waits at most [`LOCK_WAIT_LIMIT`] for the
+//! lock).
+
 //! # Blocking
 //!
 //! The `postgres` crate is blocking: each connection runs its own
@@ -59,7 +75,8 @@ use std::time::{Duration, Instant};
 use postgres::config::{Host, SslMode};
 use postgres::{Client, Config, NoTls, Statement};
 
-use super::{Resume, Store, StoreError, StoreResult};
+use super::{Behind, Resume, Store, StoreError, StoreResult, Turn};
+use crate::domain::clock::Timestamp;
 use crate::domain::records::{Change, Kind, Record};
 
 /// The schema the tables live in when the URL names none (`?schema=`).
@@ -77,6 +94,13 @@ const SIZE_REFRESH: Duration = Duration::from_secs(1);
 /// the schema's name hashed ([`lock_keys`]).
 const LOCK_NAMESPACE: i32 = 0x746F_6F6C;
 
+/// How long a session may sit idle inside a turn before the server ends it
+/// (and its turn, and its lock): a replica stopped mid-turn, or cut off,
+/// holds the others up no longer than this.
+pub const TURN_IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// How long a turn waits for the store's lock before it fails.
+pub const LOCK_WAIT_LIMIT: Duration = Duration::from_secs(10);
+
 /// One step of the schema: takes it from version `n` (its index in
 /// [`MIGRATIONS`]) to `n + 1`, inside the opening transaction, given the
 /// schema's name (a checked identifier, safe to put into SQL).
@@ -84,7 +108,8 @@ pub type Migration = fn(&mut postgres::Transaction<'_>, &str) -> Result<(), post
 
 /// The schema's history, oldest first. Append only: a released migration is
 /// never changed, since schemas made with it exist.
-pub const MIGRATIONS: &[Migration] = &[create_v1_tables, create_v2_commit_count];
+pub const MIGRATIONS: &[Migration] =
+    &[create_v1_tables, create_v2_commit_count, create_v3_replicas];
 
 /// The schema version this binary writes (and the newest it can open).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -137,6 +162,23 @@ pub fn kind_code(kind: Kind) -> i16 {
 
 fn kind_of(code: i16) -> Option<Kind> {
     Kind::ALL.into_iter().find(|kind| kind_code(*kind) == code)
+}
+
+/// Version 3, replicas: every record carries `seq`, the number of the
+/// commit that wrote it last, and a deleted one stays a while as a
+/// tombstone (`value` NULL), so that a replica reads what the others
+/// committed since it last looked (`seq > n`); `S.commits.purged` says up
+/// to which commit tombstones are gone (a replica further behind loads
+/// everything); `S.tokens` keeps each recent commit's token with its number,
+/// so that after a lost connection a replica reads whether its commit took
+/// effect though others committed since.
+pub(super) fn create_v3_replicas(
+    transaction: &mut postgres::Transaction<'_>,
+    schema: &str,
+) -> Result<(), postgres::Error> {
+    transaction.batch_execute(&format!(
+        "ALTER TABLE {schema}.records ALTER COLUMN value DROP NOT NULL,              ADD COLUMN seq bigint NOT NULL DEFAULT 0;          CREATE INDEX records_by_seq ON {schema}.records (seq);          ALTER TABLE {schema}.commits ADD COLUMN purged bigint NOT NULL DEFAULT 0;          CREATE TABLE {schema}.tokens (token bytea PRIMARY KEY, n bigint NOT NULL);          CREATE INDEX tokens_by_n ON {schema}.tokens (n)"
+    ))
 }
 
 // ----- the URL ----------------------------------------------------------------
@@ -460,21 +502,38 @@ impl Opened {
     }
 }
 
+/// The statements a store prepares once per connection.
+struct Statements {
+    /// Writes a turn's records (a deletion as a tombstone, `value` NULL),
+    /// moves the count of commits on and keeps the commit's token: one
+    /// round trip. Answers 1 when the count was the one expected.
+    write: Statement,
+    /// Every live record.
+    select: Statement,
+    /// The records (tombstones included) committed after a count.
+    since: Statement,
+    /// The count of commits, how far tombstones are purged, and the
+    /// server's clock in milliseconds.
+    head: Statement,
+    /// The count at which a commit's token was kept.
+    token: Statement,
+    size: Statement,
+}
+
 /// The PostgreSQL store (see the module documentation).
 pub struct PostgresStore {
     /// `None` only while dropping.
     client: Option<Client>,
     target: PostgresTarget,
-    upsert: Statement,
-    delete: Statement,
-    select: Statement,
-    size: Statement,
-    count: Statement,
-    /// Commits made, as `S.commits` holds it after the last one this store
-    /// saw succeed.
-    commits: i64,
+    statements: Statements,
+    /// The count of commits the state in memory has taken in (loaded,
+    /// caught up with, or committed itself); `None` before the first load.
+    seen: Option<i64>,
+    /// The count of commits at the start of the turn in progress, while
+    /// one is (the store's lock is held).
+    turn: Option<i64>,
     /// The token of the commit being made, until it is known to have
-    /// succeeded: what `S.commits` holds if it took effect.
+    /// succeeded or not.
     making: Option<[u8; 16]>,
     /// Fault injection: the next commit takes effect, then fails as if its
     /// answer was lost with the connection.
@@ -495,11 +554,16 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
+/// Commits after which tombstones and tokens are purged, and how many of
+/// the latest commits' tombstones and tokens every purge keeps: a replica
+/// further behind than that loads everything again.
+pub(super) const PURGE_EVERY: i64 = 512;
+pub(super) const KEEP_COMMITS: i64 = 8_192;
+
 impl PostgresStore {
-    /// Connects, takes the schema's lock, and creates or migrates its
-    /// tables. Refused: an unreachable database, a schema another toolgate
-    /// holds, one of a newer version (untouched), one with tables that are
-    /// not a toolgate store's.
+    /// Connects and creates or migrates the schema's tables. Refused: an
+    /// unreachable database, a schema of a newer version (untouched), one
+    /// with tables that are not a toolgate store's.
     pub fn open(target: &PostgresTarget) -> StoreResult<Self> {
         Self::open_with(target, MIGRATIONS)
     }
@@ -509,36 +573,14 @@ impl PostgresStore {
         migrations: &[Migration],
     ) -> StoreResult<Self> {
         let mut client = target.connect()?;
-        let opened = outside_runtime(|| prepare_schema(&mut client, target, migrations));
-        let prepared = opened.and_then(|opened| {
-            outside_runtime(|| prepare_statements(&mut client, target)).map(|s| (opened, s))
-        });
-        let prepared = prepared.and_then(|(opened, statements)| {
-            let commits = outside_runtime(|| {
-                client.query_one(&format!("SELECT n FROM {}.commits", target.schema()), &[])
-            })
-            .map_err(|error| store_error(target, "reading the commit count", &error))?
-            .get(0);
-            Ok((opened, statements, commits))
-        });
-        let (opened, (upsert, delete, select, size, count), commits) = match prepared {
-            Ok(prepared) => prepared,
-            Err(error) => {
-                // The lock goes with the connection, before the caller can
-                // try again.
-                let _ = outside_runtime(move || unlock_and_close(client, target.schema()));
-                return Err(error);
-            }
-        };
+        let opened = outside_runtime(|| prepare_schema(&mut client, target, migrations))?;
+        let statements = outside_runtime(|| prepare_statements(&mut client, target))?;
         let mut store = PostgresStore {
             client: Some(client),
             target: target.clone(),
-            upsert,
-            delete,
-            select,
-            size,
-            count,
-            commits,
+            statements,
+            seen: None,
+            turn: None,
             making: None,
             #[cfg(test)]
             lose_next_answer: false,
@@ -548,19 +590,6 @@ impl PostgresStore {
         };
         store.measure();
         Ok(store)
-    }
-
-    /// The token of the last commit (`S.commits.token`).
-    fn last_token(&mut self) -> StoreResult<Vec<u8>> {
-        let client = self
-            .client
-            .as_mut()
-            .ok_or_else(|| StoreError("the PostgreSQL store is closed".into()))?;
-        let sql = format!("SELECT token FROM {}.commits", self.target.schema());
-        client
-            .query_one(&sql, &[])
-            .map(|row| row.get(0))
-            .map_err(|error| store_error(&self.target, "reading the last commit", &error))
     }
 
     /// The database and schema.
@@ -573,12 +602,21 @@ impl PostgresStore {
         self.opened
     }
 
+    /// The server's process for this store's connection (tests end it).
+    #[cfg(test)]
+    pub(super) fn backend_pid(&mut self) -> i32 {
+        self.run("reading the backend's pid", |client, _| {
+            Ok(client.query_one("SELECT pg_backend_pid()", &[])?.get(0))
+        })
+        .unwrap()
+    }
+
     /// Asks the server what the table and its index take.
     fn measure(&mut self) {
         let Some(client) = self.client.as_mut() else {
             return;
         };
-        let size = &self.size;
+        let size = &self.statements.size;
         // A gauge: when the server cannot say, the last answer stands, and
         // the next commit finds out whether the connection is gone.
         if let Ok(row) = outside_runtime(|| client.query_one(size, &[])) {
@@ -586,6 +624,188 @@ impl PostgresStore {
             self.bytes = bytes.unsigned_abs();
         }
         self.measured = Instant::now();
+    }
+
+    /// Runs `work` on the connection; on an error ends the transaction it
+    /// was in (so that the lock is let go at once, not when the server
+    /// notices a lost connection) and names `step`.
+    fn run<T: Send>(
+        &mut self,
+        step: &str,
+        work: impl FnOnce(&mut Client, &Statements) -> Result<T, postgres::Error> + Send,
+    ) -> StoreResult<T> {
+        let statements = &self.statements;
+        let client = self
+            .client
+            .as_mut()
+            .ok_or_else(|| StoreError("the PostgreSQL store is closed".into()))?;
+        let done = outside_runtime(|| {
+            let done = work(client, statements);
+            if done.is_err() && !client.is_closed() {
+                let _ = client.batch_execute("ROLLBACK");
+            }
+            done
+        });
+        done.map_err(|error| {
+            self.turn = None;
+            store_error(&self.target, step, &error)
+        })
+    }
+
+    /// Takes the store's lock (in a transaction of its own), then reads the
+    /// count of commits, how far tombstones are purged, and the clock.
+    fn lock(&mut self) -> StoreResult<(i64, i64, Timestamp)> {
+        let (namespace, key) = lock_keys(self.target.schema());
+        let (count, purged, now) = self.run("taking the store's lock", |client, statements| {
+            client.batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock({namespace}, {key})"
+            ))?;
+            let row = client.query_one(&statements.head, &[])?;
+            Ok((
+                row.get::<_, i64>(0),
+                row.get::<_, i64>(1),
+                row.get::<_, i64>(2),
+            ))
+        })?;
+        self.turn = Some(count);
+        Ok((count, purged, Timestamp(now.unsigned_abs())))
+    }
+
+    /// What the state has not taken in, read in the transaction in
+    /// progress, which sees the store at `count` commits, tombstones purged
+    /// up to `purged`; and the state is then at `count`.
+    fn behind(&mut self, count: i64, purged: i64) -> StoreResult<Option<Behind>> {
+        let behind = match self.seen {
+            Some(seen) if seen == count => None,
+            Some(seen) if seen >= purged && seen < count => {
+                let rows = self.run("reading what other replicas committed", |client, s| {
+                    client.query(&s.since, &[&seen])
+                })?;
+                let mut changes = Vec::with_capacity(rows.len());
+                for row in rows {
+                    changes.push(Change {
+                        kind: self.kind(row.get(0))?,
+                        key: row.get(1),
+                        value: row.get(2),
+                    });
+                }
+                Some(Behind::Changes(changes))
+            }
+            _ => Some(Behind::Everything(self.select_all()?)),
+        };
+        self.seen = Some(count);
+        Ok(behind)
+    }
+
+    fn kind(&self, code: i16) -> StoreResult<Kind> {
+        kind_of(code).ok_or_else(|| {
+            StoreError(format!(
+                "the PostgreSQL store at {}: a record of kind {code}, which this toolgate \
+                 does not know (written by a newer one?)",
+                self.target
+            ))
+        })
+    }
+
+    /// Every live record, in the transaction in progress.
+    fn select_all(&mut self) -> StoreResult<Vec<Record>> {
+        let rows = self.run("reading the records", |client, statements| {
+            client.query(&statements.select, &[])
+        })?;
+        let mut records = Vec::with_capacity(rows.len());
+        for row in rows {
+            records.push(Record {
+                kind: self.kind(row.get(0))?,
+                key: row.get(1),
+                value: row.get(2),
+            });
+        }
+        Ok(records)
+    }
+
+    /// Writes `changes` as commit number `count + 1` and commits the turn
+    /// in progress (begun at `count`).
+    fn write(&mut self, count: i64, changes: &[Change]) -> StoreResult<()> {
+        // The last change of each record is the one that counts; with one
+        // left per record, all of them go as one statement.
+        let (mut kinds, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        let last = changes
+            .iter()
+            .zip(super::last_of_each_record(changes))
+            .filter_map(|(change, last)| last.then_some(change));
+        for change in last {
+            kinds.push(kind_code(change.kind));
+            keys.push(change.key.as_slice());
+            values.push(change.value.as_deref());
+        }
+        let after = count + 1;
+        let token: [u8; 16] = rand::random();
+        self.making = Some(token);
+        let schema = self.target.schema().to_string();
+        let written = self.run(
+            &format!(
+                "writing {} record(s) of {}",
+                kinds.len(),
+                kinds_named(&kinds)
+            ),
+            |client, statements| {
+                let counted: i64 = client
+                    .query_one(
+                        &statements.write,
+                        &[&kinds, &keys, &values, &after, &count, &token.as_slice()],
+                    )?
+                    .get(0);
+                if counted == 1 && after % PURGE_EVERY == 0 {
+                    let horizon = after - KEEP_COMMITS;
+                    client.batch_execute(&format!(
+                        "DELETE FROM {schema}.records WHERE value IS NULL AND seq <= {horizon}; \
+                         DELETE FROM {schema}.tokens WHERE n <= {horizon}; \
+                         UPDATE {schema}.commits SET purged = greatest(purged, {horizon})"
+                    ))?;
+                }
+                if counted == 1 {
+                    client.batch_execute("COMMIT")?;
+                } else {
+                    client.batch_execute("ROLLBACK")?;
+                }
+                Ok(counted)
+            },
+        )?;
+        self.turn = None;
+        if written != 1 {
+            // The lock orders every writer: a count that moved under it is
+            // a writer that does not take it.
+            self.making = None;
+            return Err(StoreError(format!(
+                "the PostgreSQL store at {}: the count of commits is not {count} under the \
+                 store's lock: something else writes to this schema",
+                self.target
+            )));
+        }
+        self.making = None;
+        if self.seen == Some(count) {
+            self.seen = Some(after);
+        }
+        #[cfg(test)]
+        if std::mem::take(&mut self.lose_next_answer) {
+            self.making = Some(token);
+            return Err(StoreError(
+                "the answer to the commit was lost (a test)".into(),
+            ));
+        }
+        if self.measured.elapsed() >= SIZE_REFRESH {
+            self.measure();
+        }
+        Ok(())
+    }
+
+    /// Ends the turn in progress without a commit.
+    fn release(&mut self) -> StoreResult<()> {
+        self.run("ending a turn", |client, _| {
+            client.batch_execute("ROLLBACK")
+        })?;
+        self.turn = None;
+        Ok(())
     }
 }
 
@@ -596,8 +816,10 @@ fn store_error(target: &PostgresTarget, step: &str, error: &postgres::Error) -> 
     ))
 }
 
-/// Makes sure commits are durable, takes the lock, checks what the schema
-/// holds and brings it to the version `migrations` end at.
+/// Makes sure commits are durable and that a replica stopped inside a turn
+/// cannot hold the store's lock for long, checks what the schema holds and
+/// brings it to the version `migrations` end at (under the store's lock, so
+/// that replicas starting together migrate once).
 fn prepare_schema(
     client: &mut Client,
     target: &PostgresTarget,
@@ -624,17 +846,24 @@ fn prepare_schema(
             .batch_execute("SET synchronous_commit = on")
             .map_err(failed("setting synchronous_commit = on"))?;
     }
+    // A turn is short: a session idle inside one (a replica stopped, a
+    // connection cut the server has not noticed) loses it and its lock, and
+    // a turn that waits long for the lock fails (UNAVAILABLE) rather than
+    // holding its callers.
+    client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = '{}ms'; SET lock_timeout = '{}ms'",
+            TURN_IDLE_LIMIT.as_millis(),
+            LOCK_WAIT_LIMIT.as_millis()
+        ))
+        .map_err(failed("setting the session's time limits"))?;
     let (namespace, key) = lock_keys(schema);
-    let locked: bool = client
-        .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&namespace, &key])
-        .map_err(failed("taking the schema's lock"))?
-        .get(0);
-    if !locked {
-        return Err(StoreError(in_use_message(client, target, namespace, key)));
-    }
     let mut transaction = client
         .transaction()
         .map_err(failed("beginning the migration"))?;
+    transaction
+        .execute("SELECT pg_advisory_xact_lock($1, $2)", &[&namespace, &key])
+        .map_err(failed("taking the store's lock"))?;
     let tables: Vec<String> = transaction
         .query(
             "SELECT c.relname::text FROM pg_catalog.pg_class c \
@@ -733,109 +962,51 @@ fn prepare_schema(
     })
 }
 
-/// The refusal of a schema another session holds, naming that session as
-/// far as the server tells.
-fn in_use_message(
-    client: &mut Client,
-    target: &PostgresTarget,
-    namespace: i32,
-    key: i32,
-) -> String {
-    let holder = client
-        .query_opt(
-            "SELECT l.pid, a.application_name, host(a.client_addr) \
-             FROM pg_catalog.pg_locks l \
-             LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
-             AND l.classid::int8 = $1 AND l.objid::int8 = $2 \
-             AND l.database = (SELECT oid FROM pg_catalog.pg_database \
-                               WHERE datname = current_database()) \
-             LIMIT 1",
-            &[&i64::from(namespace), &i64::from(key)],
-        )
-        .ok()
-        .flatten()
-        .map(|row| {
-            let pid: i32 = row.get(0);
-            let name: Option<String> = row.get(1);
-            let from: Option<String> = row.get(2);
-            let mut holder = format!("backend pid {pid}");
-            if let Some(name) = name.filter(|name| !name.is_empty()) {
-                holder.push_str(&format!(", application_name {name:?}"));
-            }
-            if let Some(from) = from {
-                holder.push_str(&format!(", from {from}"));
-            }
-            holder
-        });
-    format!(
-        "the PostgreSQL store at {target} is in use by another toolgate process ({}): \
-         one toolgate process per database and schema for now (several replicas on one \
-         database are not supported yet); stop the other or name another schema (?schema=NAME)",
-        holder.unwrap_or_else(|| "the server did not say which".into())
-    )
-}
-
-fn prepare_statements(
-    client: &mut Client,
-    target: &PostgresTarget,
-) -> StoreResult<(Statement, Statement, Statement, Statement, Statement)> {
+fn prepare_statements(client: &mut Client, target: &PostgresTarget) -> StoreResult<Statements> {
     let schema = target.schema();
-    let prepare = |client: &mut Client, sql: &str| {
+    let mut prepare = |sql: &str| {
         client
             .prepare(sql)
             .map_err(|error| store_error(target, "preparing statements", &error))
     };
-    let upsert = prepare(
-        client,
-        &format!(
-            "INSERT INTO {schema}.records (kind, key, value) \
-             SELECT * FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
-             ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value"
-        ),
-    )?;
-    let delete = prepare(
-        client,
-        &format!(
-            "DELETE FROM {schema}.records r \
-             USING unnest($1::int2[], $2::bytea[]) AS d(kind, key) \
-             WHERE r.kind = d.kind AND r.key = d.key"
-        ),
-    )?;
-    let select = prepare(
-        client,
-        &format!("SELECT kind, key, value FROM {schema}.records"),
-    )?;
-    let size = prepare(
-        client,
-        &format!("SELECT pg_total_relation_size('{schema}.records'::regclass)"),
-    )?;
-    let count = prepare(
-        client,
-        &format!("UPDATE {schema}.commits SET n = $1, token = $3 WHERE n = $2"),
-    )?;
-    Ok((upsert, delete, select, size, count))
-}
-
-fn unlock_and_close(mut client: Client, schema: &str) -> Result<(), postgres::Error> {
-    let (namespace, key) = lock_keys(schema);
-    // Explicitly, so that the lock is free when this returns: the server
-    // ends a closed session's backend (and its locks) in its own time.
-    // Only a lock this session holds: unlocking another's is a warning.
-    client.execute(
-        "SELECT pg_advisory_unlock($1, $2) FROM pg_catalog.pg_locks \
-         WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() \
-         AND objsubid = 2 AND classid::int8 = $3 AND objid::int8 = $4",
-        &[&namespace, &key, &i64::from(namespace), &i64::from(key)],
-    )?;
-    client.close()
+    Ok(Statements {
+        write: prepare(&format!(
+            "WITH written AS (\
+                 INSERT INTO {schema}.records (kind, key, value, seq) \
+                 SELECT kind, key, value, $4 FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
+                     AS w(kind, key, value) \
+                 ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, seq = excluded.seq \
+                 RETURNING 1), \
+             counted AS (\
+                 UPDATE {schema}.commits SET n = $4, token = $6 WHERE n = $5 RETURNING n), \
+             kept AS (\
+                 INSERT INTO {schema}.tokens (token, n) SELECT $6, n FROM counted RETURNING 1) \
+             SELECT (SELECT count(*) FROM counted) + 0 * (SELECT count(*) FROM written) \
+                 + 0 * (SELECT count(*) FROM kept)"
+        ))?,
+        select: prepare(&format!(
+            "SELECT kind, key, value FROM {schema}.records WHERE value IS NOT NULL"
+        ))?,
+        since: prepare(&format!(
+            "SELECT kind, key, value FROM {schema}.records WHERE seq > $1 ORDER BY seq, kind, key"
+        ))?,
+        head: prepare(&format!(
+            "SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \
+             FROM {schema}.commits"
+        ))?,
+        token: prepare(&format!("SELECT n FROM {schema}.tokens WHERE token = $1"))?,
+        size: prepare(&format!(
+            "SELECT pg_total_relation_size('{schema}.records'::regclass)"
+        ))?,
+    })
 }
 
 impl Drop for PostgresStore {
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {
-            let schema = self.target.schema().to_string();
-            let _ = outside_runtime(move || unlock_and_close(client, &schema));
+            // Explicitly, so that a turn in progress ends (and its lock is
+            // free) when this returns.
+            let _ = outside_runtime(move || client.close());
         }
     }
 }
@@ -856,162 +1027,110 @@ impl Store for PostgresStore {
         "postgres"
     }
 
+    /// Every live record, as of one commit: in the turn in progress, or
+    /// in a read-only snapshot of its own.
     fn load(&mut self) -> StoreResult<Vec<Record>> {
-        let client = self
-            .client
-            .as_mut()
-            .ok_or_else(|| StoreError("the PostgreSQL store is closed".into()))?;
-        let select = &self.select;
-        let rows = outside_runtime(|| client.query(select, &[]))
-            .map_err(|error| store_error(&self.target, "reading the records", &error))?;
-        let mut records = Vec::with_capacity(rows.len());
-        for row in rows {
-            let code: i16 = row.get(0);
-            let kind = kind_of(code).ok_or_else(|| {
-                StoreError(format!(
-                    "the PostgreSQL store at {}: a record of kind {code}, which this toolgate \
-                     does not know (written by a newer one?)",
-                    self.target
-                ))
-            })?;
-            records.push(Record {
-                kind,
-                key: row.get(1),
-                value: row.get(2),
-            });
+        if self.turn.is_some() {
+            return self.select_all();
         }
+        let count: i64 = self.run("reading the records", |client, statements| {
+            client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+            Ok(client.query_one(&statements.head, &[])?.get(0))
+        })?;
+        let records = self.select_all()?;
+        self.run("reading the records", |client, _| {
+            client.batch_execute("COMMIT")
+        })?;
+        self.seen = Some(count);
         Ok(records)
     }
 
+    /// Commits the turn in progress with `changes` (none: ends it), or,
+    /// outside a turn, takes one for them.
     fn commit(&mut self, changes: &[Change]) -> StoreResult<()> {
+        let count = match self.turn {
+            Some(count) => count,
+            None if changes.is_empty() => return Ok(()),
+            None => self.lock()?.0,
+        };
         if changes.is_empty() {
-            return Ok(());
+            return self.release();
         }
-        // The last change of each record is the one that counts; with one
-        // left per record, the deletions and writes can go as one statement
-        // each, in either order.
-        let (mut put_kinds, mut put_keys, mut put_values) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut gone_kinds, mut gone_keys) = (Vec::new(), Vec::new());
-        let last = changes
-            .iter()
-            .zip(super::last_of_each_record(changes))
-            .filter_map(|(change, last)| last.then_some(change));
-        for change in last {
-            match &change.value {
-                Some(value) => {
-                    put_kinds.push(kind_code(change.kind));
-                    put_keys.push(change.key.as_slice());
-                    put_values.push(value.as_slice());
-                }
-                None => {
-                    gone_kinds.push(kind_code(change.kind));
-                    gone_keys.push(change.key.as_slice());
-                }
-            }
-        }
-        let client = self
-            .client
-            .as_mut()
-            .ok_or_else(|| StoreError("the PostgreSQL store is closed".into()))?;
-        let (upsert, delete, count) = (&self.upsert, &self.delete, &self.count);
-        let (before, after) = (self.commits, self.commits + 1);
-        let token: [u8; 16] = rand::random();
-        self.making = Some(token);
-        let target = &self.target;
-        let committed = outside_runtime(|| -> Result<(), (String, Option<postgres::Error>)> {
-            let step = |what: String| move |error| (what, Some(error));
-            // A transaction dropped before its commit rolls back: all or
-            // nothing.
-            let mut transaction = client
-                .transaction()
-                .map_err(step("beginning a commit".into()))?;
-            if !gone_kinds.is_empty() {
-                transaction
-                    .execute(delete, &[&gone_kinds, &gone_keys])
-                    .map_err(step(format!(
-                        "deleting {} record(s) of {}",
-                        gone_kinds.len(),
-                        kinds_named(&gone_kinds)
-                    )))?;
-            }
-            if !put_kinds.is_empty() {
-                transaction
-                    .execute(upsert, &[&put_kinds, &put_keys, &put_values])
-                    .map_err(step(format!(
-                        "writing {} record(s) of {}",
-                        put_kinds.len(),
-                        kinds_named(&put_kinds)
-                    )))?;
-            }
-            let counted = transaction
-                .execute(count, &[&after, &before, &token.as_slice()])
-                .map_err(step("counting the commit".into()))?;
-            if counted != 1 {
-                // Only another writer on the schema moves the count: refuse
-                // to write beside it.
-                return Err(("counting the commit".into(), None));
-            }
-            transaction.commit().map_err(step("committing".into()))
-        });
-        committed.map_err(|(step, error)| match error {
-            Some(error) => store_error(target, &step, &error),
-            None => StoreError(format!(
-                "the PostgreSQL store at {target}: {step}: the count of commits is not {before}: \
-                 another process writes to this schema"
-            )),
-        })?;
-        self.commits = after;
-        self.making = None;
-        #[cfg(test)]
-        if std::mem::take(&mut self.lose_next_answer) {
-            self.making = Some(token);
-            self.commits = before;
-            return Err(StoreError(
-                "the answer to the commit was lost (a test)".into(),
-            ));
-        }
-        if self.measured.elapsed() >= SIZE_REFRESH {
-            self.measure();
-        }
-        Ok(())
+        self.write(count, changes)
     }
 
     fn size_bytes(&self) -> u64 {
         self.bytes
     }
 
-    /// Connects again (taking the schema's lock again: the lost session's
-    /// went with it, though the server may take a moment to notice) and
-    /// reads `S.commits`: the token of the failed commit means it took
-    /// effect; the count this store saw succeed, that it did not; anything
-    /// else, that another process wrote meanwhile (final).
+    /// Connects again and reads whether the failed commit took effect: its
+    /// token is kept with the commit. Under the store's lock, which the lost
+    /// session's transaction holds until it has committed or rolled back,
+    /// so that the answer cannot change after it is read. A commit that
+    /// did not take effect leaves the state in memory ahead of the store:
+    /// the next turn loads everything.
     fn resume(&mut self) -> Resume {
         if let Some(client) = self.client.take() {
-            let schema = self.target.schema().to_string();
-            let _ = outside_runtime(move || unlock_and_close(client, &schema));
+            let _ = outside_runtime(move || client.close());
         }
         let mut fresh = match PostgresStore::open(&self.target) {
             Ok(fresh) => fresh,
             Err(error) => return Resume::Unreachable(error),
         };
-        let (saw, found) = (self.commits, fresh.commits);
-        let token = match outside_runtime(|| fresh.last_token()) {
-            Ok(token) => token,
-            Err(error) => return Resume::Unreachable(error),
+        let Some(token) = self.making else {
+            fresh.seen = self.seen;
+            *self = fresh;
+            return Resume::NotCommitted;
         };
-        let resumed =
-            if found == saw + 1 && self.making.is_some_and(|making| making[..] == token[..]) {
+        let found = fresh.lock().and_then(|_| {
+            let found = fresh.run("reading whether the commit took effect", |client, s| {
+                client.query_opt(&s.token, &[&token.as_slice()])
+            })?;
+            fresh.release()?;
+            Ok(found.map(|row| row.get::<_, i64>(0)))
+        });
+        let resumed = match found {
+            Err(error) => return Resume::Unreachable(error),
+            Ok(Some(count)) => {
+                // Everything up to it was taken in when the turn began.
+                fresh.seen = self.seen.map(|_| count);
                 Resume::Committed
-            } else if found == saw {
+            }
+            Ok(None) => {
+                fresh.seen = None;
                 Resume::NotCommitted
-            } else {
-                return Resume::Final(Some(StoreError(format!(
-                    "the PostgreSQL store at {}: the count of commits is {found}, not {saw} or one \
-                 more: another process wrote to this schema while the connection was lost",
-                    self.target
-                ))));
-            };
+            }
+        };
         *self = fresh;
         resumed
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn begin_turn(&mut self) -> StoreResult<Turn> {
+        if self.turn.is_some() {
+            self.release()?;
+        }
+        let (count, purged, now) = self.lock()?;
+        let behind = self.behind(count, purged)?;
+        Ok(Turn { now, behind })
+    }
+
+    fn catch_up(&mut self) -> StoreResult<Option<Behind>> {
+        if self.turn.is_some() {
+            return Ok(None);
+        }
+        let (count, purged): (i64, i64) =
+            self.run("reading the count of commits", |client, s| {
+                client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+                let row = client.query_one(&s.head, &[])?;
+                Ok((row.get(0), row.get(1)))
+            })?;
+        self.turn = Some(count);
+        let behind = self.behind(count, purged)?;
+        self.release()?;
+        Ok(behind)
     }
 }

@@ -26,12 +26,30 @@
 //! commit made (it took effect, only its answer was lost) or makes it
 //! again (it did not), never both, and goes on. The batch's answers wait
 //! meanwhile.
+//!
+//! # Turns (a shared store)
+//!
+//! On a store other replicas share ([`Store::shared`]) an operation may run
+//! only inside a turn (see [`store`](super)). The writer runs the turns: a
+//! caller that finds none open asks for one ([`Writer::want_turn`]) and
+//! waits on the [`Gate`]; the writer begins a turn in the store, has the
+//! [`TurnHost`] (the engine's state) take in what other replicas
+//! committed and open the gate at the store's time, lets the callers that
+//! asked run (for at most [`TURN_WINDOW`]), closes the gate and commits
+//! what they appended as the turn's batch, as above. A commit that did not
+//! take effect (or whose fate stays unknown) fails its batch's answers,
+//! UNAVAILABLE, and the state is loaded again from the store at the next
+//! turn; the replica goes on. Between turns the writer looks at what the
+//! others committed every [`CATCH_UP_EVERY`], so that this replica's
+//! watchers hear of it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Resume, Store, StoreError};
+use super::{Behind, Resume, Store, StoreError, Turn};
+use crate::domain::clock::Timestamp;
 use crate::domain::records::Change;
 
 /// How long a store that can resume is asked to, after a failed commit,
@@ -41,6 +59,13 @@ pub const RESUME_FOR: Duration = Duration::from_secs(60);
 /// [`RESUME_PAUSE_MAX`].
 const RESUME_PAUSE: Duration = Duration::from_millis(50);
 const RESUME_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// How long an idle replica waits between two looks at what the other
+/// replicas committed (its watchers hear of their transitions this late).
+pub const CATCH_UP_EVERY: Duration = Duration::from_millis(50);
+/// How long a turn stays open for the callers that asked for it; one that
+/// has not come by then (gone, or slow) takes the next.
+pub const TURN_WINDOW: Duration = Duration::from_millis(5);
 
 /// What one batch did, for metrics.
 #[derive(Debug, Clone, Copy)]
@@ -81,7 +106,19 @@ struct Pending {
     in_flight_waiters: Vec<Waiter>,
     pending_waiters: Vec<Waiter>,
     closing: bool,
+    /// Turns: callers waiting for the next one, callers the open one was
+    /// begun for, and callers that ran in it.
+    wanting: usize,
+    expected: usize,
+    ran: usize,
+    /// The numbers (first, last) of turns' batches whose commit did not
+    /// take effect: their answers are refused, never released (the latest
+    /// [`ABANDONED_KEPT`]; an answer waits no longer than a few turns).
+    abandoned: std::collections::VecDeque<(u64, u64)>,
 }
+
+/// How many abandoned batches are remembered.
+const ABANDONED_KEPT: usize = 1024;
 
 impl Pending {
     /// Ends every wait: nothing more will be durable, for `why`.
@@ -106,6 +143,8 @@ struct Shared {
     /// resume.
     outage: Mutex<Option<StoreError>>,
     on_batch: OnceLock<OnBatch>,
+    /// The turns' gate, when the store is shared.
+    gate: Option<Gate>,
 }
 
 impl Shared {
@@ -120,6 +159,10 @@ impl Shared {
         if let Some(why) = self.stopped.get() {
             pending.fail_all(why);
         }
+        drop(pending);
+        if let Some(gate) = &self.gate {
+            gate.wake_waiting();
+        }
     }
 }
 
@@ -128,6 +171,70 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("stopped", &self.stopped.get())
             .finish_non_exhaustive()
+    }
+}
+
+/// The state a shared store's turns work on: the engine's, behind its lock.
+pub trait TurnHost: Send + 'static {
+    /// Under the state lock: takes in what `turn` says other replicas
+    /// committed, then opens `gate` at the turn's time. Returns the changes
+    /// the state made while taking the turn in (resources a new policy
+    /// declares, say), which the turn commits. An error (the state cannot
+    /// take in what the store holds) stops the writer.
+    fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError>;
+    /// Under the state lock: closes `gate`.
+    fn end(&mut self, gate: &Gate);
+    /// Takes in what other replicas committed between two turns.
+    fn catch_up(&mut self, behind: Behind) -> Result<(), StoreError>;
+}
+
+/// The gate of a shared store's turns: an operation runs only while a turn
+/// is open. Opened and closed by the [`TurnHost`] under the engine's state
+/// lock, so that a caller holding that lock reads a stable answer.
+#[derive(Debug)]
+pub struct Gate {
+    /// The open turn's time plus one; zero while none is open.
+    open: AtomicU64,
+    /// Moves on when a turn opens, and when the store fails: the callers
+    /// waiting for a turn look again.
+    opened: tokio::sync::watch::Sender<u64>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            open: AtomicU64::new(0),
+            opened: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// The open turn's time (read under the state lock), or `None`.
+    pub fn open_at(&self) -> Option<Timestamp> {
+        match self.open.load(Ordering::Acquire) {
+            0 => None,
+            plus_one => Some(Timestamp(plus_one - 1)),
+        }
+    }
+
+    /// Opens the turn at `now` (under the state lock).
+    pub fn open(&self, now: Timestamp) {
+        self.open
+            .store(now.0.saturating_add(1).max(1), Ordering::Release);
+    }
+
+    /// Closes the turn (under the state lock).
+    pub fn close(&self) {
+        self.open.store(0, Ordering::Release);
+    }
+
+    /// Changes when the next turn opens (or the store fails).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.opened.subscribe()
+    }
+
+    fn wake_waiting(&self) {
+        self.opened
+            .send_modify(|generation| *generation = generation.wrapping_add(1));
     }
 }
 
@@ -140,21 +247,35 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer thread on `store`.
-    pub fn start(store: Box<dyn Store>) -> std::io::Result<Writer> {
+    /// Starts the writer thread on `store`; on a shared store, running
+    /// turns on `host`'s state (required there).
+    pub fn start(
+        store: Box<dyn Store>,
+        host: Option<Box<dyn TurnHost>>,
+    ) -> std::io::Result<Writer> {
         let store_name = store.name();
+        let host = match (store.shared(), host) {
+            (true, Some(host)) => Some(host),
+            (true, None) => {
+                return Err(std::io::Error::other(format!(
+                    "the {store_name} store is shared: its writer needs the state to run turns on"
+                )));
+            }
+            (false, _) => None,
+        };
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             stopped: OnceLock::new(),
             outage: Mutex::new(None),
             on_batch: OnceLock::new(),
+            gate: host.is_some().then(Gate::new),
         });
         let thread = std::thread::Builder::new()
             .name("toolgate-store".into())
             .spawn({
                 let shared = Arc::clone(&shared);
-                move || run(&shared, store)
+                move || run(&shared, store, host)
             })?;
         Ok(Writer {
             shared,
@@ -179,6 +300,12 @@ impl Writer {
     /// holds everything the operation could have observed.
     pub fn append(&self, mut changes: Vec<Change>) -> u64 {
         let mut pending = self.shared.pending();
+        if self.shared.gate.is_some() {
+            pending.ran += 1;
+            if pending.ran >= pending.expected {
+                self.shared.wake.notify_one();
+            }
+        }
         if changes.is_empty() {
             return pending.last;
         }
@@ -193,6 +320,19 @@ impl Writer {
         drop(pending);
         self.shared.wake.notify_one();
         number
+    }
+
+    /// The turns' gate, when the store is shared: an operation runs only
+    /// while it is open.
+    pub fn gate(&self) -> Option<&Gate> {
+        self.shared.gate.as_ref()
+    }
+
+    /// Asks for a turn (a caller that found the gate closed, under the
+    /// state lock); it waits on [`Gate::subscribe`].
+    pub fn want_turn(&self) {
+        self.shared.pending().wanting += 1;
+        self.shared.wake.notify_one();
     }
 
     /// Why the writer stopped, once it has.
@@ -211,6 +351,15 @@ impl Writer {
     pub async fn durable(&self, number: u64) -> Result<(), StoreError> {
         let waiting = {
             let mut pending = self.shared.pending();
+            let abandoned = pending
+                .abandoned
+                .iter()
+                .any(|(first, last)| (*first..=*last).contains(&number));
+            if abandoned {
+                return Err(StoreError(
+                    "the commit of this call did not take effect; try again".into(),
+                ));
+            }
             if pending.durable >= number {
                 return Ok(());
             }
@@ -268,13 +417,69 @@ impl Drop for StopOnExit<'_> {
     }
 }
 
-/// The writer thread: takes what is pending, commits it as one batch, tells
-/// its waiters, repeats; returns once closed and drained, or on a failure.
-fn run(shared: &Shared, mut store: Box<dyn Store>) {
+/// The writer thread: commits batches, or runs turns on a shared store;
+/// returns once closed and drained, or on a failure.
+fn run(shared: &Shared, mut store: Box<dyn Store>, host: Option<Box<dyn TurnHost>>) {
     let _stop_on_exit = StopOnExit(shared);
+    match host {
+        None => run_batches(shared, store.as_mut()),
+        Some(mut host) => run_turns(shared, store.as_mut(), host.as_mut()),
+    }
+}
+
+/// One batch taken from what is pending.
+struct Batch {
+    changes: Vec<Change>,
+    operations: usize,
+    /// The numbers of its first and last operations.
+    first: u64,
+    last: u64,
+}
+
+/// Takes everything pending as the batch to commit; its answers wait in
+/// flight from now on.
+fn take_batch(pending: &mut Pending, spare: &mut Vec<Change>) -> Batch {
+    let changes = std::mem::replace(&mut pending.changes, std::mem::take(spare));
+    let operations = std::mem::take(&mut pending.operations);
+    let first = pending.in_flight + 1;
+    pending.in_flight = pending.last;
+    let waiting = std::mem::take(&mut pending.pending_waiters);
+    pending.in_flight_waiters = waiting;
+    Batch {
+        changes: latest_only(changes),
+        operations,
+        first,
+        last: pending.last,
+    }
+}
+
+/// Marks `batch` durable and releases its answers (metrics first, so that
+/// an answer released finds its batch counted).
+fn release(shared: &Shared, store: &dyn Store, batch: &Batch, sync: Duration) {
+    if let Some(on_batch) = shared.on_batch.get() {
+        on_batch(&BatchReport {
+            operations: batch.operations,
+            changes: batch.changes.len(),
+            sync,
+            store_bytes: store.size_bytes(),
+        });
+    }
+    let released = {
+        let mut pending = shared.pending();
+        pending.durable = batch.last;
+        std::mem::take(&mut pending.in_flight_waiters)
+    };
+    for waiter in released {
+        let _ = waiter.send(Ok(()));
+    }
+}
+
+/// Takes what is pending, commits it as one batch, tells its waiters,
+/// repeats. A failed commit stops the writer.
+fn run_batches(shared: &Shared, store: &mut dyn Store) {
     let mut spare = Vec::new();
     loop {
-        let (changes, operations, last) = {
+        let batch = {
             let mut pending = shared.pending();
             while pending.changes.is_empty() && !pending.closing {
                 pending = shared
@@ -285,18 +490,10 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
             if pending.changes.is_empty() {
                 return;
             }
-            let changes = std::mem::replace(&mut pending.changes, std::mem::take(&mut spare));
-            let operations = std::mem::take(&mut pending.operations);
-            pending.in_flight = pending.last;
-            let waiting = std::mem::take(&mut pending.pending_waiters);
-            pending.in_flight_waiters = waiting;
-            (changes, operations, pending.last)
+            take_batch(&mut pending, &mut spare)
         };
-        let changes = latest_only(changes);
         let started = Instant::now();
-        let committed = commit_or_resume(shared, store.as_mut(), &changes);
-        let sync = started.elapsed();
-        if let Err(error) = committed {
+        if let Err(error) = commit_or_resume(shared, store, &batch.changes, false) {
             tracing::error!(
                 store = store.name(),
                 %error,
@@ -306,36 +503,154 @@ fn run(shared: &Shared, mut store: Box<dyn Store>) {
             shared.stop(error);
             return;
         }
-        // Metrics first, so that an answer released below finds its batch
-        // counted.
-        if let Some(on_batch) = shared.on_batch.get() {
-            on_batch(&BatchReport {
-                operations,
-                changes: changes.len(),
-                sync,
-                store_bytes: store.size_bytes(),
-            });
-        }
-        let released = {
-            let mut pending = shared.pending();
-            pending.durable = last;
-            std::mem::take(&mut pending.in_flight_waiters)
-        };
-        for waiter in released {
-            let _ = waiter.send(Ok(()));
-        }
-        spare = changes;
+        release(shared, store, &batch, started.elapsed());
+        spare = batch.changes;
         spare.clear();
+    }
+}
+
+/// Runs turns on a shared store (see the module documentation) while
+/// callers ask for them, and catches up between them; returns once closed.
+fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
+    let Some(gate) = shared.gate.as_ref() else {
+        return;
+    };
+    let mut spare = Vec::new();
+    loop {
+        let wanted = {
+            let pending = shared.pending();
+            let (mut pending, _) = shared
+                .wake
+                .wait_timeout_while(pending, CATCH_UP_EVERY, |pending| {
+                    pending.wanting == 0 && !pending.closing
+                })
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if pending.wanting == 0 && pending.closing {
+                return;
+            }
+            // Asked for before the turn begins: these callers run in it.
+            pending.expected = std::mem::take(&mut pending.wanting);
+            pending.ran = 0;
+            pending.expected > 0
+        };
+        if !wanted {
+            match store.catch_up() {
+                Ok(None) => {}
+                Ok(Some(behind)) => {
+                    if let Err(error) = host.catch_up(behind) {
+                        shared.stop(error);
+                        return;
+                    }
+                }
+                Err(error) => reconnect(shared, store, gate, error),
+            }
+            continue;
+        }
+        let turn = match store.begin_turn() {
+            Ok(turn) => turn,
+            Err(error) => {
+                reconnect(shared, store, gate, error);
+                continue;
+            }
+        };
+        match host.begin(turn, gate) {
+            Ok(changes) if !changes.is_empty() => {
+                let mut pending = shared.pending();
+                pending.changes.extend(changes);
+                pending.operations += 1;
+                pending.last += 1;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                let _ = store.commit(&[]);
+                shared.stop(error);
+                return;
+            }
+        }
+        gate.wake_waiting();
+        let batch = {
+            let pending = shared.pending();
+            let (pending, _) = shared
+                .wake
+                .wait_timeout_while(pending, TURN_WINDOW, |pending| {
+                    pending.ran < pending.expected && !pending.closing
+                })
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            drop(pending);
+            host.end(gate);
+            take_batch(&mut shared.pending(), &mut spare)
+        };
+        let started = Instant::now();
+        match commit_or_resume(shared, store, &batch.changes, true) {
+            Ok(()) => release(shared, store, &batch, started.elapsed()),
+            Err(error) => {
+                tracing::error!(
+                    store = store.name(),
+                    %error,
+                    "a turn's commit did not take effect (or its fate is unknown): its calls \
+                     are answered UNAVAILABLE, and the state is loaded again from the store"
+                );
+                let mut pending = shared.pending();
+                for waiter in std::mem::take(&mut pending.in_flight_waiters) {
+                    let _ = waiter.send(Err(error.clone()));
+                }
+                // Nothing of the batch is durable; the numbers move on,
+                // and a late wait for one of them is refused too.
+                if batch.first <= batch.last {
+                    if pending.abandoned.len() == ABANDONED_KEPT {
+                        pending.abandoned.pop_front();
+                    }
+                    pending.abandoned.push_back((batch.first, batch.last));
+                }
+                pending.durable = batch.last;
+            }
+        }
+        spare = batch.changes;
+        spare.clear();
+    }
+}
+
+/// After `error` (the store unreachable between turns): refuses new calls
+/// (an outage) and sends the waiting ones back to be refused, then asks the
+/// store to resume, with a growing pause, until it is back or the writer
+/// closes.
+fn reconnect(shared: &Shared, store: &mut dyn Store, gate: &Gate, error: StoreError) {
+    tracing::error!(
+        store = store.name(),
+        %error,
+        "the store is unreachable; every new call is refused (UNAVAILABLE) until it is back"
+    );
+    *lock(&shared.outage) = Some(error);
+    shared.pending().wanting = 0;
+    gate.wake_waiting();
+    let mut pause = RESUME_PAUSE;
+    loop {
+        match store.resume() {
+            Resume::Unreachable(error) => *lock(&shared.outage) = Some(error),
+            Resume::Final(Some(error)) => *lock(&shared.outage) = Some(error),
+            Resume::Committed | Resume::NotCommitted | Resume::Final(None) => {
+                tracing::warn!(store = store.name(), "the store is back");
+                *lock(&shared.outage) = None;
+                return;
+            }
+        }
+        if wait_unless_closing(shared, pause) {
+            return;
+        }
+        pause = (pause * 2).min(RESUME_PAUSE_MAX);
     }
 }
 
 /// Commits `changes`; when that fails and the store can resume, asks it to
 /// until it is back (then counts the commit if it took effect, or makes it
-/// again) or [`RESUME_FOR`] has passed, or the writer is closing.
+/// again; in a turn, `turn`, a commit that did not take effect is not made
+/// again: other replicas may have gone on since) or [`RESUME_FOR`] has
+/// passed, or the writer is closing.
 fn commit_or_resume(
     shared: &Shared,
     store: &mut dyn Store,
     changes: &[Change],
+    turn: bool,
 ) -> Result<(), StoreError> {
     let mut failed = match store.commit(changes) {
         Ok(()) => return Ok(()),
@@ -356,6 +671,12 @@ fn commit_or_resume(
             );
             *lock(&shared.outage) = None;
             return Ok(());
+        }
+        if matches!(resumed, Resume::NotCommitted) && turn {
+            *lock(&shared.outage) = None;
+            return Err(StoreError(format!(
+                "the commit did not take effect ({failed}); try again"
+            )));
         }
         if matches!(resumed, Resume::NotCommitted) {
             match store.commit(changes) {
@@ -437,7 +758,7 @@ mod tests {
     #[tokio::test]
     async fn answers_wait_for_their_batch_and_see_it_stored() {
         let store = MemoryStore::new();
-        let writer = Writer::start(Box::new(store.clone())).unwrap();
+        let writer = Writer::start(Box::new(store.clone()), None).unwrap();
         assert_eq!(writer.append(Vec::new()), 0);
         let first = writer.append(vec![put(b"a", b"1")]);
         let second = writer.append(vec![put(b"b", b"2")]);

@@ -33,6 +33,7 @@ mod policy_tests;
 mod postgres_store;
 mod properties;
 mod recovery;
+mod replicas;
 mod service_surface;
 mod store_cli;
 mod tls;

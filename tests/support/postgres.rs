@@ -26,6 +26,11 @@ impl TestSchema {
                  schemas in"
             )
         });
+        TestSchema::on(&base)
+    }
+
+    /// A fresh schema of the database at `base`.
+    pub fn on(base: &str) -> TestSchema {
         let name = format!("it_{:016x}", rand::random::<u64>());
         let separator = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{separator}schema={name}");
@@ -56,5 +61,73 @@ impl TestSchema {
 impl Drop for TestSchema {
     fn drop(&mut self) {
         let _ = self.execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name()));
+    }
+}
+
+/// A PostgreSQL cluster of one test's own (`bash .ci/postgres start`, with
+/// the server binaries this machine has), for tests that stop and restart
+/// the server under load without disturbing the other tests' database.
+/// Stopped and removed when dropped.
+pub struct PrivateCluster {
+    /// Its database's URL (with the password).
+    pub url: String,
+    dir: String,
+}
+
+impl PrivateCluster {
+    pub fn start() -> PrivateCluster {
+        let output = std::process::Command::new("bash")
+            .args([".ci/postgres", "start"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env_remove(URL_VARIABLE)
+            .env_remove("TOOLGATE_TEST_POSTGRES_DIR")
+            .output()
+            .expect("run .ci/postgres");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let url = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("export TOOLGATE_TEST_DATABASE_URL='"))
+            .and_then(|rest| rest.strip_suffix('\''));
+        let dir = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("# stop it with: bash .ci/postgres stop "));
+        match (url, dir) {
+            (Some(url), Some(dir)) => PrivateCluster {
+                url: url.to_string(),
+                dir: dir.trim().to_string(),
+            },
+            _ => panic!(
+                "a private PostgreSQL cluster did not start (these tests need PostgreSQL's \
+                 server binaries): {}{}",
+                stdout,
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        }
+    }
+
+    /// A fresh schema of this cluster's database.
+    pub fn schema(&self) -> TestSchema {
+        TestSchema::on(&self.url)
+    }
+
+    /// Stops the server (`mode`: `fast`, or `immediate` for a crash),
+    /// waits `pause`, and starts it again on the same port.
+    pub fn restart(&self, mode: &str, pause: std::time::Duration) {
+        let status = std::process::Command::new("bash")
+            .args([".ci/postgres", "restart", &self.dir, mode])
+            .arg(pause.as_secs_f64().to_string())
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run .ci/postgres restart");
+        assert!(status.success(), "the cluster did not restart");
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .args([".ci/postgres", "stop", &self.dir])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status();
     }
 }

@@ -436,18 +436,18 @@ pub struct ServeArgs {
     /// `memory`, forgotten at exit (tests and benchmarks); or a PostgreSQL
     /// database, `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?schema=NAME]`
     /// (or `postgresql://`; the tables in schema NAME, default `toolgate`,
-    /// created when absent; one toolgate process per database and schema
-    /// for now). Prefer the environment variable for a URL with a
-    /// password: a command-line value is visible to other local users.
+    /// created when absent), which any number of toolgate processes
+    /// (replicas) may share. Without it, the policy's `[server] store`, else
+    /// `sqlite`. Prefer the environment variable for a URL with a password:
+    /// a command-line value is visible to other local users.
     #[arg(
         long,
         value_name = "STORE",
         env = "TOOLGATE_STORE",
         hide_env_values = true,
-        default_value = "sqlite",
         value_parser = StoreParser
     )]
-    pub store: StoreKind,
+    pub store: Option<StoreKind>,
     /// The durable store's directory (created owner-only; one process at a
     /// time) [default: ./toolgate-data].
     #[arg(long, value_name = "DIR")]

@@ -283,10 +283,18 @@ fn server_tls(args: &ServeArgs, policy: &Policy) -> Result<Option<ServerTls>, St
 /// recovered (and how long that took, logged).
 fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
     let started = std::time::Instant::now();
-    let store: Box<dyn Store> = match &args.store {
+    let kind = match (&args.store, &policy.server.store) {
+        (Some(kind), _) => kind.clone(),
+        // The message names the key and the rule, never the URL's password.
+        (None, Some(setting)) => {
+            StoreKind::parse(&setting.0).map_err(|message| format!("[server] store: {message}"))?
+        }
+        (None, None) => StoreKind::Sqlite,
+    };
+    let store: Box<dyn Store> = match &kind {
         StoreKind::Memory | StoreKind::Postgres(_) if args.data_dir.is_some() => {
             let dir = args.data_dir.as_deref().unwrap_or(std::path::Path::new(""));
-            let store = match &args.store {
+            let store = match &kind {
                 StoreKind::Postgres(_) => "a postgres:// store",
                 _ => "--store memory",
             };

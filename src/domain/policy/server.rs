@@ -38,6 +38,21 @@ pub struct ServerSettings {
     /// `plaintext_behind_mesh = true`: plaintext on a non-loopback address
     /// is acknowledged (a service mesh provides TLS).
     pub plaintext_behind_mesh: bool,
+    /// `store = "…"`: where `serve` keeps the state when neither `--store`
+    /// nor `TOOLGATE_STORE` says (`sqlite`, `memory` or a `postgres://` URL,
+    /// checked by `serve`).
+    pub store: Option<StoreSetting>,
+}
+
+/// The `[server] store` text. Its `Debug` form never shows it: a
+/// `postgres://` URL may hold a password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoreSetting(pub String);
+
+impl std::fmt::Debug for StoreSetting {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("StoreSetting(..)")
+    }
 }
 
 /// The PEM files TLS is served with (resolved against the policy file's
@@ -81,6 +96,7 @@ impl From<RawServer> for ServerSettings {
             max_buffered_response_bytes: raw.max_buffered_response_bytes,
             tls: None,
             plaintext_behind_mesh: raw.plaintext_behind_mesh,
+            store: raw.store.map(StoreSetting),
         }
     }
 }
@@ -105,6 +121,7 @@ pub(super) struct RawServer {
     pub(super) open_host_api: bool,
     plaintext_behind_mesh: bool,
     tls: Option<RawTls>,
+    store: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,6 +153,7 @@ impl Default for RawServer {
             open_host_api: false,
             plaintext_behind_mesh: false,
             tls: None,
+            store: None,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! What only the PostgreSQL store has: its URL (and that no message shows
-//! the password), its lock, schema versions, and its errors. Against the
+//! the password), its turns and replicas, schema versions, and its errors. Against the
 //! real server `TOOLGATE_TEST_DATABASE_URL` names (`source .ci/postgres
 //! start`); without it, every test that needs one fails saying so. The
 //! URL's own tests need no server.
@@ -7,11 +7,12 @@
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::domain::clock::Clock;
 use crate::store::postgres::{
     self, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables,
-    create_v2_commit_count, lock_keys,
+    create_v2_commit_count, create_v3_replicas,
 };
-use crate::store::{Resume, StoreError};
+use crate::store::{Behind, Resume};
 
 /// Where the tests' database is.
 pub(super) const URL_VARIABLE: &str = "TOOLGATE_TEST_DATABASE_URL";
@@ -81,7 +82,7 @@ impl TestSchema {
     /// Every row of `records`, as (kind, key, value).
     fn rows(&mut self) -> Vec<(i16, Vec<u8>, Vec<u8>)> {
         let sql = format!(
-            "SELECT kind, key, value FROM {}.records ORDER BY kind, key",
+            "SELECT kind, key, value FROM {}.records WHERE value IS NOT NULL ORDER BY kind, key",
             self.name()
         );
         self.admin
@@ -92,19 +93,15 @@ impl TestSchema {
             .collect()
     }
 
-    /// Ends the backend that holds this schema's lock (the store's).
-    fn terminate_the_store_backend(&mut self) -> bool {
-        let (namespace, key) = lock_keys(self.name());
-        self.admin
-            .query_one(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
-                 WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
-                 AND classid::int8 = $1 AND objid::int8 = $2",
-                &[&i64::from(namespace), &i64::from(key)],
-            )
+    /// Ends the backend of `store`'s connection.
+    fn terminate(&mut self, store: &mut PostgresStore) {
+        let pid = store.backend_pid();
+        let ended: bool = self
+            .admin
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
             .unwrap()
-            .get::<_, i64>(0)
-            == 1
+            .get(0);
+        assert!(ended, "backend {pid} was not ended");
     }
 }
 
@@ -256,34 +253,68 @@ fn a_wrong_password_is_refused_without_showing_it() {
 }
 
 #[test]
-fn a_second_store_on_the_schema_is_refused_and_let_in_once_the_first_is_gone() {
+fn two_stores_on_one_schema_take_turns_and_each_reads_what_the_other_committed() {
     let schema = TestSchema::new();
     let mut first = PostgresStore::open(&schema.target).unwrap();
-    first.commit(&[put(Kind::Meta, b"m", b"1")]).unwrap();
-    let error = PostgresStore::open(&schema.target).unwrap_err();
-    assert!(
-        error
-            .0
-            .contains("is in use by another toolgate process (backend pid "),
-        "{error}"
+    let mut second = PostgresStore::open(&schema.target).unwrap();
+    assert!(first.shared());
+    let turn = first.begin_turn().unwrap();
+    assert!(matches!(turn.behind, Some(Behind::Everything(ref all)) if all.is_empty()));
+    first
+        .commit(&[put(Kind::Meta, b"m", b"1"), put(Kind::Pin, b"p", b"1")])
+        .unwrap();
+    let turn = second.begin_turn().unwrap();
+    let Some(Behind::Everything(all)) = turn.behind else {
+        panic!("a first turn loads everything");
+    };
+    assert_eq!(all.len(), 2);
+    second
+        .commit(&[put(Kind::Meta, b"m", b"2"), delete(Kind::Pin, b"p")])
+        .unwrap();
+    let mut third = PostgresStore::open(&schema.target).unwrap();
+    third.load().unwrap();
+    // The first reads only what the second committed, a deletion included,
+    // at the server's clock.
+    let before = crate::domain::clock::SystemClock.now();
+    let turn = first.begin_turn().unwrap();
+    assert!(turn.now.0.abs_diff(before.0) < 60_000, "{:?}", turn.now);
+    let Some(Behind::Changes(changes)) = turn.behind else {
+        panic!("the first is behind by one commit");
+    };
+    assert_eq!(
+        changes,
+        [put(Kind::Meta, b"m", b"2"), delete(Kind::Pin, b"p")]
     );
-    assert!(
-        error.0.contains(&format!(
-            "application_name \"toolgate[{}]\"",
-            std::process::id()
-        )),
-        "{error}"
-    );
-    assert!(error.0.contains(&schema.target.to_string()), "{error}");
-    assert!(error.0.contains("not supported yet"), "{error}");
-    // The refusal changed nothing: the first still commits.
-    first.commit(&[put(Kind::Meta, b"m", b"2")]).unwrap();
+    // While the first's turn is open, another waits for its own.
+    let waiting = std::thread::spawn(move || {
+        let started = Instant::now();
+        let turn = third.begin_turn().unwrap();
+        third.commit(&[]).unwrap();
+        (started.elapsed(), turn.behind.is_some())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    first.commit(&[put(Kind::Meta, b"m", b"3")]).unwrap();
+    let (waited, behind) = waiting.join().unwrap();
+    assert!(waited >= Duration::from_millis(200), "{waited:?}");
+    assert!(behind, "the third's turn began after the first's commit");
+    // A turn with nothing to commit ends without one.
+    second.begin_turn().unwrap();
+    second.commit(&[]).unwrap();
+    // Between turns, catching up reads what others committed.
+    assert!(matches!(second.catch_up().unwrap(), None));
+    first.commit(&[put(Kind::Meta, b"n", b"1")]).unwrap();
+    let Some(Behind::Changes(changes)) = second.catch_up().unwrap() else {
+        panic!("the second is behind");
+    };
+    assert_eq!(changes, [put(Kind::Meta, b"n", b"1")]);
     // Another schema of the same database is another store.
     let other = TestSchema::new();
-    PostgresStore::open(&other.target).unwrap();
-    drop(first);
-    let mut second = PostgresStore::open(&schema.target).unwrap();
-    assert_eq!(contents(&mut second), expect(&[(Kind::Meta, b"m", b"2")]));
+    let mut other_store = PostgresStore::open(&other.target).unwrap();
+    assert!(contents(&mut other_store).is_empty());
+    assert_eq!(
+        contents(&mut second),
+        expect(&[(Kind::Meta, b"m", b"3"), (Kind::Meta, b"n", b"1")])
+    );
 }
 
 #[test]
@@ -300,12 +331,15 @@ fn opening_creates_the_tables_then_finds_them_current() {
     );
     assert_eq!(
         store.opened().describe().as_deref(),
-        Some("created the tables (schema version 2)")
+        Some("created the tables (schema version 3)")
     );
     assert_eq!(store.name(), "postgres");
     drop(store);
-    assert_eq!(schema.tables(), ["commits", "records", "schema_version"]);
-    assert_eq!(schema.version(), 2);
+    assert_eq!(
+        schema.tables(),
+        ["commits", "records", "schema_version", "tokens"]
+    );
+    assert_eq!(schema.version(), 3);
     let store = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(store.opened().found, SCHEMA_VERSION);
     assert_eq!(store.opened().describe(), None);
@@ -332,48 +366,62 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
     store.commit(&[put(Kind::Pin, b"p", b"1")]).unwrap();
     drop(store);
     // A migration that fails leaves the current version as it was.
-    const FAILING: &[Migration] = &[create_v1_tables, create_v2_commit_count, add_extra, fail];
+    const FAILING: &[Migration] = &[
+        create_v1_tables,
+        create_v2_commit_count,
+        create_v3_replicas,
+        add_extra,
+        fail,
+    ];
     let error = PostgresStore::open_with(&schema.target, FAILING).unwrap_err();
     assert!(
-        error.0.contains("migrating from schema version 3 to 4"),
+        error.0.contains("migrating from schema version 4 to 5"),
         "{error}"
     );
-    assert_eq!(schema.tables(), ["commits", "records", "schema_version"]);
-    assert_eq!(schema.version(), 2);
-    // From 2 to 3.
-    const LATER: &[Migration] = &[create_v1_tables, create_v2_commit_count, add_extra];
+    assert_eq!(
+        schema.tables(),
+        ["commits", "records", "schema_version", "tokens"]
+    );
+    assert_eq!(schema.version(), 3);
+    // From 3 to 4.
+    const LATER: &[Migration] = &[
+        create_v1_tables,
+        create_v2_commit_count,
+        create_v3_replicas,
+        add_extra,
+    ];
     let store = PostgresStore::open_with(&schema.target, LATER).unwrap();
     assert_eq!(
         store.opened().describe().as_deref(),
-        Some("migrated the schema from version 2 to 3")
+        Some("migrated the schema from version 3 to 4")
     );
     drop(store);
     assert_eq!(
         schema.tables(),
-        ["commits", "extra", "records", "schema_version"]
+        ["commits", "extra", "records", "schema_version", "tokens"]
     );
-    assert_eq!(schema.version(), 3);
-    // This binary knows version 2 only: version 3 is refused, untouched.
+    assert_eq!(schema.version(), 4);
+    // This binary knows version 3 only: version 4 is refused, untouched.
     let rows = schema.rows();
     let error = PostgresStore::open(&schema.target).unwrap_err();
     assert!(
         error.0.contains(&format!(
-            "has schema version 3; this toolgate knows up to {SCHEMA_VERSION}: upgrade toolgate"
+            "has schema version 4; this toolgate knows up to {SCHEMA_VERSION}: upgrade toolgate"
         )),
         "{error}"
     );
     assert_eq!(
         schema.tables(),
-        ["commits", "extra", "records", "schema_version"]
+        ["commits", "extra", "records", "schema_version", "tokens"]
     );
-    assert_eq!(schema.version(), 3);
+    assert_eq!(schema.version(), 4);
     assert_eq!(schema.rows(), rows);
-    // And the refused open let go of the lock.
+    // And the refused open let go of the store's lock.
     PostgresStore::open_with(&schema.target, LATER).unwrap();
 }
 
 #[test]
-fn a_version_1_schema_gets_its_commit_count_and_keeps_its_records() {
+fn a_version_1_schema_is_migrated_to_the_latest_and_keeps_its_records() {
     let mut schema = TestSchema::new();
     let name = schema.name().to_string();
     // Version 1 as the first release made it.
@@ -390,13 +438,16 @@ fn a_version_1_schema_gets_its_commit_count_and_keeps_its_records() {
     let mut store = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(
         store.opened().describe().as_deref(),
-        Some("migrated the schema from version 1 to 2")
+        Some("migrated the schema from version 1 to 3")
     );
     assert_eq!(contents(&mut store), expect(&[(Kind::Receipt, b"r", b"1")]));
     store.commit(&[put(Kind::Receipt, b"s", b"2")]).unwrap();
     drop(store);
-    assert_eq!(schema.tables(), ["commits", "records", "schema_version"]);
-    assert_eq!(schema.version(), 2);
+    assert_eq!(
+        schema.tables(),
+        ["commits", "records", "schema_version", "tokens"]
+    );
+    assert_eq!(schema.version(), 3);
 }
 
 #[test]
@@ -443,7 +494,8 @@ fn a_lost_connection_fails_the_commit_and_frees_the_schema() {
     let mut schema = TestSchema::new();
     let mut store = PostgresStore::open(&schema.target).unwrap();
     store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
-    assert!(schema.terminate_the_store_backend());
+    store.begin_turn().unwrap();
+    schema.terminate(&mut store);
     let error = store.commit(&[put(Kind::Receipt, b"r", b"2")]).unwrap_err();
     assert!(
         error
@@ -451,101 +503,103 @@ fn a_lost_connection_fails_the_commit_and_frees_the_schema() {
             .starts_with(&format!("the PostgreSQL store at {}: ", schema.target)),
         "{error}"
     );
-    drop(store);
-    let mut reopened = resumed_open(&schema.target);
-    assert_eq!(
-        contents(&mut reopened),
-        expect(&[(Kind::Receipt, b"r", b"1")])
-    );
+    // The lost turn's lock went with its session: another store takes a
+    // turn at once.
+    let mut other = PostgresStore::open(&schema.target).unwrap();
+    other.begin_turn().unwrap();
+    other.commit(&[]).unwrap();
+    assert_eq!(contents(&mut other), expect(&[(Kind::Receipt, b"r", b"1")]));
 }
 
-/// Runs `attempt` until the schema is no longer "in use" (the server ends
-/// a lost session, and its lock, in its own time) or 10 s pass.
-fn once_the_lock_is_free<T>(
-    mut attempt: impl FnMut() -> Result<T, StoreError>,
-) -> Result<T, StoreError> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match attempt() {
-            Err(error) if Instant::now() < deadline => {
-                assert!(error.0.contains("in use"), "{error}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            done => return done,
-        }
+/// Resumes `store`, which must reach the server.
+fn resumed(store: &mut PostgresStore) -> Resume {
+    match store.resume() {
+        Resume::Unreachable(error) => panic!("{error}"),
+        other => other,
     }
 }
 
-/// Resumes `store` once the lost session's lock is free.
-fn resumed(store: &mut PostgresStore) -> Resume {
-    once_the_lock_is_free(|| match store.resume() {
-        Resume::Unreachable(error) => Err(error),
-        other => Ok(other),
-    })
-    .unwrap_or_else(|error| panic!("{error}"))
-}
-
-/// Opens the store at `target` once a lost session's lock is free.
-fn resumed_open(target: &PostgresTarget) -> PostgresStore {
-    once_the_lock_is_free(|| PostgresStore::open(target)).unwrap_or_else(|error| panic!("{error}"))
-}
-
 #[test]
-fn after_a_lost_connection_a_commit_that_did_not_take_effect_is_made_again() {
+fn after_a_lost_connection_a_commit_that_did_not_take_effect_is_known_not_to_have() {
     let mut schema = TestSchema::new();
     let mut store = PostgresStore::open(&schema.target).unwrap();
     store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
-    assert!(schema.terminate_the_store_backend());
+    store.begin_turn().unwrap();
+    schema.terminate(&mut store);
     let lost = [put(Kind::Receipt, b"r", b"2"), put(Kind::Meta, b"m", b"2")];
     store.commit(&lost).unwrap_err();
     assert_eq!(resumed(&mut store), Resume::NotCommitted);
-    store.commit(&lost).unwrap();
+    // The state that made it is not the store's: the next turn loads
+    // everything.
+    let turn = store.begin_turn().unwrap();
+    assert!(matches!(turn.behind, Some(Behind::Everything(_))));
     store.commit(&[put(Kind::Receipt, b"s", b"3")]).unwrap();
     drop(store);
     let mut reopened = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(
         contents(&mut reopened),
-        expect(&[
-            (Kind::Meta, b"m", b"2"),
-            (Kind::Receipt, b"r", b"2"),
-            (Kind::Receipt, b"s", b"3")
-        ])
+        expect(&[(Kind::Receipt, b"r", b"1"), (Kind::Receipt, b"s", b"3")])
     );
 }
 
 #[test]
-fn after_a_lost_answer_the_commit_that_took_effect_is_counted_not_made_again() {
+fn after_a_lost_answer_the_commit_that_took_effect_is_known_to_have() {
     let schema = TestSchema::new();
     let mut store = PostgresStore::open(&schema.target).unwrap();
+    let mut other = PostgresStore::open(&schema.target).unwrap();
+    store.load().unwrap();
     store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
     store.lose_next_answer = true;
+    store.begin_turn().unwrap();
     store.commit(&[put(Kind::Receipt, b"r", b"2")]).unwrap_err();
+    // Another replica commits meanwhile: the lost commit is still found.
+    other.commit(&[put(Kind::Receipt, b"o", b"1")]).unwrap();
     assert_eq!(resumed(&mut store), Resume::Committed);
-    // The count goes on from the commit that took effect.
+    // And the next turn reads the other's commit, not its own again.
+    let Some(Behind::Changes(changes)) = store.begin_turn().unwrap().behind else {
+        panic!("behind by the other's commit");
+    };
+    assert_eq!(changes, [put(Kind::Receipt, b"o", b"1")]);
     store.commit(&[put(Kind::Receipt, b"r", b"3")]).unwrap();
     drop(store);
     let mut reopened = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(
         contents(&mut reopened),
-        expect(&[(Kind::Receipt, b"r", b"3")])
+        expect(&[(Kind::Receipt, b"o", b"1"), (Kind::Receipt, b"r", b"3")])
     );
 }
 
 #[test]
-fn a_commit_by_another_process_while_the_connection_was_lost_makes_the_failure_final() {
-    let mut schema = TestSchema::new();
-    let mut store = PostgresStore::open(&schema.target).unwrap();
-    store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
-    assert!(schema.terminate_the_store_backend());
-    store.commit(&[put(Kind::Receipt, b"r", b"2")]).unwrap_err();
-    // Another process takes the schema meanwhile and commits.
-    let mut other = resumed_open(&schema.target);
-    other.commit(&[put(Kind::Receipt, b"o", b"1")]).unwrap();
-    drop(other);
-    match resumed(&mut store) {
-        Resume::Final(Some(error)) => assert!(error.0.contains("another process"), "{error}"),
-        other => panic!("{other:?}"),
+fn tombstones_are_purged_and_a_replica_behind_them_loads_everything() {
+    let schema = TestSchema::new();
+    let mut behind = PostgresStore::open(&schema.target).unwrap();
+    behind.load().unwrap();
+    let mut busy = PostgresStore::open(&schema.target).unwrap();
+    busy.commit(&[put(Kind::Receipt, b"gone", b"1")]).unwrap();
+    busy.commit(&[delete(Kind::Receipt, b"gone")]).unwrap();
+    for n in 0..super::super::postgres::KEEP_COMMITS + super::super::postgres::PURGE_EVERY {
+        busy.commit(&[put(Kind::Meta, b"n", &n.to_be_bytes())])
+            .unwrap();
     }
+    let tombstones: i64 = busy
+        .target()
+        .connect()
+        .unwrap()
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {}.records WHERE value IS NULL",
+                schema.name()
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(tombstones, 0);
+    let Some(Behind::Everything(all)) = behind.begin_turn().unwrap().behind else {
+        panic!("too far behind for the changes");
+    };
+    assert_eq!(all.len(), 1);
+    behind.commit(&[]).unwrap();
 }
 
 #[test]

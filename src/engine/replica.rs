@@ -1,0 +1,132 @@
+//! The engine's side of a shared store's turns ([`TurnHost`]): what other
+//! replicas committed is taken into this replica's state at the start of
+//! each turn (and between turns), their ledger transitions are sent to this
+//! replica's watchers, and the gate is opened and closed under the state
+//! lock (see [`store::writer`](crate::store::writer)).
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use tokio::sync::broadcast;
+
+use crate::domain::clock::{Clock, SystemClock, Timestamp};
+use crate::domain::ledger::ApprovalEvent;
+use crate::domain::policy::Policy;
+use crate::domain::records::Change;
+use crate::domain::state::State;
+use crate::store::writer::{Gate, TurnHost};
+use crate::store::{Behind, StoreError, Turn};
+
+/// The engine's state, policy and watchers, as the writer thread sees them.
+pub(super) struct Host {
+    pub state: Arc<Mutex<State>>,
+    pub policy: Arc<RwLock<Arc<Policy>>>,
+    pub events: broadcast::Sender<ApprovalEvent>,
+    /// The policy the state last adopted (its resources): a reload's new
+    /// resources are adopted in the next turn, against the state every
+    /// replica committed.
+    pub adopted: Arc<Policy>,
+    /// The engine's clock: a turn's time is the store's clock, moved by as
+    /// much as this clock is from the system's (none in production; a
+    /// test's clock moves time so).
+    pub clock: Arc<dyn Clock>,
+}
+
+/// The time of a turn the store began at `store_now`: the store's clock,
+/// moved by as much as `clock` is from the system's (nothing in production;
+/// a test's clock moves time so).
+pub(super) fn time_of(clock: &dyn Clock, store_now: Timestamp) -> Timestamp {
+    let offset = i128::from(clock.now().0) - i128::from(SystemClock.now().0);
+    let now = (i128::from(store_now.0) + offset).max(0);
+    Timestamp(u64::try_from(now).unwrap_or(u64::MAX))
+}
+
+fn lock(state: &Mutex<State>) -> Result<MutexGuard<'_, State>, StoreError> {
+    state
+        .lock()
+        .map_err(|_| StoreError("the state is unavailable after an internal failure".into()))
+}
+
+impl Host {
+    fn policy(&self) -> Arc<Policy> {
+        match self.policy.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Takes `behind` into `state`; the transitions go to the watchers
+    /// once the lock is let go.
+    fn take_in(
+        &self,
+        state: &mut State,
+        policy: &Policy,
+        behind: Behind,
+    ) -> Result<Vec<ApprovalEvent>, StoreError> {
+        let failed = |error: crate::domain::error::Error| {
+            StoreError(format!(
+                "what other replicas committed could not be taken in: {error}"
+            ))
+        };
+        match behind {
+            Behind::Changes(changes) => apply_stub(state, policy, &changes).map_err(failed),
+            Behind::Everything(records) => {
+                *state = State::restore(policy, records).map_err(failed)?;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    fn send(&self, events: Vec<ApprovalEvent>) {
+        for event in events {
+            // No receivers is fine: nobody is watching.
+            let _ = self.events.send(event);
+        }
+    }
+}
+
+impl TurnHost for Host {
+    fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError> {
+        let policy = self.policy();
+        let shared = Arc::clone(&self.state);
+        let mut state = lock(&shared)?;
+        let events = match turn.behind {
+            Some(behind) => self.take_in(&mut state, &policy, behind)?,
+            None => Vec::new(),
+        };
+        if !Arc::ptr_eq(&policy, &self.adopted) {
+            state.adopt_policy(&policy);
+            self.adopted = policy;
+        }
+        let changes = state
+            .take_changes()
+            .map_err(|error| StoreError(format!("a change could not be encoded: {error}")))?;
+        gate.open(time_of(self.clock.as_ref(), turn.now));
+        drop(state);
+        self.send(events);
+        Ok(changes)
+    }
+
+    fn end(&mut self, gate: &Gate) {
+        // Poisoned or not: the gate closes.
+        let _state = self.state.lock();
+        gate.close();
+    }
+
+    fn catch_up(&mut self, behind: Behind) -> Result<(), StoreError> {
+        let policy = self.policy();
+        let mut state = lock(&self.state)?;
+        let events = self.take_in(&mut state, &policy, behind)?;
+        drop(state);
+        self.send(events);
+        Ok(())
+    }
+}
+
+// TEMPORARY until State::apply_changes lands.
+fn apply_stub(
+    _state: &mut State,
+    _policy: &Policy,
+    _changes: &[Change],
+) -> crate::domain::error::Result<Vec<ApprovalEvent>> {
+    Err(crate::domain::error::Error::Internal("not yet".into()))
+}

@@ -1,0 +1,371 @@
+//! Replicas: several `toolgate serve` processes on one PostgreSQL schema
+//! (the real server of `TOOLGATE_TEST_DATABASE_URL`, a fresh schema per
+//! test) share one ledger, one receipt log and one set of resources: a
+//! grant made on one is consumed on another, once, however many race for
+//! it; a receipt replays on any of them; a watcher on one sees the others'
+//! transitions in commit order; a replica killed under load loses nothing
+//! that was acknowledged.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use tokio_stream::StreamExt;
+
+use crate::support::policies::portable;
+use crate::support::postgres::{PrivateCluster, TestSchema};
+use crate::support::spawn::{Serve, Spawned};
+use crate::support::tokens::EXAMPLE_REVIEWER;
+use crate::support::{authed, grant_request, pb, proposal, session};
+
+const RECOVERY: &str = "tests/fixtures/policies/recovery.toml";
+
+fn replica(schema: &TestSchema) -> Spawned {
+    Serve::new(&portable(RECOVERY))
+        .args(&["--store", &schema.url])
+        .start()
+}
+
+fn set_note(call_id: &str, value: &str) -> pb::Proposal {
+    let arguments = serde_json::json!({ "item": "note", "value": value }).to_string();
+    proposal(call_id, "agent", "set_item", 0, &arguments)
+}
+
+fn post(call_id: &str, version: u64, text: &str) -> pb::Proposal {
+    let arguments = serde_json::json!({ "text": text }).to_string();
+    proposal(call_id, "agent", "post", version, &arguments)
+}
+
+async fn decide(server: &Spawned, call: &pb::Proposal) -> pb::DecideResponse {
+    let request = crate::support::decide_request(session("agent", "s1", "w"), call.clone());
+    server
+        .pdp()
+        .await
+        .decide(request)
+        .await
+        .expect("Decide answers")
+        .into_inner()
+}
+
+async fn dispatch(
+    server: &Spawned,
+    call: &pb::Proposal,
+) -> Result<pb::DispatchResponse, tonic::Status> {
+    let request = crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
+    server
+        .pdp()
+        .await
+        .dispatch(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+async fn approvals(
+    server: &Spawned,
+) -> pb::approvals_client::ApprovalsClient<tonic::transport::Channel> {
+    pb::approvals_client::ApprovalsClient::new(server.channel().await)
+}
+
+async fn grant(server: &Spawned, approval_id: &str) -> pb::Approval {
+    approvals(server)
+        .await
+        .grant_approval(authed(
+            grant_request(approval_id.to_string(), "checked"),
+            EXAMPLE_REVIEWER,
+        ))
+        .await
+        .expect("grant")
+        .into_inner()
+}
+
+async fn approval(server: &Spawned, approval_id: &str) -> pb::Approval {
+    approvals(server)
+        .await
+        .get_approval(authed(
+            pb::GetApprovalRequest {
+                approval_id: approval_id.to_string(),
+            },
+            EXAMPLE_REVIEWER,
+        ))
+        .await
+        .expect("GetApproval")
+        .into_inner()
+}
+
+async fn resource(server: &Spawned, name: &str) -> pb::Resource {
+    pb::resources_client::ResourcesClient::new(server.channel().await)
+        .get_resource(authed(
+            pb::GetResourceRequest {
+                name: name.to_string(),
+                page_token: String::new(),
+                page_size: 0,
+            },
+            EXAMPLE_REVIEWER,
+        ))
+        .await
+        .expect("GetResource")
+        .into_inner()
+}
+
+/// The next event on `events` within 10 s.
+async fn next_event(events: &mut tonic::Streaming<pb::ApprovalEvent>) -> pb::ApprovalEvent {
+    tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("an event within 10 s")
+        .expect("the stream goes on")
+        .expect("an event, not an error")
+}
+
+#[tokio::test]
+async fn a_grant_on_one_replica_is_consumed_on_another_and_replays_on_a_third() {
+    let schema = TestSchema::new();
+    let (a, b, c) = (replica(&schema), replica(&schema), replica(&schema));
+    let mut events = approvals(&c)
+        .await
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, EXAMPLE_REVIEWER))
+        .await
+        .expect("watch")
+        .into_inner();
+    // Decide on A asks for approval; B and C know the request at once.
+    let call = set_note("c-note", "shared");
+    let decided = decide(&a, &call).await;
+    assert_eq!(decided.reason, "approval-required", "{decided:?}");
+    assert_eq!(
+        approval(&c, &decided.approval_id).await.status(),
+        pb::ApprovalStatus::Pending
+    );
+    // The same proposal decided again on B finds A's request pending.
+    let again = decide(&b, &call).await;
+    assert_eq!(again.approval_id, decided.approval_id, "{again:?}");
+    // A reviewer grants on A; the host dispatches on B; C replays.
+    assert_eq!(
+        grant(&a, &decided.approval_id).await.status(),
+        pb::ApprovalStatus::Granted
+    );
+    let committed = dispatch(&b, &call).await.expect("Dispatch on B");
+    assert_eq!(
+        (committed.status(), committed.replayed),
+        (pb::DispatchStatus::Ok, false),
+        "{committed:?}"
+    );
+    let replayed = dispatch(&c, &call).await.expect("Dispatch on C");
+    assert!(replayed.replayed, "{replayed:?}");
+    assert_eq!(replayed.receipt_id, committed.receipt_id);
+    assert_eq!(
+        approval(&a, &decided.approval_id).await.status(),
+        pb::ApprovalStatus::Consumed
+    );
+    // The watcher on C saw A's request and grant and B's consumption, in
+    // that order.
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let event = next_event(&mut events).await;
+        if event.approval.as_ref().map(|a| a.approval_id.as_str())
+            == Some(decided.approval_id.as_str())
+        {
+            seen.push(event.kind());
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            pb::ApprovalEventKind::Requested,
+            pb::ApprovalEventKind::Granted,
+            pb::ApprovalEventKind::Consumed
+        ]
+    );
+    for server in [a, b, c] {
+        assert_eq!(server.stop(), Some(0));
+    }
+}
+
+#[tokio::test]
+async fn three_hundred_dispatches_of_one_grant_over_three_replicas_commit_once() {
+    let schema = TestSchema::new();
+    let replicas = [replica(&schema), replica(&schema), replica(&schema)];
+    let call = set_note("c-race", "raced");
+    let decided = decide(&replicas[0], &call).await;
+    grant(&replicas[1], &decided.approval_id).await;
+    let mut clients = Vec::new();
+    for server in &replicas {
+        clients.push(server.pdp().await);
+    }
+    let mut racing = tokio::task::JoinSet::new();
+    for index in 0..300 {
+        let mut client = clients[index % 3].clone();
+        let request = crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
+        racing.spawn(async move { client.dispatch(request).await.map(|r| r.into_inner()) });
+    }
+    let (mut first, mut receipts) = (0, HashSet::new());
+    while let Some(answer) = racing.join_next().await {
+        let answer = answer.expect("the task").expect("Dispatch answers");
+        assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
+        first += usize::from(!answer.replayed);
+        receipts.insert(answer.receipt_id);
+    }
+    assert_eq!(first, 1, "one commit, the rest replays");
+    assert_eq!(receipts.len(), 1, "{receipts:?}");
+    // Once: the note moved to version 1, as every replica reads it.
+    for server in &replicas {
+        let note = resource(server, "note").await;
+        assert_eq!((note.value_json.as_str(), note.version), ("\"raced\"", 1));
+    }
+    assert_eq!(
+        approval(&replicas[2], &decided.approval_id).await.status(),
+        pb::ApprovalStatus::Consumed
+    );
+}
+
+/// What a poster was told was committed: (call id, version, receipt id).
+type Acknowledged = Vec<(String, u64, String)>;
+
+/// Posts to the one queue through `client` until `stop` is set: each post
+/// at the version it last saw (STALE says the one in force; a new call id
+/// then), an UNAVAILABLE retried with the same call until it is answered
+/// (for up to 60 s: the store resumes). Returns what was acknowledged.
+async fn post_until(
+    mut client: pb::policy_decision_point_client::PolicyDecisionPointClient<
+        tonic::transport::Channel,
+    >,
+    name: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Acknowledged {
+    let mut acknowledged = Vec::new();
+    let (mut version, mut attempt) = (0, 0);
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        attempt += 1;
+        let call = post(&format!("{name}-{attempt}"), version, name);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let answer = loop {
+            let request =
+                crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
+            match client.dispatch(request).await {
+                Ok(answer) => break answer.into_inner(),
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                    ) && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // A replica that is gone ends its poster.
+                Err(_) => return acknowledged,
+            }
+        };
+        match answer.status() {
+            pb::DispatchStatus::Ok => {
+                acknowledged.push((call.call_id.clone(), version, answer.receipt_id.clone()));
+                version = answer.version;
+            }
+            pb::DispatchStatus::StaleVersion => version = answer.version,
+            other => panic!("{other:?}: {answer:?}"),
+        }
+    }
+    acknowledged
+}
+
+/// Every acknowledged post replays on `server` with its receipt, and no two
+/// made the same version: each committed once, in one order.
+async fn every_post_committed_once(server: &Spawned, acknowledged: &[(String, u64, String)]) {
+    let mut versions = HashSet::new();
+    for (call_id, version, receipt_id) in acknowledged {
+        let answer = dispatch(server, &post(call_id, *version, &call_id[..1]))
+            .await
+            .expect("replay");
+        assert!(answer.replayed, "{call_id}: {answer:?}");
+        assert_eq!(&answer.receipt_id, receipt_id, "{call_id}");
+        assert!(versions.insert(answer.version), "{call_id}: {answer:?}");
+    }
+    let queue = resource(server, "queue").await;
+    assert_eq!(queue.item_count, Some(acknowledged.len() as u64));
+}
+
+/// Runs one poster per replica for `load`, doing `fault` in the middle.
+async fn under_load(replicas: &[&Spawned], load: Duration, fault: impl FnOnce()) -> Acknowledged {
+    const NAMES: [&str; 3] = ["a", "b", "c"];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut posters = Vec::new();
+    for (server, name) in replicas.iter().zip(NAMES) {
+        posters.push(tokio::spawn(post_until(
+            server.pdp().await,
+            name,
+            std::sync::Arc::clone(&stop),
+        )));
+    }
+    tokio::time::sleep(load / 2).await;
+    tokio::task::block_in_place(fault);
+    tokio::time::sleep(load / 2).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acknowledged = Vec::new();
+    for poster in posters {
+        acknowledged.extend(poster.await.expect("the poster"));
+    }
+    acknowledged
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_under_load_loses_nothing_acknowledged() {
+    let schema = TestSchema::new();
+    let doomed = replica(&schema);
+    let (b, c) = (replica(&schema), replica(&schema));
+    let pid = doomed.pid().to_string();
+    let acknowledged = under_load(&[&doomed, &b, &c], Duration::from_secs(3), || {
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+    })
+    .await;
+    assert!(acknowledged.len() >= 30, "{}", acknowledged.len());
+    every_post_committed_once(&c, &acknowledged).await;
+    for server in [b, c] {
+        assert_eq!(server.stop(), Some(0));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_restarted_and_cut_under_load_loses_no_grant_and_commits_nothing_twice() {
+    let cluster = PrivateCluster::start();
+    let schema = cluster.schema();
+    let replicas = [replica(&schema), replica(&schema), replica(&schema)];
+    let [a, b, c] = &replicas;
+    // A grant made before the faults.
+    let call = set_note("c-before", "granted before");
+    let decided = decide(a, &call).await;
+    grant(b, &decided.approval_id).await;
+    // A restart, then a crash with the server gone for two seconds
+    // (commits in flight at that moment lose their connection).
+    let mut acknowledged = under_load(&[a, b, c], Duration::from_secs(4), || {
+        cluster.restart("fast", Duration::ZERO)
+    })
+    .await;
+    acknowledged.extend(
+        under_load(&[a, b, c], Duration::from_secs(4), || {
+            cluster.restart("immediate", Duration::from_secs(2))
+        })
+        .await,
+    );
+    assert!(acknowledged.len() >= 30, "{}", acknowledged.len());
+    // Every replica serves again by itself.
+    for server in &replicas {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.health().await
+            != tonic_health::pb::health_check_response::ServingStatus::Serving
+        {
+            assert!(Instant::now() < deadline, "health stayed NOT_SERVING");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    every_post_committed_once(c, &acknowledged).await;
+    // The grant is still there, and commits once.
+    let committed = dispatch(c, &call).await.expect("Dispatch");
+    assert_eq!(
+        (committed.status(), committed.replayed),
+        (pb::DispatchStatus::Ok, false),
+        "{committed:?}"
+    );
+    let replayed = dispatch(a, &call).await.expect("Dispatch");
+    assert!(replayed.replayed, "{replayed:?}");
+    assert_eq!(replayed.receipt_id, committed.receipt_id);
+}
