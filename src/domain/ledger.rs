@@ -466,44 +466,211 @@ impl Ledger {
     /// The ledger of stored records (recovery), every index rebuilt as the
     /// operations that made the records left it: the latest request per
     /// (workspace, fingerprint) is current, live records have deadlines,
-    /// finished ones queue for eviction in the order they finished.
+    /// finished ones queue for eviction in the order they finished. (Of two
+    /// records with one id, the earlier request is kept.)
     pub fn restore(mut approvals: Vec<Approval>) -> Ledger {
-        approvals.sort_by_key(|approval| (approval.requested_at, approval.id));
+        approvals.sort_unstable_by_key(|approval| (approval.id, approval.requested_at));
+        approvals.dedup_by_key(|approval| approval.id);
+        // Finished records are put in the order they finished (by request
+        // among those of one millisecond), so that they queue in that order.
+        approvals.sort_unstable_by_key(|approval| {
+            (
+                approval.status.is_live(),
+                finish_time(approval),
+                approval.requested_at,
+                approval.id,
+            )
+        });
         let mut ledger = Ledger::default();
-        let mut finished = Vec::new();
         for approval in approvals {
-            let (id, hash) = (approval.id, ledger.records.hash(&approval.id));
-            if find_record(&ledger.records, id).is_some() {
-                continue;
-            }
-            let bytes = record_bytes(&approval);
-            if approval.status == ApprovalStatus::Pending {
-                ledger.count_pending(&approval);
-            }
-            if approval.status.is_live() {
-                ledger.deadlines.insert((approval.expires_at, id));
-            } else {
-                let finished_at = approval.finished_at.unwrap_or(approval.requested_at);
-                let denied = approval.status == ApprovalStatus::Denied;
-                finished.push((finished_at, approval.requested_at, id, denied));
-                ledger.evictable_bytes = ledger.evictable_bytes.saturating_add(bytes);
-            }
-            ledger.by_request.insert((approval.requested_at, id));
-            ledger.make_current(&approval);
-            ledger.bytes = ledger.bytes.saturating_add(bytes);
-            ledger.records.insert_unique(hash, Box::new(approval));
-        }
-        finished.sort_unstable();
-        for (finished_at, _, id, denied) in finished {
-            let queue = if denied {
-                &mut ledger.denied
-            } else {
-                &mut ledger.finished
-            };
-            queue.insert((finished_at, ledger.finish_serial), id);
-            ledger.finish_serial += 1;
+            ledger.put(approval);
         }
         ledger
+    }
+
+    /// A record as another replica wrote it (or stored it): added, or
+    /// replacing the record of its id whole, every index kept as
+    /// [`Ledger::restore`] of the records would build it; nothing is
+    /// journaled. The transition it represents, for watchers: a new pending
+    /// record is `Requested`, a status changed (or a record first seen in a
+    /// final status) is the event of its new status, an unchanged status is
+    /// none.
+    pub fn apply(&mut self, approval: Approval) -> Option<ApprovalEvent> {
+        let id = approval.id;
+        let before = self.put(approval);
+        let approval = find_record(&self.records, id)?;
+        if before == Some(approval.status) {
+            return None;
+        }
+        let kind = match approval.status {
+            ApprovalStatus::Pending => EventKind::Requested,
+            ApprovalStatus::Granted => EventKind::Granted,
+            ApprovalStatus::Denied => EventKind::Denied,
+            ApprovalStatus::Revoked => EventKind::Revoked,
+            ApprovalStatus::Consumed => EventKind::Consumed,
+            ApprovalStatus::Expired => EventKind::Expired,
+        };
+        Some(ApprovalEvent {
+            kind,
+            approval: approval.clone(),
+        })
+    }
+
+    /// Drops the record stored under (`requested_at`, `id`) as another
+    /// replica did, and its index entries; nothing is journaled. A record
+    /// not held (or held under another request time) is no error.
+    ///
+    /// When it was the current record of its (workspace, fingerprint),
+    /// none is current afterwards, as after an eviction: every older record
+    /// of the same (workspace, fingerprint) is final and neither denied (a
+    /// newer request is only made when the standing is none), so its
+    /// standing is none whether or not it is current.
+    pub fn remove(&mut self, requested_at: Timestamp, id: Uuid) {
+        match find_record(&self.records, id) {
+            Some(approval) if approval.requested_at == requested_at => {}
+            _ => return,
+        }
+        if let Some((approval, _)) = self.take_out(id) {
+            let hash = current_hash(
+                &self.current,
+                &approval.request.workspace,
+                &approval.request.fingerprint,
+            );
+            self.current.remove(hash, |entry| entry.id == id);
+        }
+    }
+
+    /// Adds a record, or replaces the record of its id whole, with every
+    /// index; the status it replaced, if any. A finished record keeps its
+    /// place in its eviction queue when it finished at the same time; a
+    /// record newly finished queues last.
+    fn put(&mut self, approval: Approval) -> Option<ApprovalStatus> {
+        let id = approval.id;
+        let mut before = None;
+        let mut serial = None;
+        if let Some((old, queued)) = self.take_out(id) {
+            before = Some(old.status);
+            let same_queue = !old.status.is_live()
+                && !approval.status.is_live()
+                && finish_time(&old) == finish_time(&approval)
+                && (old.status == ApprovalStatus::Denied)
+                    == (approval.status == ApprovalStatus::Denied);
+            if same_queue {
+                serial = queued;
+            }
+            if old.request.workspace != approval.request.workspace
+                || old.request.fingerprint != approval.request.fingerprint
+            {
+                let hash = current_hash(
+                    &self.current,
+                    &old.request.workspace,
+                    &old.request.fingerprint,
+                );
+                self.current.remove(hash, |entry| entry.id == id);
+            }
+        }
+        let bytes = record_bytes(&approval);
+        if approval.status == ApprovalStatus::Pending {
+            self.count_pending(&approval);
+        }
+        if approval.status.is_live() {
+            self.deadlines.insert((approval.expires_at, id));
+        } else {
+            let serial = serial.unwrap_or_else(|| {
+                let next = self.finish_serial;
+                self.finish_serial += 1;
+                next
+            });
+            let queue = if approval.status == ApprovalStatus::Denied {
+                &mut self.denied
+            } else {
+                &mut self.finished
+            };
+            queue.insert((finish_time(&approval), serial), id);
+            self.evictable_bytes = self.evictable_bytes.saturating_add(bytes);
+        }
+        self.by_request.insert((approval.requested_at, id));
+        self.make_latest_current(&approval);
+        self.bytes = self.bytes.saturating_add(bytes);
+        let hash = self.records.hash(&id);
+        self.records.insert_unique(hash, Box::new(approval));
+        before
+    }
+
+    /// Takes a record out of the table and of every index but `current`;
+    /// the record and the serial of its eviction queue entry, if it had one.
+    fn take_out(&mut self, id: Uuid) -> Option<(Box<Approval>, Option<u64>)> {
+        let hash = self.records.hash(&id);
+        let approval = self.records.remove(hash, |approval| approval.id == id)?;
+        let bytes = record_bytes(&approval);
+        self.bytes = self.bytes.saturating_sub(bytes);
+        if approval.status == ApprovalStatus::Pending {
+            decrement_pending(
+                &mut self.pending_total,
+                &mut self.pending_by_actor,
+                &mut self.pending_by_host,
+                &approval,
+            );
+        }
+        let mut serial = None;
+        if approval.status.is_live() {
+            self.deadlines.remove(&(approval.expires_at, id));
+        } else {
+            self.evictable_bytes = self.evictable_bytes.saturating_sub(bytes);
+            let queue = if approval.status == ApprovalStatus::Denied {
+                &mut self.denied
+            } else {
+                &mut self.finished
+            };
+            let at = finish_time(&approval);
+            let queued = queue
+                .range((at, 0)..=(at, u64::MAX))
+                .find(|(_, queued)| **queued == id)
+                .map(|(key, _)| *key);
+            if let Some(key) = queued {
+                queue.remove(&key);
+                serial = Some(key.1);
+            }
+        }
+        self.by_request.remove(&(approval.requested_at, id));
+        Some((approval, serial))
+    }
+
+    /// Makes `approval` the current one for its (workspace, fingerprint)
+    /// unless a later request (by request time, then id) is: what restore
+    /// makes current, whatever the order records come in.
+    fn make_latest_current(&mut self, approval: &Approval) {
+        let (current, records) = (&mut self.current, &self.records);
+        let hash = current_hash(
+            current,
+            &approval.request.workspace,
+            &approval.request.fingerprint,
+        );
+        let found = current.find_mut(hash, |current| {
+            current.fingerprint == approval.request.fingerprint
+                && current.workspace == approval.request.workspace
+        });
+        match found {
+            Some(current) => {
+                let later = current.id == approval.id
+                    || find_record(records, current.id).is_none_or(|held| {
+                        (held.requested_at, held.id) < (approval.requested_at, approval.id)
+                    });
+                if later {
+                    current.id = approval.id;
+                }
+            }
+            None => {
+                current.insert_unique(
+                    hash,
+                    Current {
+                        workspace: approval.request.workspace.clone(),
+                        fingerprint: approval.request.fingerprint,
+                        id: approval.id,
+                    },
+                );
+            }
+        }
     }
 
     /// The records written or dropped since the last call, in order.
@@ -780,6 +947,20 @@ impl Ledger {
         );
         self.current.remove(current, |entry| entry.id == id);
     }
+}
+
+/// When a finished record finished, as its eviction queue orders it.
+fn finish_time(approval: &Approval) -> Timestamp {
+    approval.finished_at.unwrap_or(approval.requested_at)
+}
+
+/// The (request time, id) of the key an approval is stored under; `None`
+/// when the key was not made by [`record_key`].
+pub fn parse_record_key(key: &[u8]) -> Option<(Timestamp, Uuid)> {
+    let [at, id] = <[&[u8]; 2]>::try_from(records::split_key(key)?).ok()?;
+    let at = u64::from_be_bytes(at.try_into().ok()?);
+    let id = Uuid::from_slice(id).ok()?;
+    Some((Timestamp(at), id))
 }
 
 /// A new pending record for `new`, requested `now`, expiring after the

@@ -143,6 +143,40 @@ struct ReceiptRecord<Text, Stored> {
     receipt: Stored,
 }
 
+/// A stored receipt record, decoded ([`decode_receipt`]).
+pub struct StoredReceiptRecord(ReceiptRecord<String, Receipt>);
+
+/// The receipt record of a stored value.
+pub fn decode_receipt(value: &[u8]) -> Result<StoredReceiptRecord> {
+    records::decode_value(Kind::Receipt, value).map(StoredReceiptRecord)
+}
+
+/// The parts of the key a receipt is stored under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiptKey {
+    pub created_at: Timestamp,
+    pub host: String,
+    pub actor: String,
+    pub call_id: String,
+}
+
+/// The parts of a receipt's key; a key that does not decode is a corrupt
+/// store.
+pub fn decode_receipt_key(key: &[u8]) -> Result<ReceiptKey> {
+    let parts = records::split_key(key).and_then(|parts| {
+        let [at, host, actor, call_id] = <[&[u8]; 4]>::try_from(parts).ok()?;
+        let created_at = Timestamp(u64::from_be_bytes(at.try_into().ok()?));
+        let text = |part: &[u8]| std::str::from_utf8(part).ok().map(str::to_string);
+        Some(ReceiptKey {
+            created_at,
+            host: text(host)?,
+            actor: text(actor)?,
+            call_id: text(call_id)?,
+        })
+    });
+    parts.ok_or_else(|| records::corrupt_key(Kind::Receipt))
+}
+
 /// The key a receipt is stored under: by age first, so that new receipts
 /// land at the end of the store's tree and old ones leave from its start.
 fn record_key(created_at: Timestamp, host: &str, actor: &str, call_id: &str) -> Vec<u8> {
@@ -251,6 +285,20 @@ impl ReceiptLog {
     /// Stores the receipt of a call id; the caller has checked that it has
     /// none yet (Dispatch step 4, under the same lock) and made room.
     pub fn insert(&mut self, host: &str, actor: &str, call_id: &str, receipt: Receipt) {
+        let record = ReceiptRecord {
+            host,
+            actor,
+            call_id,
+            receipt: &receipt,
+        };
+        let record_key = record_key(receipt.created_at, host, actor, call_id);
+        self.journal.put(Kind::Receipt, record_key, &record);
+        self.store(host, actor, call_id, receipt);
+    }
+
+    /// Puts a receipt in the table and the age index (nothing journaled);
+    /// the caller has checked that its call id has none.
+    fn store(&mut self, host: &str, actor: &str, call_id: &str, receipt: Receipt) {
         let hash = self.hash(host, actor, call_id);
         let key = CallKey::new(host, actor, call_id);
         let bytes = receipt_bytes(
@@ -261,14 +309,6 @@ impl ReceiptLog {
             receipt.result.value.as_ref(),
         );
         self.bytes = self.bytes.saturating_add(bytes);
-        let record = ReceiptRecord {
-            host,
-            actor,
-            call_id,
-            receipt: &receipt,
-        };
-        let record_key = record_key(receipt.created_at, host, actor, call_id);
-        self.journal.put(Kind::Receipt, record_key, &record);
         self.by_age.insert((receipt.created_at, key.clone()));
         self.receipts.insert_unique(
             hash,
@@ -280,18 +320,64 @@ impl ReceiptLog {
         );
     }
 
-    /// The log of stored receipts (recovery).
+    /// Takes a call id's receipt out of the table and the age index.
+    fn take_out(&mut self, host: &str, actor: &str, call_id: &str) -> Option<Box<StoredReceipt>> {
+        let hash = self.hash(host, actor, call_id);
+        let stored = self
+            .receipts
+            .remove(hash, |stored| stored.key.is(host, actor, call_id))?;
+        self.by_age
+            .remove(&(stored.receipt.created_at, stored.key.clone()));
+        self.bytes = self.bytes.saturating_sub(stored.bytes);
+        Some(stored)
+    }
+
+    /// The log of stored receipts (recovery). Of two records of one call
+    /// id, the first is kept.
     pub fn restore(stored: &[Record]) -> Result<ReceiptLog> {
         let mut log = ReceiptLog::default();
         for record in stored {
-            let record: ReceiptRecord<String, Receipt> = records::decode(record)?;
-            let (host, actor, call_id) = (&record.host, &record.actor, &record.call_id);
-            if log.get(host, actor, call_id).is_none() {
-                log.insert(host, actor, call_id, record.receipt);
+            let record = decode_receipt(&record.value)?;
+            if log
+                .get(&record.0.host, &record.0.actor, &record.0.call_id)
+                .is_none()
+            {
+                log.put(record);
             }
         }
-        log.journal = Journal::default();
         Ok(log)
+    }
+
+    /// A receipt record as another replica wrote it: added, or replacing
+    /// the receipt of its call id whole (its place in the age order too).
+    /// Nothing is journaled.
+    pub fn put(&mut self, record: StoredReceiptRecord) {
+        let ReceiptRecord {
+            host,
+            actor,
+            call_id,
+            receipt,
+        } = record.0;
+        self.take_out(&host, &actor, &call_id);
+        self.store(&host, &actor, &call_id, receipt);
+    }
+
+    /// Drops the receipt stored under this key ([`decode_receipt_key`]), as
+    /// another replica did (an eviction); nothing is journaled. One not held
+    /// (or held under another time) is no error.
+    pub fn delete(&mut self, key: &ReceiptKey) {
+        let ReceiptKey {
+            created_at,
+            host,
+            actor,
+            call_id,
+        } = key;
+        if self
+            .get(host, actor, call_id)
+            .is_some_and(|receipt| receipt.created_at == *created_at)
+        {
+            self.take_out(host, actor, call_id);
+        }
     }
 
     /// The receipts stored and evicted since the last call, in order.

@@ -167,13 +167,28 @@ impl Journal {
 
 /// Decodes a stored value; a value that does not decode is a corrupt store.
 pub fn decode<'a, T: Deserialize<'a>>(record: &'a Record) -> Result<T> {
-    serde_json::from_slice(&record.value).map_err(|error| {
+    decode_value(record.kind, &record.value)
+}
+
+/// Decodes the value of a record of `kind` (a stored record's, or a
+/// change's read back from the store); one that does not decode is a
+/// corrupt store.
+pub fn decode_value<'a, T: Deserialize<'a>>(kind: Kind, value: &'a [u8]) -> Result<T> {
+    serde_json::from_slice(value).map_err(|error| {
         Error::Internal(format!(
             "the store holds a {} record that does not decode ({error}); \
              run `toolgate store check`",
-            record.kind.table()
+            kind.table()
         ))
     })
+}
+
+/// The error for a record of `kind` whose key does not decode.
+pub fn corrupt_key(kind: Kind) -> Error {
+    Error::Internal(format!(
+        "the store holds a {} record whose key does not decode; run `toolgate store check`",
+        kind.table()
+    ))
 }
 
 // The leaf types of the domain, as they are stored.

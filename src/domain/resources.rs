@@ -79,6 +79,53 @@ struct ResourceRecord {
     value: Option<Value>,
 }
 
+/// A stored resource record, decoded ([`decode_resource`]).
+pub struct StoredResource(ResourceRecord);
+
+/// The name and record of a stored resource of this key and value.
+pub fn decode_resource(key: &[u8], value: &[u8]) -> Result<(String, StoredResource)> {
+    let name = String::from_utf8(key.to_vec()).map_err(|_| records::corrupt_key(Kind::Resource))?;
+    let record = records::decode_value(Kind::Resource, value)?;
+    Ok((name, StoredResource(record)))
+}
+
+/// The name of a resource of this key.
+pub fn decode_resource_key(key: &[u8]) -> Result<String> {
+    String::from_utf8(key.to_vec()).map_err(|_| records::corrupt_key(Kind::Resource))
+}
+
+/// The queue items one batch of changes writes and drops, per resource and
+/// index, the last change to each index winning; applied together by
+/// [`Resources::apply_items`].
+#[derive(Debug, Default)]
+pub struct QueueItemChanges {
+    items: BTreeMap<String, BTreeMap<usize, Option<Value>>>,
+}
+
+impl QueueItemChanges {
+    /// An item written (decoded now: a corrupt one fails here).
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        let (name, index) = item_parts(key).ok_or_else(|| records::corrupt_key(Kind::QueueItem))?;
+        let item = records::decode_value(Kind::QueueItem, value)?;
+        self.items
+            .entry(name)
+            .or_default()
+            .insert(index, Some(item));
+        Ok(())
+    }
+
+    /// An item dropped.
+    pub fn delete(&mut self, key: &[u8]) -> Result<()> {
+        let (name, index) = item_parts(key).ok_or_else(|| records::corrupt_key(Kind::QueueItem))?;
+        self.items.entry(name).or_default().insert(index, None);
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
 /// The meta record of the global version.
 const GLOBAL_VERSION_KEY: &[u8] = b"global_version";
 
@@ -216,46 +263,17 @@ impl Resources {
     /// stores it and a later policy cannot change it behind a restart.
     pub fn restore(policy: &StatePolicy, stored: &[Record], items: &[Record]) -> Result<Self> {
         let mut restored = Resources::new(policy);
-        let corrupt = |what: &str| {
-            Error::Internal(format!(
-                "the store holds {what}; run `toolgate store check`"
-            ))
-        };
         for record in stored {
-            let name = String::from_utf8(record.key.clone())
-                .map_err(|_| corrupt("a resource whose name is not UTF-8"))?;
-            let stored: ResourceRecord = records::decode(record)?;
-            let resource = Resource {
-                value: stored.value.unwrap_or_else(|| Value::Array(Vec::new())),
-                version: stored.version,
-                replaced: stored.replaced,
-            };
-            restored.resources.insert(name, resource);
+            let (name, stored) = decode_resource(&record.key, &record.value)?;
+            // The store's record replaces the policy's value, items and all.
+            restored.resources.remove(&name);
+            restored.put_resource(name, stored);
         }
-        let mut ordered = Vec::with_capacity(items.len());
+        let mut changes = QueueItemChanges::default();
         for record in items {
-            let Some((name, index)) = item_parts(&record.key) else {
-                return Err(corrupt("a queue item whose key does not decode"));
-            };
-            ordered.push((name, index, record));
+            changes.put(&record.key, &record.value)?;
         }
-        // Each queue's items in index order, each index once.
-        ordered.sort_unstable_by(|left, right| (&left.0, left.1).cmp(&(&right.0, right.1)));
-        for (name, index, record) in ordered {
-            let item: Value = records::decode(record)?;
-            match restored
-                .resources
-                .get_mut(&name)
-                .map(|resource| &mut resource.value)
-            {
-                Some(Value::Array(list)) if list.len() == index => list.push(item),
-                _ => {
-                    return Err(corrupt(&format!(
-                        "a stray item {index} of resource {name:?}"
-                    )));
-                }
-            }
-        }
+        restored.apply_items(changes)?;
         let names: Vec<String> = restored
             .resources
             .keys()
@@ -268,10 +286,126 @@ impl Resources {
         Ok(restored)
     }
 
+    /// A resource record as another replica wrote it (or stored it): its
+    /// version and, unless it is a list, its value. A list keeps the items
+    /// it holds (records of their own, see [`Resources::apply_items`]); a
+    /// resource that was not a list becomes an empty one. Nothing is
+    /// journaled.
+    pub fn put_resource(&mut self, name: String, stored: StoredResource) {
+        let StoredResource(stored) = stored;
+        let held = self.resources.remove(&name);
+        let value = match (stored.value, held) {
+            (Some(value), _) => value,
+            (
+                None,
+                Some(Resource {
+                    value: Value::Array(items),
+                    ..
+                }),
+            ) => Value::Array(items),
+            (None, _) => Value::Array(Vec::new()),
+        };
+        let resource = Resource {
+            value,
+            version: stored.version,
+            replaced: stored.replaced,
+        };
+        self.resources.insert(name, resource);
+    }
+
+    /// Drops a resource record as another replica did (no operation does):
+    /// what restore would make of the store without it — the policy's
+    /// initial value when it declares the resource, else no resource.
+    /// Nothing is journaled.
+    pub fn delete_resource(&mut self, policy: &StatePolicy, name: &str) {
+        match policy.resources.get(name) {
+            Some(value) => {
+                let resource = Resource {
+                    value: value.clone(),
+                    version: 0,
+                    replaced: 0,
+                };
+                self.resources.insert(name.to_string(), resource);
+            }
+            None => {
+                self.resources.remove(name);
+            }
+        }
+    }
+
+    /// Applies the queue items one batch of changes wrote and dropped, after
+    /// the batch's resource records: each queue is its items held, with
+    /// those written replaced or added and those dropped removed, and must
+    /// hold them at indexes 0, 1, … without a gap (else the store is
+    /// corrupt). Items may come in any order. Amortised O(the changes) when
+    /// nothing but the end of a queue is dropped. Nothing is journaled.
+    pub fn apply_items(&mut self, changes: QueueItemChanges) -> Result<()> {
+        for (name, items) in changes.items {
+            let stray = |index: usize| {
+                Error::Internal(format!(
+                    "the store holds a stray {} record: item {index} of resource {name:?}; \
+                     run `toolgate store check`",
+                    Kind::QueueItem.table()
+                ))
+            };
+            let list = match self
+                .resources
+                .get_mut(&name)
+                .map(|resource| &mut resource.value)
+            {
+                Some(Value::Array(list)) => list,
+                _ => match items.iter().find(|(_, item)| item.is_some()) {
+                    Some((index, _)) => return Err(stray(*index)),
+                    None => continue,
+                },
+            };
+            let held = list.len();
+            let drops_held = items.range(..held).any(|(_, item)| item.is_none());
+            if !drops_held {
+                for (index, item) in items {
+                    let Some(item) = item else { continue };
+                    let len = list.len();
+                    match list.get_mut(index) {
+                        Some(slot) => *slot = item,
+                        None if index == len => list.push(item),
+                        None => return Err(stray(index)),
+                    }
+                }
+                continue;
+            }
+            let mut by_index: BTreeMap<usize, Value> =
+                std::mem::take(list).into_iter().enumerate().collect();
+            for (index, item) in items {
+                match item {
+                    Some(item) => by_index.insert(index, item),
+                    None => by_index.remove(&index),
+                };
+            }
+            for (expected, (index, item)) in by_index.into_iter().enumerate() {
+                if index != expected {
+                    return Err(stray(index));
+                }
+                list.push(item);
+            }
+        }
+        Ok(())
+    }
+
     /// Sets the global version (recovery).
     pub fn restore_global_version(&mut self, record: &Record) -> Result<()> {
         self.global_version = records::decode(record)?;
         Ok(())
+    }
+
+    /// Sets the global version as another replica wrote it (`None`: its
+    /// record dropped, as if never written). Nothing is journaled.
+    pub fn set_global_version(&mut self, version: Option<u64>) {
+        self.global_version = version.unwrap_or(0);
+    }
+
+    /// Whether `key` is the global version's meta key.
+    pub fn is_global_version_key(key: &[u8]) -> bool {
+        key == GLOBAL_VERSION_KEY
     }
 
     /// Whether `record` is the global version's meta record.

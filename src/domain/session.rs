@@ -106,6 +106,22 @@ impl DecidedCalls {
     }
 }
 
+impl DecidedCalls {
+    /// Forgets a call id; the bytes it counted (none when it was not
+    /// remembered).
+    fn remove(&mut self, call_id: &str) -> usize {
+        let hash = self.calls.hash(call_id);
+        match self.calls.remove(hash, |call| &*call.call_id == call_id) {
+            Some(_) => {
+                let freed = decided_call_bytes(call_id);
+                self.bytes = self.bytes.saturating_sub(freed);
+                freed
+            }
+            None => 0,
+        }
+    }
+}
+
 /// Stored without its call ids (each is a record of its own, so that a
 /// decision writes one small record, not the whole session).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -349,6 +365,44 @@ fn decided_key(host: &str, session_id: &str, call_id: &str) -> Vec<u8> {
     records::key(&[host.as_bytes(), session_id.as_bytes(), call_id.as_bytes()])
 }
 
+/// A decided call id as it is stored: its record's key and value.
+#[derive(Debug, Clone)]
+pub struct StoredCall {
+    host: String,
+    session_id: String,
+    call: DecidedCall,
+}
+
+impl StoredCall {
+    /// The (host, session id, call id) of its key.
+    pub fn key(&self) -> [&str; 3] {
+        [&self.host, &self.session_id, &self.call.call_id]
+    }
+}
+
+/// A stored decided call id of this key and value.
+pub fn decode_call(key: &[u8], value: &[u8]) -> Result<StoredCall> {
+    let mut call: DecidedCall = records::decode_value(Kind::DecidedCall, value)?;
+    let [host, session_id, call_id] =
+        key_parts::<3>(key).ok_or_else(|| records::corrupt_key(Kind::DecidedCall))?;
+    call.call_id = call_id.into();
+    Ok(StoredCall {
+        host,
+        session_id,
+        call,
+    })
+}
+
+/// The (host, session id, call id) of a decided call id's key.
+pub fn decode_call_key(key: &[u8]) -> Result<[String; 3]> {
+    key_parts::<3>(key).ok_or_else(|| records::corrupt_key(Kind::DecidedCall))
+}
+
+/// The (host, session id) of a session's key.
+pub fn decode_session_key(key: &[u8]) -> Result<[String; 2]> {
+    key_parts::<2>(key).ok_or_else(|| records::corrupt_key(Kind::Session))
+}
+
 /// The parts of a key made by [`records::key`], as text, when it has `N`.
 fn key_parts<const N: usize>(key: &[u8]) -> Option<[String; N]> {
     let parts = records::split_key(key)?;
@@ -587,33 +641,83 @@ impl Sessions {
     pub fn restore(sessions: &[Record], calls: &[Record]) -> Result<Sessions> {
         let mut restored = Sessions::default();
         for record in sessions {
-            let session: Session = records::decode(record)?;
-            let hash = restored.hash(&session.host, &session.session_id);
-            *restored.per_host.entry(session.host.clone()).or_insert(0) += 1;
-            restored.sessions.insert_unique(hash, Box::new(session));
+            restored.put_session(records::decode(record)?);
         }
         for record in calls {
-            let mut call: DecidedCall = records::decode(record)?;
-            let Some([host, session_id, call_id]) = key_parts::<3>(&record.key) else {
-                return Err(Error::Internal(
-                    "the store holds a decided call whose key does not decode; \
-                     run `toolgate store check`"
-                        .into(),
-                ));
-            };
-            call.call_id = call_id.into();
-            let hash = restored.hash(&host, &session_id);
-            let Some(session) = restored.sessions.find_mut(hash, |session| {
-                session.host == host && session.session_id == session_id
-            }) else {
-                continue;
-            };
-            let added = session
-                .decided
-                .insert(&call.call_id, call.fingerprint, call.refused);
-            restored.decided_bytes = restored.decided_bytes.saturating_add(added);
+            let call = decode_call(&record.key, &record.value)?;
+            restored.put_call(call);
         }
         Ok(restored)
+    }
+
+    /// A session record as another replica wrote it (or stored it): added,
+    /// or replacing the counters of the session of its (host, session id)
+    /// whole, keeping the call ids it decided (records of their own).
+    /// Nothing is journaled.
+    pub fn put_session(&mut self, mut session: Session) {
+        let hash = self.hash(&session.host, &session.session_id);
+        let found = self.sessions.find_mut(hash, |held| {
+            held.host == session.host && held.session_id == session.session_id
+        });
+        match found {
+            Some(held) => {
+                session.decided = std::mem::take(&mut held.decided);
+                **held = session;
+            }
+            None => {
+                session.decided = DecidedCalls::default();
+                *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
+                self.sessions.insert_unique(hash, Box::new(session));
+            }
+        }
+    }
+
+    /// Drops a session and the call ids it decided, as another replica did;
+    /// nothing is journaled. A session not held is no error.
+    pub fn delete_session(&mut self, host: &str, session_id: &str) {
+        let hash = self.hash(host, session_id);
+        let Some(session) = self.sessions.remove(hash, |session| {
+            session.host == host && session.session_id == session_id
+        }) else {
+            return;
+        };
+        self.decided_bytes = self.decided_bytes.saturating_sub(session.decided.bytes());
+        if let Some(count) = self.per_host.get_mut(host) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.per_host.remove(host);
+            }
+        }
+    }
+
+    /// Remembers a decided call id of a stored record in its session (added
+    /// or replaced); nothing is journaled. Handed back when its session is
+    /// not held (restore drops such a call id).
+    pub fn put_call(&mut self, call: StoredCall) -> Option<StoredCall> {
+        let hash = self.hash(&call.host, &call.session_id);
+        let Some(session) = self.sessions.find_mut(hash, |session| {
+            session.host == call.host && session.session_id == call.session_id
+        }) else {
+            return Some(call);
+        };
+        let added =
+            session
+                .decided
+                .insert(&call.call.call_id, call.call.fingerprint, call.call.refused);
+        self.decided_bytes = self.decided_bytes.saturating_add(added);
+        None
+    }
+
+    /// Forgets a decided call id, as another replica did; nothing is
+    /// journaled. One not remembered is no error.
+    pub fn delete_call(&mut self, host: &str, session_id: &str, call_id: &str) {
+        let hash = self.hash(host, session_id);
+        if let Some(session) = self.sessions.find_mut(hash, |session| {
+            session.host == host && session.session_id == session_id
+        }) {
+            let freed = session.decided.remove(call_id);
+            self.decided_bytes = self.decided_bytes.saturating_sub(freed);
+        }
     }
 
     /// The records written or dropped since the last call, in order: call

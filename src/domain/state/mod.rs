@@ -2,6 +2,7 @@
 //! method on this one type, called with the policy snapshot and the time, so
 //! that a durable or replicated backend can implement the same operations.
 
+mod apply;
 mod approvals;
 mod decide;
 mod dispatch;
@@ -109,29 +110,29 @@ impl State {
                 resources.restore_global_version(&record)?;
             }
         }
-        let mut api_pins = HashMap::new();
-        for record in take(Kind::Pin) {
-            let stored: manifests::StoredPin = records::decode(&record)?;
-            let pin = stored.into_pin()?;
-            api_pins.insert(pin.manifest.server_id.clone(), pin);
-        }
-        let mut last_assessed = HashMap::new();
-        for record in take(Kind::Assessment) {
-            let server_id = String::from_utf8(record.key.clone()).map_err(|_| {
-                Error::Internal("the store holds an assessment whose key is not UTF-8".into())
-            })?;
-            last_assessed.insert(server_id, records::decode(&record)?);
-        }
-        Ok(State {
-            api_pins,
-            last_assessed,
+        let mut restored = State {
+            api_pins: HashMap::new(),
+            last_assessed: HashMap::new(),
             ledger: Ledger::restore(approvals),
             sessions: Sessions::restore(&take(Kind::Session), &take(Kind::DecidedCall))?,
             resources,
             receipts: ReceiptLog::restore(&take(Kind::Receipt))?,
             charging_bytes: 0,
             journal: Journal::default(),
-        })
+        };
+        for record in take(Kind::Pin) {
+            let stored: manifests::StoredPin = records::decode(&record)?;
+            restored.put_pin(stored.into_pin()?);
+        }
+        for record in take(Kind::Assessment) {
+            let server_id = String::from_utf8(record.key.clone()).map_err(|_| {
+                Error::Internal("the store holds an assessment whose key is not UTF-8".into())
+            })?;
+            restored
+                .last_assessed
+                .insert(server_id, records::decode(&record)?);
+        }
+        Ok(restored)
     }
 
     /// Every record written or dropped since the last call, in the order
