@@ -666,3 +666,14 @@ fn item_parts(key: &[u8]) -> Option<(String, usize)> {
         usize::try_from(index).ok()?,
     ))
 }
+
+#[cfg(test)]
+impl Resources {
+    /// Every resource, its items and versions, for tests that compare two.
+    pub(crate) fn dump(&self) -> String {
+        format!(
+            "scope {:?} global {}\nresources {:#?}\n",
+            self.scope, self.global_version, self.resources
+        )
+    }
+}
