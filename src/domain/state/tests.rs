@@ -812,10 +812,13 @@ fn a_corrupt_change_is_an_error_naming_its_kind() {
     let stray = Change {
         kind: Kind::QueueItem,
         key: key(&[b"outbox", &1000u64.to_be_bytes()]),
-        value: Some(br#""x""#.to_vec()),
+        value: Some(br#""\"x\"""#.to_vec()),
     };
     match replicas.b.apply_changes(&policy, &[stray]) {
-        Err(Error::Internal(message)) => assert!(message.contains("queue_items"), "{message}"),
+        Err(Error::Internal(message)) => assert!(
+            message.contains("queue_items") && message.contains("gap"),
+            "{message}"
+        ),
         other => panic!("{other:?}"),
     }
     // The good batch still applies.
@@ -887,4 +890,73 @@ fn events_are_the_status_changes_whatever_came_before() {
         dump(&fresh, policy, false),
         dump(&replicas.a, policy, false)
     );
+}
+
+/// Queue items that would leave a gap in their queue (or items of a value
+/// that is not a queue) are refused before anything of the batch is
+/// applied; items that leave none are applied in any order.
+#[test]
+fn a_gap_in_a_queue_is_refused_whole() {
+    use crate::domain::canonical::parse_str;
+    let policy = policy();
+    let mut state = State::restore(&policy, Vec::new()).unwrap();
+    state.take_changes().unwrap();
+    let key = |index: u64| crate::domain::records::key(&[b"outbox", &index.to_be_bytes()]);
+    let put = |index: u64, text: &str| Change {
+        kind: Kind::QueueItem,
+        key: key(index),
+        value: Some(serde_json::to_vec(&parse_str(text).unwrap()).unwrap()),
+    };
+    let drop = |index: u64| Change {
+        kind: Kind::QueueItem,
+        key: key(index),
+        value: None,
+    };
+    let not_a_queue = Change {
+        kind: Kind::Resource,
+        key: b"outbox".to_vec(),
+        value: Some(br#"{"version":3,"replaced":1,"value":"\"v\""}"#.to_vec()),
+    };
+    let version = Change {
+        kind: Kind::Meta,
+        key: b"global_version".to_vec(),
+        value: Some(b"9".to_vec()),
+    };
+    let batches: [(Vec<Change>, Option<&str>); 7] = [
+        (
+            vec![put(2, r#""c""#), put(0, r#""a""#), put(1, r#""b""#)],
+            Some(r#"["a","b","c"]"#),
+        ),
+        (vec![version.clone(), drop(1)], None),
+        (vec![version.clone(), put(4, r#""e""#)], None),
+        (
+            vec![version.clone(), not_a_queue.clone(), put(0, r#""z""#)],
+            None,
+        ),
+        (vec![drop(1), drop(2)], Some(r#"["a"]"#)),
+        (
+            vec![put(2, r#""y""#), put(1, r#""x""#), drop(5)],
+            Some(r#"["a","x","y"]"#),
+        ),
+        (vec![drop(0), drop(1), drop(2), not_a_queue], Some(r#""v""#)),
+    ];
+    for (batch, after) in batches {
+        let before = dump(&state, &policy, false);
+        let applied = state.apply_changes(&policy, &batch);
+        match after {
+            Some(after) => {
+                applied.unwrap();
+                assert_eq!(canonical_of(&state, "outbox"), after);
+            }
+            None => {
+                match applied {
+                    Err(Error::Internal(message)) => {
+                        assert!(message.contains("queue_items") && message.contains("gap"));
+                    }
+                    other => panic!("{batch:?}: {other:?}"),
+                }
+                assert_eq!(dump(&state, &policy, false), before, "{batch:?}");
+            }
+        }
+    }
 }
