@@ -1039,3 +1039,53 @@ fn check_authority(approval: &Approval, reviewer_identity: &str, policy: &Policy
     }
     Ok(())
 }
+
+#[cfg(test)]
+impl Ledger {
+    /// Every record and index, in a stable order, for tests that compare
+    /// two ledgers. `ties_sorted`: records finished in one millisecond are
+    /// listed by id, not in the order they queue (which restore cannot know).
+    pub(crate) fn dump(&self, ties_sorted: bool) -> String {
+        let mut records: Vec<&Approval> = self.records.iter().map(|record| &**record).collect();
+        records.sort_by_key(|record| record.id);
+        let sorted = |counts: &HashMap<String, usize>| {
+            let mut counts: Vec<(String, usize)> = counts
+                .iter()
+                .map(|(key, count)| (key.clone(), *count))
+                .collect();
+            counts.sort();
+            counts
+        };
+        let mut current: Vec<(String, String, Uuid)> = self
+            .current
+            .iter()
+            .map(|current| {
+                let fingerprint = current.fingerprint.to_string();
+                (current.workspace.clone(), fingerprint, current.id)
+            })
+            .collect();
+        current.sort();
+        let queue = |queue: &BTreeMap<(Timestamp, u64), Uuid>| {
+            let mut listed: Vec<(Timestamp, Uuid)> =
+                queue.iter().map(|((at, _), id)| (*at, *id)).collect();
+            if ties_sorted {
+                listed.sort();
+            }
+            listed
+        };
+        format!(
+            "records {records:#?}\nbytes {} evictable {} pending {}\nby actor {:?}\n\
+             by host {:?}\ncurrent {current:?}\ndeadlines {:?}\nfinished {:?}\n\
+             denied {:?}\nby request {:?}\n",
+            self.bytes,
+            self.evictable_bytes,
+            self.pending_total,
+            sorted(&self.pending_by_actor),
+            sorted(&self.pending_by_host),
+            self.deadlines,
+            queue(&self.finished),
+            queue(&self.denied),
+            self.by_request,
+        )
+    }
+}

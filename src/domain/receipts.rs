@@ -385,3 +385,33 @@ impl ReceiptLog {
         self.journal.take_into(out)
     }
 }
+
+#[cfg(test)]
+impl ReceiptLog {
+    /// Every receipt, the age order and the bytes, for tests that compare
+    /// two logs.
+    pub(crate) fn dump(&self) -> String {
+        let mut receipts: Vec<String> = self
+            .receipts
+            .iter()
+            .map(|stored| {
+                format!(
+                    "{:?} {:?} {}",
+                    stored.key.parts(),
+                    stored.receipt,
+                    stored.bytes
+                )
+            })
+            .collect();
+        receipts.sort();
+        let by_age: Vec<(Timestamp, (&str, &str, &str))> = self
+            .by_age
+            .iter()
+            .map(|(at, key)| (*at, key.parts()))
+            .collect();
+        format!(
+            "receipts {receipts:#?}\nby age {by_age:?}\nbytes {}\n",
+            self.bytes
+        )
+    }
+}

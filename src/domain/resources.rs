@@ -341,13 +341,7 @@ impl Resources {
     /// nothing but the end of a queue is dropped. Nothing is journaled.
     pub fn apply_items(&mut self, changes: QueueItemChanges) -> Result<()> {
         for (name, items) in changes.items {
-            let stray = |index: usize| {
-                Error::Internal(format!(
-                    "the store holds a stray {} record: item {index} of resource {name:?}; \
-                     run `toolgate store check`",
-                    Kind::QueueItem.table()
-                ))
-            };
+            let stray = |index: usize| stray_item(&name, index);
             let list = match self
                 .resources
                 .get_mut(&name)
@@ -386,6 +380,85 @@ impl Resources {
                     return Err(stray(index));
                 }
                 list.push(item);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks, before any change of a batch is applied, that
+    /// [`Resources::apply_items`] will find no gap once the batch's
+    /// resource records (`records`, in order: a record written, or `None`
+    /// for one dropped) are applied as [`Resources::put_resource`] and
+    /// [`Resources::delete_resource`] apply them: so that a corrupt batch
+    /// changes nothing. O(the changes).
+    pub fn check_items<'a>(
+        &self,
+        policy: &StatePolicy,
+        records: impl IntoIterator<Item = (&'a str, Option<&'a StoredResource>)>,
+        changes: &QueueItemChanges,
+    ) -> Result<()> {
+        // A queue's shape: how many items it holds, `None` when not a list.
+        let shape = |value: Option<&Value>| match value {
+            Some(Value::Array(items)) => Some(items.len()),
+            _ => None,
+        };
+        let held = |name: &str| shape(self.resources.get(name).map(|resource| &resource.value));
+        let mut shapes: BTreeMap<&str, Option<usize>> = BTreeMap::new();
+        for (name, record) in records {
+            if !changes.items.contains_key(name) {
+                continue;
+            }
+            let before = shapes.get(name).copied().unwrap_or_else(|| held(name));
+            let after = match record {
+                Some(StoredResource(stored)) => match &stored.value {
+                    Some(value) => shape(Some(value)),
+                    None => Some(before.unwrap_or(0)),
+                },
+                None => shape(policy.resources.get(name)),
+            };
+            shapes.insert(name, after);
+        }
+        for (name, items) in &changes.items {
+            let shape = shapes
+                .get(name.as_str())
+                .copied()
+                .unwrap_or_else(|| held(name));
+            let Some(held) = shape else {
+                if let Some((index, _)) = items.iter().find(|(_, item)| item.is_some()) {
+                    return Err(stray_item(name, *index));
+                }
+                continue;
+            };
+            // The indexes held after: those held but not dropped, and those
+            // written; without a gap, the last is one less than their count.
+            let dropped = |index: usize| matches!(items.get(&index), Some(None));
+            let dropped_held = items
+                .range(..held)
+                .filter(|(_, item)| item.is_none())
+                .count();
+            let added = items
+                .range(held..)
+                .filter(|(_, item)| item.is_some())
+                .count();
+            let count = held - dropped_held + added;
+            let mut last_held = held;
+            while last_held > 0 && dropped(last_held - 1) {
+                last_held -= 1;
+            }
+            let last_written = items
+                .iter()
+                .rev()
+                .find(|(_, item)| item.is_some())
+                .map_or(0, |(index, _)| index + 1);
+            let end = last_held.max(last_written);
+            if end != count {
+                let gap = (0..end)
+                    .find(|index| {
+                        let written = matches!(items.get(index), Some(Some(_)));
+                        !written && (*index >= held || dropped(*index))
+                    })
+                    .unwrap_or(end);
+                return Err(stray_item(name, gap));
             }
         }
         Ok(())
@@ -657,6 +730,15 @@ pub enum PageError {
     BadIndex,
 }
 
+/// The error for a queue whose items leave a gap.
+fn stray_item(name: &str, index: usize) -> Error {
+    Error::Internal(format!(
+        "the store holds a stray {} record: item {index} of resource {name:?} (a gap in \
+         a queue, or an item of a value that is not one); run `toolgate store check`",
+        Kind::QueueItem.table()
+    ))
+}
+
 /// The (resource, index) of a queue item's key.
 fn item_parts(key: &[u8]) -> Option<(String, usize)> {
     let [name, index] = <[&[u8]; 2]>::try_from(records::split_key(key)?).ok()?;
@@ -665,4 +747,15 @@ fn item_parts(key: &[u8]) -> Option<(String, usize)> {
         String::from_utf8(name.to_vec()).ok()?,
         usize::try_from(index).ok()?,
     ))
+}
+
+#[cfg(test)]
+impl Resources {
+    /// Every resource, its items and versions, for tests that compare two.
+    pub(crate) fn dump(&self) -> String {
+        format!(
+            "scope {:?} global {}\nresources {:#?}\n",
+            self.scope, self.global_version, self.resources
+        )
+    }
 }

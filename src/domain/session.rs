@@ -741,3 +741,46 @@ impl Sessions {
         self.journal.take_into(out)
     }
 }
+
+#[cfg(test)]
+impl Sessions {
+    /// Every session with its call ids, and the counts, in a stable order,
+    /// for tests that compare two tables.
+    pub(crate) fn dump(&self) -> String {
+        let mut sessions: Vec<String> = self
+            .sessions
+            .iter()
+            .map(|session| {
+                let mut calls: Vec<String> = session
+                    .decided
+                    .calls
+                    .iter()
+                    .map(|call| format!("{} {} {:?}", call.call_id, call.fingerprint, call.refused))
+                    .collect();
+                calls.sort();
+                format!(
+                    "{:?} {:?} {} {} {:?} {:?} {} {} {} {} {:?} calls {} bytes {calls:?}",
+                    session.host,
+                    session.session_id,
+                    session.actor,
+                    session.workspace,
+                    session.started_at,
+                    session.last_seen,
+                    session.decisions,
+                    session.tool_attempts,
+                    session.executed_tools,
+                    session.executed_cost,
+                    session.stopped_reason,
+                    session.decided.bytes,
+                )
+            })
+            .collect();
+        sessions.sort();
+        let mut per_host: Vec<(&String, &usize)> = self.per_host.iter().collect();
+        per_host.sort();
+        format!(
+            "sessions {sessions:#?}\nper host {per_host:?}\ndecided bytes {}\n",
+            self.decided_bytes
+        )
+    }
+}

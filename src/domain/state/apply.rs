@@ -54,11 +54,10 @@ impl State {
     /// Returns the ledger transitions the changes represent, in their
     /// order, for this replica's watchers (see [`Ledger::apply`]).
     ///
-    /// Every change is decoded before any is applied: a corrupt one
-    /// (a value or key that does not decode) is an internal error naming
-    /// its kind, and nothing changes. Queue items are checked once all are
-    /// applied (a queue with a gap is corrupt too); that error leaves the
-    /// state partly changed, to be restored from the store.
+    /// Every change is decoded and checked before any is applied: a
+    /// corrupt one (a value or key that does not decode, queue items that
+    /// leave a gap in their queue) is an internal error naming its kind,
+    /// and nothing changes.
     pub fn apply_changes(
         &mut self,
         policy: &Policy,
@@ -69,6 +68,12 @@ impl State {
             .iter()
             .map(|change| decode(change, &mut items))
             .collect::<Result<Vec<_>>>()?;
+        let records = decoded.iter().filter_map(|change| match change {
+            Decoded::Resource(name, stored) => Some((name.as_str(), Some(stored))),
+            Decoded::ResourceGone(name) => Some((name.as_str(), None)),
+            _ => None,
+        });
+        self.resources.check_items(&policy.state, records, &items)?;
         let mut events = Vec::new();
         // Call ids written before their session (a batch writes a new
         // session's first call id before the session): kept until the end

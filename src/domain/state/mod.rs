@@ -9,6 +9,8 @@ mod dispatch;
 mod gates;
 mod manifests;
 mod queries;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 

@@ -1,0 +1,962 @@
+//! The state's tests: changes another replica committed, applied with
+//! [`State::apply_changes`], leave this replica's state as the writer's and
+//! as a restore of the store's records.
+
+use uuid::Uuid;
+
+use crate::domain::clock::Timestamp;
+use crate::domain::decision::{DispatchStatus, Dispatched, Outcome};
+use crate::domain::error::Error;
+use crate::domain::ledger::{ApprovalEvent, ApprovalStatus, EventKind, ListQuery, Verdict};
+use crate::domain::manifest::Manifest;
+use crate::domain::policy::Policy;
+use crate::domain::proposal::{self, Proposal, SessionRef};
+use crate::domain::records::{Change, Kind};
+use crate::store::Store;
+use crate::store::memory::MemoryStore;
+
+use super::*;
+
+/// Small limits, so that a few hundred operations expire, evict and fill
+/// everything; a queue (`outbox`) and a tool that can replace any resource
+/// whole (a queue by a value, a value by a queue).
+const POLICY: &str = r#"
+[limits]
+pending_ttl_seconds = 30
+grant_ttl_seconds = 45
+max_pending_per_actor = 4
+max_pending_total = 6
+max_approval_records = 10
+approval_retention_seconds = 60
+max_sessions = 5
+session_idle_seconds = 40
+receipt_capacity = 6
+receipt_retention_seconds = 20
+max_approval_argument_bytes = 1024
+max_state_bytes = 9000
+
+[profiles.agent]
+roles = ["agent"]
+max_decisions = 40
+max_tool_calls = 30
+
+[actors.learner]
+profile = "agent"
+
+[actors.other]
+profile = "agent"
+
+[tools.set_ticket]
+mode = "execute"
+roles = ["agent"]
+approvers = ["ticket-reviewer"]
+approval = "always"
+cost = 1
+effect = { kind = "set", resource_argument = "ticket", value_argument = "status", resources = ["lamp", "sensor"] }
+input_schema = { type = "object", required = ["ticket", "status"], additionalProperties = false, properties = { ticket = { type = "string" }, status = { type = "string", enum = ["open", "done"] } } }
+
+[tools.send_reply]
+mode = "execute"
+roles = ["agent"]
+approvers = ["ticket-reviewer"]
+approval = "always"
+cost = 1
+effect = { kind = "append", resource = "outbox" }
+input_schema = { type = "object", required = ["recipient", "text"], additionalProperties = false, properties = { recipient = { type = "string" }, text = { type = "string" } } }
+
+[tools.reset]
+mode = "execute"
+roles = ["agent"]
+approval = "never"
+cost = 2
+effect = { kind = "set", resource_argument = "name", value_argument = "value" }
+input_schema = { type = "object", required = ["name", "value"] }
+
+[reviewers.reviewer]
+roles = ["ticket-reviewer"]
+workspaces = ["*"]
+
+[[credentials]]
+kind = "reviewer"
+identity = "reviewer"
+sha256 = "887c3f966dd49b2b597b6d6c93d3a2790d63a1e21b1af9d648f00cc1a805aeb8"
+
+[state]
+version_scope = "resource"
+
+[state.resources]
+lamp = "open"
+sensor = "open"
+outbox = []
+
+[server]
+open_host_api = true
+"#;
+
+const MANIFEST: &str = r#"{"server": "docs", "revision": "1", "tools": [
+    {"tool": "search", "description": "Search.", "parameters": ["query"],
+     "read_only": true, "scopes": ["docs:read"]}]}"#;
+
+const REVIEWER: &str = "reviewer";
+
+fn policy() -> Policy {
+    Policy::parse(POLICY, "replicas.toml", None).unwrap()
+}
+
+/// A small deterministic generator (xorshift), so that a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// Everything the state holds, indexes included, in a stable order.
+/// `ties_sorted`: see [`Ledger::dump`].
+fn dump(state: &State, policy: &Policy, ties_sorted: bool) -> String {
+    let mut assessed: Vec<_> = state.last_assessed.iter().collect();
+    assessed.sort_by(|left, right| left.0.cmp(right.0));
+    format!(
+        "{}{}{}{}pins {:?}\nassessed {assessed:?}\nstats {:?}\nbytes {}\n",
+        state.ledger.dump(ties_sorted),
+        state.sessions.dump(),
+        state.resources.dump(),
+        state.receipts.dump(),
+        state.list_pins(policy),
+        state.stats(),
+        state.state_bytes(),
+    )
+}
+
+/// What a client can read of the state, through the operations' own reads.
+fn observe(state: &State, policy: &Policy, sessions: &[SessionRef]) -> String {
+    let mut out = format!("{:?}\n", state.stats());
+    for status in [
+        None,
+        Some(ApprovalStatus::Pending),
+        Some(ApprovalStatus::Granted),
+    ] {
+        let mut query = ListQuery {
+            status,
+            page_size: 3,
+            ..ListQuery::default()
+        };
+        loop {
+            let page = state.list_approvals(policy, &query);
+            for approval in &page.approvals {
+                let got = state.get_approval(approval.id).unwrap();
+                assert_eq!(&got, approval);
+                out.push_str(&format!("{approval:?}\n"));
+            }
+            match page.next {
+                Some(next) => query.after = Some(next),
+                None => break,
+            }
+        }
+    }
+    for session in sessions {
+        let summary = state.session(&session.host, &session.session_id, 1);
+        out.push_str(&format!("{summary:?}\n"));
+    }
+    let listed = state.list_resources(None, 100, 1 << 20);
+    out.push_str(&format!("{listed:?}\n"));
+    for name in ["lamp", "sensor", "outbox"] {
+        let page = state.resource_page(name, None, 2, 1 << 20);
+        out.push_str(&format!("{:?} {page:?}\n", state.resource(name)));
+    }
+    out.push_str(&format!(
+        "{:?} {:?}\n",
+        state.list_pins(policy),
+        state.manifest_status(policy, "docs")
+    ));
+    out
+}
+
+/// A proposal made by a test: its session and the proposal.
+#[derive(Clone)]
+struct Call {
+    session: SessionRef,
+    proposal: Proposal,
+}
+
+/// Two replicas on one store: `a` runs the operations, `b` applies what
+/// `a` committed.
+struct Replicas {
+    policy: Policy,
+    store: MemoryStore,
+    a: State,
+    b: State,
+    now: Timestamp,
+    /// What `a`'s operations returned since the last sync.
+    events: Vec<ApprovalEvent>,
+    sessions: Vec<SessionRef>,
+    calls: Vec<Call>,
+    /// Calls that committed, with their receipt ids.
+    committed: Vec<(Call, Uuid)>,
+    next_call: u64,
+    syncs: usize,
+}
+
+fn events_of(events: &[ApprovalEvent]) -> Vec<(EventKind, Uuid, ApprovalStatus)> {
+    events
+        .iter()
+        .map(|event| (event.kind, event.approval.id, event.approval.status))
+        .collect()
+}
+
+impl Replicas {
+    fn new() -> Self {
+        let policy = policy();
+        let mut store = MemoryStore::new();
+        let mut a = State::restore(&policy, store.load().unwrap()).unwrap();
+        let mut b = State::restore(&policy, store.load().unwrap()).unwrap();
+        let first = a.take_changes().unwrap();
+        assert_eq!(b.take_changes().unwrap(), first);
+        store.commit(&first).unwrap();
+        let sessions = ["learner", "other"]
+            .into_iter()
+            .flat_map(|actor| {
+                ["", "h2"].into_iter().flat_map(move |host| {
+                    ["s1", "s2"].into_iter().map(move |id| {
+                        SessionRef::new(actor.into(), format!("{actor}-{id}"), "ws".into())
+                            .unwrap()
+                            .for_host(host)
+                    })
+                })
+            })
+            .collect();
+        Replicas {
+            policy,
+            store,
+            a,
+            b,
+            now: Timestamp(1_000_000),
+            events: Vec::new(),
+            sessions,
+            calls: Vec::new(),
+            committed: Vec::new(),
+            next_call: 0,
+            syncs: 0,
+        }
+    }
+
+    /// Takes `a`'s changes, commits them and applies them to `b`; then `b`
+    /// must be `a` and what a restore of the store makes.
+    fn sync(&mut self) {
+        let changes = self.a.take_changes().unwrap();
+        self.store.commit(&changes).unwrap();
+        let events = self.b.apply_changes(&self.policy, &changes).unwrap();
+        assert_eq!(
+            events_of(&events),
+            events_of(&self.events),
+            "the events applied are not those the operations made"
+        );
+        assert_eq!(events, std::mem::take(&mut self.events));
+        assert!(
+            self.b.take_changes().unwrap().is_empty(),
+            "applied changes were journaled again"
+        );
+        let policy = &self.policy;
+        assert_eq!(dump(&self.b, policy, false), dump(&self.a, policy, false));
+        let observed = observe(&self.a, policy, &self.sessions);
+        assert_eq!(observe(&self.b, policy, &self.sessions), observed);
+        let mut restored = State::restore(policy, self.store.load().unwrap()).unwrap();
+        assert!(restored.take_changes().unwrap().is_empty());
+        assert_eq!(dump(&restored, policy, true), dump(&self.b, policy, true));
+        assert_eq!(observe(&restored, policy, &self.sessions), observed);
+        self.syncs += 1;
+    }
+
+    fn tick(&mut self, rng: &mut Rng) {
+        self.now = Timestamp(self.now.0 + 1 + rng.below(1500));
+        let events = self.a.expire_due(&self.policy, self.now);
+        self.events.extend(events);
+    }
+
+    fn new_call(&mut self, rng: &mut Rng) -> Call {
+        let session = rng.pick(&self.sessions).clone();
+        let (name, target, arguments) = match rng.below(5) {
+            0 | 1 => {
+                let ticket = *rng.pick(&["lamp", "sensor"]);
+                let status = rng.pick(&["open", "done"]);
+                let arguments = format!(r#"{{"ticket":"{ticket}","status":"{status}"}}"#);
+                ("set_ticket", ticket, arguments)
+            }
+            2 | 3 => {
+                let text = rng.below(1000);
+                let arguments = format!(r#"{{"recipient":"customer-1","text":"t{text}"}}"#);
+                ("send_reply", "outbox", arguments)
+            }
+            _ => {
+                let name = *rng.pick(&["outbox", "lamp"]);
+                let value = *rng.pick(&[r#"[]"#, r#"["x","y","z"]"#, r#"["q"]"#, r#"{"a":1}"#]);
+                let arguments = format!(r#"{{"name":"{name}","value":{value}}}"#);
+                ("reset", name, arguments)
+            }
+        };
+        let mut version = self.a.resource(target).map_or(0, |(_, version)| version);
+        if rng.below(12) == 0 {
+            version += 1;
+        }
+        self.next_call += 1;
+        let proposal = Proposal::new(
+            format!("call-{}", self.next_call),
+            session.actor.clone(),
+            name.into(),
+            version,
+            &arguments,
+        )
+        .unwrap();
+        let call = Call { session, proposal };
+        self.calls.push(call.clone());
+        call
+    }
+
+    fn decide(&mut self, call: &Call, consume: bool) -> Option<Outcome> {
+        let policy = &self.policy;
+        let screened = proposal::screen(policy, &call.session, &call.proposal);
+        let decided = if consume {
+            self.a
+                .authorize(policy, self.now, &call.session, &call.proposal, screened)
+        } else {
+            self.a
+                .decide(policy, self.now, &call.session, &call.proposal, screened)
+        };
+        match decided {
+            Ok((decision, event)) => {
+                self.events.extend(event);
+                Some(decision.outcome)
+            }
+            Err(Error::Internal(message)) => panic!("decide failed: {message}"),
+            Err(_) => None,
+        }
+    }
+
+    fn dispatch(&mut self, call: &Call) -> Option<Dispatched> {
+        let answer = dispatch_on(&mut self.a, &self.policy, self.now, call);
+        let (answer, events) = answer?;
+        self.events.extend(events);
+        if answer.status == DispatchStatus::Ok
+            && !answer.replayed
+            && let Some(receipt) = answer.receipt_id
+        {
+            self.committed.push((call.clone(), receipt));
+        }
+        Some(answer)
+    }
+
+    fn review(&mut self, rng: &mut Rng) {
+        let status = match rng.below(4) {
+            0 => ApprovalStatus::Granted,
+            _ => ApprovalStatus::Pending,
+        };
+        let query = ListQuery {
+            status: Some(status),
+            page_size: 100,
+            ..ListQuery::default()
+        };
+        let page = self.a.list_approvals(&self.policy, &query);
+        if page.approvals.is_empty() {
+            return;
+        }
+        let approval = rng.pick(&page.approvals).clone();
+        let verdict = match (status, rng.below(4)) {
+            (ApprovalStatus::Granted, _) => Verdict::Revoke,
+            (_, 0) => Verdict::Deny,
+            _ => Verdict::Grant,
+        };
+        let reviewed = self.a.review(
+            &self.policy,
+            self.now,
+            approval.id,
+            verdict,
+            REVIEWER,
+            format!("note {}", rng.below(100)),
+        );
+        self.events.push(reviewed.unwrap());
+    }
+
+    /// One operation on `a`, chosen by `rng`.
+    fn step(&mut self, rng: &mut Rng) {
+        self.tick(rng);
+        match rng.below(20) {
+            0..=4 => {
+                let call = self.new_call(rng);
+                if rng.below(2) == 0 {
+                    self.decide(&call, false);
+                } else {
+                    self.dispatch(&call);
+                }
+            }
+            5..=8 if !self.calls.is_empty() => {
+                // Again, after a grant perhaps: a commit, or a replay.
+                let call = rng
+                    .pick(&self.calls[self.calls.len().saturating_sub(8)..])
+                    .clone();
+                self.dispatch(&call);
+            }
+            9 if !self.calls.is_empty() => {
+                let call = rng
+                    .pick(&self.calls[self.calls.len().saturating_sub(8)..])
+                    .clone();
+                self.decide(&call, true);
+            }
+            10..=14 => self.review(rng),
+            15 => {
+                let manifest = Manifest::from_json(MANIFEST.as_bytes()).unwrap();
+                match rng.below(3) {
+                    0 => {
+                        self.a
+                            .pin_manifest(self.now, REVIEWER, manifest, None)
+                            .unwrap();
+                    }
+                    1 => {
+                        self.a.assess_manifest(&self.policy, &manifest);
+                    }
+                    _ => {
+                        let _ = self.a.remove_pin(&self.policy, "docs");
+                    }
+                }
+            }
+            16 => {
+                // Long enough for pending requests, grants, receipts and
+                // idle sessions to expire.
+                self.now = Timestamp(self.now.0 + 10_000 + rng.below(40_000));
+                let events = self.a.sweep(&self.policy, self.now);
+                self.events.extend(events);
+            }
+            _ => {
+                let events = self.a.sweep(&self.policy, self.now);
+                self.events.extend(events);
+            }
+        }
+    }
+}
+
+/// A Dispatch of `call` on `state`; `None` for an error (never internal).
+fn dispatch_on(
+    state: &mut State,
+    policy: &Policy,
+    now: Timestamp,
+    call: &Call,
+) -> Option<(Dispatched, Vec<ApprovalEvent>)> {
+    let screened = proposal::screen(policy, &call.session, &call.proposal);
+    match state.dispatch(policy, now, &call.session, &call.proposal, screened) {
+        Ok(answer) => Some(answer),
+        Err(Error::Internal(message)) => panic!("dispatch failed: {message}"),
+        Err(_) => None,
+    }
+}
+
+/// A long mixed run on `a`, synced to `b` every few operations: `b` is `a`
+/// and a restore of the store after every sync, and answers every replay
+/// as `a` does.
+#[test]
+fn a_replica_applying_the_changes_is_the_writer_and_its_restore() {
+    for seed in [0x9e37_79b9_7f4a_7c15_u64, 7, 12345] {
+        let mut rng = Rng(seed);
+        let mut replicas = Replicas::new();
+        for _ in 0..600 {
+            replicas.step(&mut rng);
+            if rng.below(4) == 0 {
+                replicas.sync();
+            }
+        }
+        replicas.sync();
+        let a = &replicas.a;
+        // The run reached what it is meant to exercise.
+        assert!(
+            replicas.committed.len() > 10,
+            "{}",
+            replicas.committed.len()
+        );
+        assert!(a.stats().approvals > 0 && a.stats().receipts > 0);
+        // Every commit is answered alike on both: a replay of its receipt
+        // while it is kept (and its session can still be charged).
+        let committed = std::mem::take(&mut replicas.committed);
+        let now = replicas.now;
+        let mut replays = 0;
+        for (call, receipt) in &committed {
+            let view = |answer: Option<(Dispatched, Vec<ApprovalEvent>)>| {
+                answer.map(|(answer, events)| {
+                    let receipt = answer.replayed.then_some(answer.receipt_id);
+                    (answer.status, answer.replayed, receipt, events.len())
+                })
+            };
+            let on_a = view(dispatch_on(&mut replicas.a, &replicas.policy, now, call));
+            let on_b = view(dispatch_on(&mut replicas.b, &replicas.policy, now, call));
+            assert_eq!(on_a, on_b, "{:?}", call.proposal.call_id);
+            if let Some((_, true, Some(replayed), _)) = on_a {
+                assert_eq!(replayed, Some(*receipt));
+                replays += 1;
+            }
+        }
+        assert!(replays > 0, "no commit replayed");
+        replicas.a.take_changes().unwrap();
+        replicas.b.take_changes().unwrap();
+    }
+}
+
+/// The run's events cover every transition, evictions happen and queues
+/// are replaced: what the comparison above is worth.
+#[test]
+fn the_mixed_run_exercises_every_transition() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut replicas = Replicas::new();
+    let mut kinds = Vec::new();
+    let mut deletions = std::collections::BTreeSet::new();
+    let (mut most_approvals, mut most_receipts, mut most_bytes) = (0, 0, 0);
+    for _ in 0..600 {
+        replicas.step(&mut rng);
+        let stats = replicas.a.stats();
+        most_approvals = most_approvals.max(stats.approvals);
+        most_receipts = most_receipts.max(stats.receipts);
+        most_bytes = most_bytes.max(replicas.a.state_bytes());
+        kinds.extend(replicas.events.iter().map(|event| event.kind));
+        let changes = replicas.a.take_changes().unwrap();
+        for change in &changes {
+            if change.value.is_none() {
+                deletions.insert(change.kind);
+            }
+        }
+        replicas.store.commit(&changes).unwrap();
+        replicas
+            .b
+            .apply_changes(&replicas.policy, &changes)
+            .unwrap();
+        replicas.events.clear();
+    }
+    // Full, so that a new request or receipt has to evict to fit.
+    let limits = &replicas.policy.limits;
+    assert_eq!(most_approvals, limits.max_approval_records);
+    assert_eq!(most_receipts, limits.receipt_capacity);
+    assert!(most_bytes > limits.max_state_bytes * 9 / 10, "{most_bytes}");
+    for kind in [
+        EventKind::Requested,
+        EventKind::Granted,
+        EventKind::Denied,
+        EventKind::Revoked,
+        EventKind::Expired,
+        EventKind::Consumed,
+    ] {
+        assert!(kinds.contains(&kind), "no {kind:?} event in the run");
+    }
+    for kind in [
+        Kind::Approval,
+        Kind::Session,
+        Kind::DecidedCall,
+        Kind::QueueItem,
+        Kind::Receipt,
+        Kind::Pin,
+    ] {
+        assert!(deletions.contains(&kind), "no {kind:?} dropped in the run");
+    }
+}
+
+/// After applying, `b` takes over: a grant `a` made is consumed on `b`,
+/// once; `a`, applying `b`'s changes, sees it consumed, replays `b`'s
+/// receipt and cannot use the grant again.
+#[test]
+fn the_replica_that_applied_takes_over() {
+    let mut replicas = Replicas::new();
+    let mut rng = Rng(99);
+    for _ in 0..150 {
+        replicas.step(&mut rng);
+    }
+    replicas.sync();
+    replicas.now = Timestamp(replicas.now.0 + 1);
+    let session = replicas.sessions[0].clone();
+    // Only set_ticket changes "sensor": it holds a value, not a queue.
+    let version = replicas.a.resource("sensor").unwrap().1;
+    let proposal = Proposal::new(
+        "takeover".into(),
+        session.actor.clone(),
+        "set_ticket".into(),
+        version,
+        r#"{"ticket":"sensor","status":"done"}"#,
+    )
+    .unwrap();
+    let call = Call { session, proposal };
+    replicas.sweep_a();
+    let asked = replicas.dispatch(&call).unwrap();
+    assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
+    let id = asked.approval_id.unwrap();
+    let granted = replicas
+        .a
+        .review(
+            &replicas.policy,
+            replicas.now,
+            id,
+            Verdict::Grant,
+            REVIEWER,
+            String::new(),
+        )
+        .unwrap();
+    replicas.events.push(granted);
+    replicas.sync();
+
+    // b's turn.
+    let now = Timestamp(replicas.now.0 + 1);
+    let (committed, events) = dispatch_on(&mut replicas.b, &replicas.policy, now, &call).unwrap();
+    assert_eq!(committed.status, DispatchStatus::Ok, "{committed:?}");
+    assert_eq!(committed.approval_id, Some(id));
+    assert_eq!(
+        events_of(&events),
+        [(EventKind::Consumed, id, ApprovalStatus::Consumed)]
+    );
+    let again = dispatch_on(&mut replicas.b, &replicas.policy, now, &call).unwrap();
+    assert!(again.0.replayed && again.1.is_empty());
+    let changes = replicas.b.take_changes().unwrap();
+    replicas.store.commit(&changes).unwrap();
+
+    // a's turn again.
+    let applied = replicas
+        .a
+        .apply_changes(&replicas.policy, &changes)
+        .unwrap();
+    assert_eq!(events_of(&applied), events_of(&events));
+    assert!(replicas.a.take_changes().unwrap().is_empty());
+    let policy = &replicas.policy;
+    assert_eq!(
+        dump(&replicas.a, policy, false),
+        dump(&replicas.b, policy, false)
+    );
+    assert_eq!(
+        replicas.a.get_approval(id).unwrap().status,
+        ApprovalStatus::Consumed
+    );
+    let now = Timestamp(now.0 + 1);
+    let (replayed, events) = dispatch_on(&mut replicas.a, policy, now, &call).unwrap();
+    assert!(replayed.replayed && events.is_empty(), "{replayed:?}");
+    assert_eq!(replayed.receipt_id, committed.receipt_id);
+    assert!(replicas.a.ledger.consume(id, now).is_err());
+    let screened = proposal::screen(policy, &call.session, &call.proposal);
+    let (decision, event) = replicas
+        .a
+        .authorize(policy, now, &call.session, &call.proposal, screened)
+        .unwrap();
+    assert_ne!(decision.outcome, Outcome::Allow, "the grant was used twice");
+    assert_eq!(event.map(|event| event.kind), Some(EventKind::Requested));
+}
+
+impl Replicas {
+    fn sweep_a(&mut self) {
+        let events = self.a.sweep(&self.policy, self.now);
+        self.events.extend(events);
+    }
+}
+
+/// Queue items of one resource in any order within a batch: the queue is
+/// the same.
+#[test]
+fn queue_items_may_come_in_any_order() {
+    let mut replicas = Replicas::new();
+    let session = replicas.sessions[0].clone();
+    let mut calls = Vec::new();
+    let reset = Proposal::new(
+        "reset".into(),
+        session.actor.clone(),
+        "reset".into(),
+        0,
+        r#"{"name":"outbox","value":["a","b","c"]}"#,
+    )
+    .unwrap();
+    calls.push(reset);
+    for call in &calls {
+        let call = Call {
+            session: session.clone(),
+            proposal: call.clone(),
+        };
+        let (answer, _) =
+            dispatch_on(&mut replicas.a, &replicas.policy, replicas.now, &call).unwrap();
+        assert_eq!(answer.status, DispatchStatus::Ok, "{answer:?}");
+    }
+    let mut changes = replicas.a.take_changes().unwrap();
+    let mut items: Vec<Change> = changes
+        .iter()
+        .filter(|change| change.kind == Kind::QueueItem)
+        .cloned()
+        .collect();
+    assert_eq!(items.len(), 3);
+    items.reverse();
+    changes.retain(|change| change.kind != Kind::QueueItem);
+    // Items first, then the rest: before the resource record, in reverse.
+    let reordered: Vec<Change> = items.into_iter().chain(changes.iter().cloned()).collect();
+    replicas.store.commit(&reordered).unwrap();
+    replicas
+        .b
+        .apply_changes(&replicas.policy, &reordered)
+        .unwrap();
+    let policy = &replicas.policy;
+    assert_eq!(
+        dump(&replicas.b, policy, false),
+        dump(&replicas.a, policy, false)
+    );
+    assert_eq!(
+        canonical_of(&replicas.b, "outbox"),
+        r#"["a","b","c"]"#.to_string()
+    );
+}
+
+fn canonical_of(state: &State, name: &str) -> String {
+    crate::domain::canonical::to_canonical(&state.resource(name).unwrap().0)
+}
+
+/// Deleting what is not held changes nothing and is no error.
+#[test]
+fn deleting_what_is_not_held_is_no_error() {
+    let policy = policy();
+    let mut state = State::restore(&policy, Vec::new()).unwrap();
+    state.take_changes().unwrap();
+    let before = dump(&state, &policy, false);
+    let key = crate::domain::records::key;
+    let time = crate::domain::records::time_part(Timestamp(5));
+    let deletions = [
+        (Kind::Approval, key(&[&time, Uuid::new_v4().as_bytes()])),
+        (Kind::Session, key(&[b"host", b"session"])),
+        (Kind::DecidedCall, key(&[b"host", b"session", b"call"])),
+        (Kind::QueueItem, key(&[b"outbox", &7u64.to_be_bytes()])),
+        (Kind::QueueItem, key(&[b"nothing", &0u64.to_be_bytes()])),
+        (Kind::Receipt, key(&[&time, b"host", b"actor", b"call"])),
+        (Kind::Pin, b"docs".to_vec()),
+        (Kind::Assessment, b"docs".to_vec()),
+        (Kind::Meta, b"something else".to_vec()),
+    ];
+    let changes: Vec<Change> = deletions
+        .into_iter()
+        .map(|(kind, key)| Change {
+            kind,
+            key,
+            value: None,
+        })
+        .collect();
+    assert!(state.apply_changes(&policy, &changes).unwrap().is_empty());
+    assert_eq!(dump(&state, &policy, false), before);
+    assert!(state.take_changes().unwrap().is_empty());
+}
+
+/// A value or key that does not decode is an internal error naming its
+/// kind, and nothing of the batch is applied.
+#[test]
+fn a_corrupt_change_is_an_error_naming_its_kind() {
+    let policy = policy();
+    let mut replicas = Replicas::new();
+    let mut rng = Rng(3);
+    for _ in 0..60 {
+        replicas.step(&mut rng);
+    }
+    replicas.sync();
+    // A batch of good changes, to be refused whole.
+    let mut rng_b = Rng(4);
+    for _ in 0..20 {
+        replicas.step(&mut rng_b);
+    }
+    let good = replicas.a.take_changes().unwrap();
+    assert!(!good.is_empty());
+    let before = dump(&replicas.b, &policy, false);
+    let key = crate::domain::records::key;
+    let time = crate::domain::records::time_part(Timestamp(5));
+    let valid_keys = [
+        (Kind::Approval, key(&[&time, Uuid::new_v4().as_bytes()])),
+        (Kind::Session, key(&[b"host", b"session"])),
+        (Kind::DecidedCall, key(&[b"host", b"session", b"call"])),
+        (Kind::Resource, b"outbox".to_vec()),
+        (Kind::QueueItem, key(&[b"outbox", &0u64.to_be_bytes()])),
+        (Kind::Receipt, key(&[&time, b"host", b"actor", b"call"])),
+        (Kind::Pin, b"docs".to_vec()),
+        (Kind::Assessment, b"docs".to_vec()),
+        (Kind::Meta, b"global_version".to_vec()),
+    ];
+    for (kind, valid_key) in valid_keys {
+        let corrupt_value = Change {
+            kind,
+            key: valid_key,
+            value: Some(b"{not json".to_vec()),
+        };
+        let mut corrupt_keys = vec![];
+        if kind != Kind::Meta {
+            for value in [None, Some(b"{}".to_vec())] {
+                corrupt_keys.push(Change {
+                    kind,
+                    key: vec![0xff, 0xff],
+                    value,
+                });
+            }
+        }
+        for corrupt in std::iter::once(corrupt_value).chain(corrupt_keys) {
+            let mut batch = good.clone();
+            batch.insert(batch.len() / 2, corrupt.clone());
+            match replicas.b.apply_changes(&policy, &batch) {
+                Err(Error::Internal(message)) => assert!(
+                    message.contains(kind.table()),
+                    "{kind:?} {corrupt:?}: {message}"
+                ),
+                other => panic!("{kind:?} {corrupt:?}: {other:?}"),
+            }
+            assert_eq!(dump(&replicas.b, &policy, false), before, "{kind:?}");
+        }
+    }
+    // A queue with a gap.
+    let stray = Change {
+        kind: Kind::QueueItem,
+        key: key(&[b"outbox", &1000u64.to_be_bytes()]),
+        value: Some(br#""\"x\"""#.to_vec()),
+    };
+    match replicas.b.apply_changes(&policy, &[stray]) {
+        Err(Error::Internal(message)) => assert!(
+            message.contains("queue_items") && message.contains("gap"),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // The good batch still applies.
+    replicas.store.commit(&good).unwrap();
+    replicas.b.apply_changes(&policy, &good).unwrap();
+    assert_eq!(
+        dump(&replicas.b, &policy, false),
+        dump(&replicas.a, &policy, false)
+    );
+}
+
+/// Changes read as the store's records (the last value of each key, in key
+/// order) rather than in the order they were made: a record first seen
+/// granted is a `Granted` event, the same record again none, and the state
+/// is the restore's.
+#[test]
+fn events_are_the_status_changes_whatever_came_before() {
+    let mut replicas = Replicas::new();
+    let session = replicas.sessions[0].clone();
+    let proposal = Proposal::new(
+        "first".into(),
+        session.actor.clone(),
+        "set_ticket".into(),
+        0,
+        r#"{"ticket":"sensor","status":"done"}"#,
+    )
+    .unwrap();
+    let call = Call { session, proposal };
+    let asked = replicas.dispatch(&call).unwrap();
+    assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
+    let id = asked.approval_id.unwrap();
+    let policy = &replicas.policy;
+    replicas
+        .a
+        .review(
+            policy,
+            replicas.now,
+            id,
+            Verdict::Grant,
+            REVIEWER,
+            String::new(),
+        )
+        .unwrap();
+    let changes = replicas.a.take_changes().unwrap();
+    replicas.store.commit(&changes).unwrap();
+    let records: Vec<Change> = replicas
+        .store
+        .load()
+        .unwrap()
+        .into_iter()
+        .map(|record| Change {
+            kind: record.kind,
+            key: record.key,
+            value: Some(record.value),
+        })
+        .collect();
+    let mut fresh = State::restore(policy, Vec::new()).unwrap();
+    fresh.take_changes().unwrap();
+    let events = fresh.apply_changes(policy, &records).unwrap();
+    assert_eq!(
+        events_of(&events),
+        [(EventKind::Granted, id, ApprovalStatus::Granted)]
+    );
+    assert!(fresh.apply_changes(policy, &records).unwrap().is_empty());
+    let mut restored = State::restore(policy, replicas.store.load().unwrap()).unwrap();
+    restored.take_changes().unwrap();
+    assert_eq!(dump(&fresh, policy, true), dump(&restored, policy, true));
+    assert_eq!(
+        dump(&fresh, policy, false),
+        dump(&replicas.a, policy, false)
+    );
+}
+
+/// Queue items that would leave a gap in their queue (or items of a value
+/// that is not a queue) are refused before anything of the batch is
+/// applied; items that leave none are applied in any order.
+#[test]
+fn a_gap_in_a_queue_is_refused_whole() {
+    use crate::domain::canonical::parse_str;
+    let policy = policy();
+    let mut state = State::restore(&policy, Vec::new()).unwrap();
+    state.take_changes().unwrap();
+    let key = |index: u64| crate::domain::records::key(&[b"outbox", &index.to_be_bytes()]);
+    let put = |index: u64, text: &str| Change {
+        kind: Kind::QueueItem,
+        key: key(index),
+        value: Some(serde_json::to_vec(&parse_str(text).unwrap()).unwrap()),
+    };
+    let drop = |index: u64| Change {
+        kind: Kind::QueueItem,
+        key: key(index),
+        value: None,
+    };
+    let not_a_queue = Change {
+        kind: Kind::Resource,
+        key: b"outbox".to_vec(),
+        value: Some(br#"{"version":3,"replaced":1,"value":"\"v\""}"#.to_vec()),
+    };
+    let version = Change {
+        kind: Kind::Meta,
+        key: b"global_version".to_vec(),
+        value: Some(b"9".to_vec()),
+    };
+    let batches: [(Vec<Change>, Option<&str>); 7] = [
+        (
+            vec![put(2, r#""c""#), put(0, r#""a""#), put(1, r#""b""#)],
+            Some(r#"["a","b","c"]"#),
+        ),
+        (vec![version.clone(), drop(1)], None),
+        (vec![version.clone(), put(4, r#""e""#)], None),
+        (
+            vec![version.clone(), not_a_queue.clone(), put(0, r#""z""#)],
+            None,
+        ),
+        (vec![drop(1), drop(2)], Some(r#"["a"]"#)),
+        (
+            vec![put(2, r#""y""#), put(1, r#""x""#), drop(5)],
+            Some(r#"["a","x","y"]"#),
+        ),
+        (vec![drop(0), drop(1), drop(2), not_a_queue], Some(r#""v""#)),
+    ];
+    for (batch, after) in batches {
+        let before = dump(&state, &policy, false);
+        let applied = state.apply_changes(&policy, &batch);
+        match after {
+            Some(after) => {
+                applied.unwrap();
+                assert_eq!(canonical_of(&state, "outbox"), after);
+            }
+            None => {
+                match applied {
+                    Err(Error::Internal(message)) => {
+                        assert!(message.contains("queue_items") && message.contains("gap"));
+                    }
+                    other => panic!("{batch:?}: {other:?}"),
+                }
+                assert_eq!(dump(&state, &policy, false), before, "{batch:?}");
+            }
+        }
+    }
+}
