@@ -68,7 +68,7 @@ impl Host {
             ))
         };
         match behind {
-            Behind::Changes(changes) => apply_stub(state, policy, &changes).map_err(failed),
+            Behind::Changes(changes) => state.apply_changes(policy, &changes).map_err(failed),
             Behind::Everything(records) => {
                 *state = State::restore(policy, records).map_err(failed)?;
                 Ok(Vec::new())
@@ -120,13 +120,4 @@ impl TurnHost for Host {
         self.send(events);
         Ok(())
     }
-}
-
-// TEMPORARY until State::apply_changes lands.
-fn apply_stub(
-    _state: &mut State,
-    _policy: &Policy,
-    _changes: &[Change],
-) -> crate::domain::error::Result<Vec<ApprovalEvent>> {
-    Err(crate::domain::error::Error::Internal("not yet".into()))
 }

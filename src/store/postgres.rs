@@ -32,6 +32,9 @@
 //!   its number (from version 3), so that after a lost connection the store
 //!   reads whether the commit it was making took effect, instead of
 //!   guessing or making it twice ([`Store::resume`]).
+//! - `S.transitions (n bigint, ord integer, key bytea, value bytea)`: every
+//!   version of an approval record commit `n` wrote, in order (from version
+//!   3): what another replica's watchers are told.
 //!
 //! [`MIGRATIONS`]`[n]` takes a schema from version `n` to `n + 1`; opening
 //! applies the missing ones in one transaction, under the store's lock
@@ -177,7 +180,14 @@ pub(super) fn create_v3_replicas(
     schema: &str,
 ) -> Result<(), postgres::Error> {
     transaction.batch_execute(&format!(
-        "ALTER TABLE {schema}.records ALTER COLUMN value DROP NOT NULL,              ADD COLUMN seq bigint NOT NULL DEFAULT 0;          CREATE INDEX records_by_seq ON {schema}.records (seq);          ALTER TABLE {schema}.commits ADD COLUMN purged bigint NOT NULL DEFAULT 0;          CREATE TABLE {schema}.tokens (token bytea PRIMARY KEY, n bigint NOT NULL);          CREATE INDEX tokens_by_n ON {schema}.tokens (n)"
+        "ALTER TABLE {schema}.records ALTER COLUMN value DROP NOT NULL, \
+             ADD COLUMN seq bigint NOT NULL DEFAULT 0; \
+         CREATE INDEX records_by_seq ON {schema}.records (seq); \
+         ALTER TABLE {schema}.commits ADD COLUMN purged bigint NOT NULL DEFAULT 0; \
+         CREATE TABLE {schema}.tokens (token bytea PRIMARY KEY, n bigint NOT NULL); \
+         CREATE INDEX tokens_by_n ON {schema}.tokens (n); \
+         CREATE TABLE {schema}.transitions (n bigint NOT NULL, ord integer NOT NULL, \
+             key bytea NOT NULL, value bytea NOT NULL, PRIMARY KEY (n, ord))"
     ))
 }
 
@@ -738,6 +748,20 @@ impl PostgresStore {
             keys.push(change.key.as_slice());
             values.push(change.value.as_deref());
         }
+        // Every version of an approval, in order, for other replicas'
+        // watchers.
+        let (mut ords, mut transition_keys, mut transition_values) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for change in changes
+            .iter()
+            .filter(|change| change.kind == Kind::Approval)
+        {
+            if let Some(value) = &change.value {
+                ords.push(i32::try_from(ords.len()).unwrap_or(i32::MAX));
+                transition_keys.push(change.key.as_slice());
+                transition_values.push(value.as_slice());
+            }
+        }
         let after = count + 1;
         let token: [u8; 16] = rand::random();
         self.making = Some(token);
@@ -752,7 +776,17 @@ impl PostgresStore {
                 let counted: i64 = client
                     .query_one(
                         &statements.write,
-                        &[&kinds, &keys, &values, &after, &count, &token.as_slice()],
+                        &[
+                            &kinds,
+                            &keys,
+                            &values,
+                            &after,
+                            &count,
+                            &token.as_slice(),
+                            &ords,
+                            &transition_keys,
+                            &transition_values,
+                        ],
                     )?
                     .get(0);
                 if counted == 1 && after % PURGE_EVERY == 0 {
@@ -760,6 +794,7 @@ impl PostgresStore {
                     client.batch_execute(&format!(
                         "DELETE FROM {schema}.records WHERE value IS NULL AND seq <= {horizon}; \
                          DELETE FROM {schema}.tokens WHERE n <= {horizon}; \
+                         DELETE FROM {schema}.transitions WHERE n <= {horizon}; \
                          UPDATE {schema}.commits SET purged = greatest(purged, {horizon})"
                     ))?;
                 }
@@ -977,18 +1012,33 @@ fn prepare_statements(client: &mut Client, target: &PostgresTarget) -> StoreResu
                      AS w(kind, key, value) \
                  ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, seq = excluded.seq \
                  RETURNING 1), \
+             logged AS (\
+                 INSERT INTO {schema}.transitions (n, ord, key, value) \
+                 SELECT $4, ord, key, value FROM unnest($7::int4[], $8::bytea[], $9::bytea[]) \
+                     AS t(ord, key, value) \
+                 RETURNING 1), \
              counted AS (\
                  UPDATE {schema}.commits SET n = $4, token = $6 WHERE n = $5 RETURNING n), \
              kept AS (\
                  INSERT INTO {schema}.tokens (token, n) SELECT $6, n FROM counted RETURNING 1) \
              SELECT (SELECT count(*) FROM counted) + 0 * (SELECT count(*) FROM written) \
-                 + 0 * (SELECT count(*) FROM kept)"
+                 + 0 * (SELECT count(*) FROM logged) + 0 * (SELECT count(*) FROM kept)"
         ))?,
         select: prepare(&format!(
             "SELECT kind, key, value FROM {schema}.records WHERE value IS NOT NULL"
         ))?,
+        // An approval's versions come from the transitions (each one, in
+        // order), its deletion from the records; the records of a commit
+        // after its transitions.
         since: prepare(&format!(
-            "SELECT kind, key, value FROM {schema}.records WHERE seq > $1 ORDER BY seq, kind, key"
+            "SELECT kind, key, value FROM (\
+                 SELECT seq, 2147483647 AS ord, kind, key, value FROM {schema}.records \
+                     WHERE seq > $1 AND (kind <> {approval} OR value IS NULL) \
+                 UNION ALL \
+                 SELECT n, ord, {approval}::int2, key, value FROM {schema}.transitions \
+                     WHERE n > $1) AS c \
+             ORDER BY seq, ord, kind, key",
+            approval = kind_code(Kind::Approval)
         ))?,
         head: prepare(&format!(
             "SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \

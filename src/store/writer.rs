@@ -437,8 +437,10 @@ struct Batch {
 }
 
 /// Takes everything pending as the batch to commit; its answers wait in
-/// flight from now on.
-fn take_batch(pending: &mut Pending, spare: &mut Vec<Change>) -> Batch {
+/// flight from now on. `compact`: only the last change of each record (a
+/// turn's batch goes whole: the shared store keeps every version of an
+/// approval for other replicas' watchers, and compacts the rest itself).
+fn take_batch(pending: &mut Pending, spare: &mut Vec<Change>, compact: bool) -> Batch {
     let changes = std::mem::replace(&mut pending.changes, std::mem::take(spare));
     let operations = std::mem::take(&mut pending.operations);
     let first = pending.in_flight + 1;
@@ -446,7 +448,11 @@ fn take_batch(pending: &mut Pending, spare: &mut Vec<Change>) -> Batch {
     let waiting = std::mem::take(&mut pending.pending_waiters);
     pending.in_flight_waiters = waiting;
     Batch {
-        changes: latest_only(changes),
+        changes: if compact {
+            latest_only(changes)
+        } else {
+            changes
+        },
         operations,
         first,
         last: pending.last,
@@ -490,7 +496,7 @@ fn run_batches(shared: &Shared, store: &mut dyn Store) {
             if pending.changes.is_empty() {
                 return;
             }
-            take_batch(&mut pending, &mut spare)
+            take_batch(&mut pending, &mut spare, true)
         };
         let started = Instant::now();
         if let Err(error) = commit_or_resume(shared, store, &batch.changes, false) {
@@ -578,7 +584,7 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             drop(pending);
             host.end(gate);
-            take_batch(&mut shared.pending(), &mut spare)
+            take_batch(&mut shared.pending(), &mut spare, false)
         };
         let started = Instant::now();
         match commit_or_resume(shared, store, &batch.changes, true) {

@@ -106,13 +106,14 @@ async fn resource(server: &Spawned, name: &str) -> pb::Resource {
         .into_inner()
 }
 
-/// The next event on `events` within 10 s.
-async fn next_event(events: &mut tonic::Streaming<pb::ApprovalEvent>) -> pb::ApprovalEvent {
-    tokio::time::timeout(Duration::from_secs(10), events.next())
-        .await
-        .expect("an event within 10 s")
-        .expect("the stream goes on")
-        .expect("an event, not an error")
+/// The next event on `events` within 10 s, if one comes.
+async fn next_event(events: &mut tonic::Streaming<pb::ApprovalEvent>) -> Option<pb::ApprovalEvent> {
+    let next = tokio::time::timeout(Duration::from_secs(10), events.next()).await;
+    Some(
+        next.ok()?
+            .expect("the stream goes on")
+            .expect("an event, not an error"),
+    )
 }
 
 #[tokio::test]
@@ -158,7 +159,9 @@ async fn a_grant_on_one_replica_is_consumed_on_another_and_replays_on_a_third() 
     // that order.
     let mut seen = Vec::new();
     while seen.len() < 3 {
-        let event = next_event(&mut events).await;
+        let Some(event) = next_event(&mut events).await else {
+            break;
+        };
         if event.approval.as_ref().map(|a| a.approval_id.as_str())
             == Some(decided.approval_id.as_str())
         {
@@ -215,8 +218,13 @@ async fn three_hundred_dispatches_of_one_grant_over_three_replicas_commit_once()
     );
 }
 
-/// What a poster was told was committed: (call id, version, receipt id).
-type Acknowledged = Vec<(String, u64, String)>;
+/// What a poster was told was committed: (session id, call id, version,
+/// receipt id).
+type Acknowledged = Vec<(String, String, u64, String)>;
+
+/// Calls a poster makes in one session (a session's decisions are
+/// budgeted), so that replays of them fit too.
+const CALLS_PER_SESSION: u64 = 300;
 
 /// Posts to the one queue through `client` until `stop` is set: each post
 /// at the version it last saw (STALE says the one in force; a new call id
@@ -226,18 +234,19 @@ async fn post_until(
     mut client: pb::policy_decision_point_client::PolicyDecisionPointClient<
         tonic::transport::Channel,
     >,
-    name: &'static str,
+    name: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Acknowledged {
     let mut acknowledged = Vec::new();
     let (mut version, mut attempt) = (0, 0);
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         attempt += 1;
-        let call = post(&format!("{name}-{attempt}"), version, name);
+        let session_id = format!("{name}-s{}", attempt / CALLS_PER_SESSION);
+        let call = post(&format!("{name}-{attempt}"), version, &name);
         let deadline = Instant::now() + Duration::from_secs(60);
         let answer = loop {
             let request =
-                crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
+                crate::support::dispatch_request(session("agent", &session_id, "w"), call.clone());
             match client.dispatch(request).await {
                 Ok(answer) => break answer.into_inner(),
                 Err(status)
@@ -254,7 +263,12 @@ async fn post_until(
         };
         match answer.status() {
             pb::DispatchStatus::Ok => {
-                acknowledged.push((call.call_id.clone(), version, answer.receipt_id.clone()));
+                acknowledged.push((
+                    session_id,
+                    call.call_id.clone(),
+                    version,
+                    answer.receipt_id.clone(),
+                ));
                 version = answer.version;
             }
             pb::DispatchStatus::StaleVersion => version = answer.version,
@@ -266,12 +280,16 @@ async fn post_until(
 
 /// Every acknowledged post replays on `server` with its receipt, and no two
 /// made the same version: each committed once, in one order.
-async fn every_post_committed_once(server: &Spawned, acknowledged: &[(String, u64, String)]) {
+async fn every_post_committed_once(server: &Spawned, acknowledged: &Acknowledged) {
+    let mut client = server.pdp().await;
     let mut versions = HashSet::new();
-    for (call_id, version, receipt_id) in acknowledged {
-        let answer = dispatch(server, &post(call_id, *version, &call_id[..1]))
-            .await
-            .expect("replay");
+    for (session_id, call_id, version, receipt_id) in acknowledged {
+        let text = call_id.split('-').next().unwrap_or_default();
+        let request = crate::support::dispatch_request(
+            session("agent", session_id, "w"),
+            post(call_id, *version, text),
+        );
+        let answer = client.dispatch(request).await.expect("replay").into_inner();
         assert!(answer.replayed, "{call_id}: {answer:?}");
         assert_eq!(&answer.receipt_id, receipt_id, "{call_id}");
         assert!(versions.insert(answer.version), "{call_id}: {answer:?}");
@@ -280,15 +298,20 @@ async fn every_post_committed_once(server: &Spawned, acknowledged: &[(String, u6
     assert_eq!(queue.item_count, Some(acknowledged.len() as u64));
 }
 
-/// Runs one poster per replica for `load`, doing `fault` in the middle.
-async fn under_load(replicas: &[&Spawned], load: Duration, fault: impl FnOnce()) -> Acknowledged {
-    const NAMES: [&str; 3] = ["a", "b", "c"];
+/// Runs one poster per replica for `load`, doing `fault` in the middle;
+/// the posters' call ids begin with `round`.
+async fn under_load(
+    round: &str,
+    replicas: &[&Spawned],
+    load: Duration,
+    fault: impl FnOnce(),
+) -> Acknowledged {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut posters = Vec::new();
-    for (server, name) in replicas.iter().zip(NAMES) {
+    for (index, server) in replicas.iter().enumerate() {
         posters.push(tokio::spawn(post_until(
             server.pdp().await,
-            name,
+            format!("{round}r{index}"),
             std::sync::Arc::clone(&stop),
         )));
     }
@@ -309,7 +332,7 @@ async fn a_replica_killed_under_load_loses_nothing_acknowledged() {
     let doomed = replica(&schema);
     let (b, c) = (replica(&schema), replica(&schema));
     let pid = doomed.pid().to_string();
-    let acknowledged = under_load(&[&doomed, &b, &c], Duration::from_secs(3), || {
+    let acknowledged = under_load("k", &[&doomed, &b, &c], Duration::from_secs(3), || {
         let killed = std::process::Command::new("kill")
             .args(["-KILL", &pid])
             .status()
@@ -336,12 +359,12 @@ async fn postgresql_restarted_and_cut_under_load_loses_no_grant_and_commits_noth
     grant(b, &decided.approval_id).await;
     // A restart, then a crash with the server gone for two seconds
     // (commits in flight at that moment lose their connection).
-    let mut acknowledged = under_load(&[a, b, c], Duration::from_secs(4), || {
+    let mut acknowledged = under_load("f", &[a, b, c], Duration::from_secs(4), || {
         cluster.restart("fast", Duration::ZERO)
     })
     .await;
     acknowledged.extend(
-        under_load(&[a, b, c], Duration::from_secs(4), || {
+        under_load("i", &[a, b, c], Duration::from_secs(4), || {
             cluster.restart("immediate", Duration::from_secs(2))
         })
         .await,

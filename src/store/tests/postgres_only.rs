@@ -301,7 +301,7 @@ fn two_stores_on_one_schema_take_turns_and_each_reads_what_the_other_committed()
     second.begin_turn().unwrap();
     second.commit(&[]).unwrap();
     // Between turns, catching up reads what others committed.
-    assert!(matches!(second.catch_up().unwrap(), None));
+    assert!(second.catch_up().unwrap().is_none());
     first.commit(&[put(Kind::Meta, b"n", b"1")]).unwrap();
     let Some(Behind::Changes(changes)) = second.catch_up().unwrap() else {
         panic!("the second is behind");
@@ -337,7 +337,13 @@ fn opening_creates_the_tables_then_finds_them_current() {
     drop(store);
     assert_eq!(
         schema.tables(),
-        ["commits", "records", "schema_version", "tokens"]
+        [
+            "commits",
+            "records",
+            "schema_version",
+            "tokens",
+            "transitions"
+        ]
     );
     assert_eq!(schema.version(), 3);
     let store = PostgresStore::open(&schema.target).unwrap();
@@ -380,7 +386,13 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
     );
     assert_eq!(
         schema.tables(),
-        ["commits", "records", "schema_version", "tokens"]
+        [
+            "commits",
+            "records",
+            "schema_version",
+            "tokens",
+            "transitions"
+        ]
     );
     assert_eq!(schema.version(), 3);
     // From 3 to 4.
@@ -398,7 +410,14 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
     drop(store);
     assert_eq!(
         schema.tables(),
-        ["commits", "extra", "records", "schema_version", "tokens"]
+        [
+            "commits",
+            "extra",
+            "records",
+            "schema_version",
+            "tokens",
+            "transitions"
+        ]
     );
     assert_eq!(schema.version(), 4);
     // This binary knows version 3 only: version 4 is refused, untouched.
@@ -412,7 +431,14 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
     );
     assert_eq!(
         schema.tables(),
-        ["commits", "extra", "records", "schema_version", "tokens"]
+        [
+            "commits",
+            "extra",
+            "records",
+            "schema_version",
+            "tokens",
+            "transitions"
+        ]
     );
     assert_eq!(schema.version(), 4);
     assert_eq!(schema.rows(), rows);
@@ -445,7 +471,13 @@ fn a_version_1_schema_is_migrated_to_the_latest_and_keeps_its_records() {
     drop(store);
     assert_eq!(
         schema.tables(),
-        ["commits", "records", "schema_version", "tokens"]
+        [
+            "commits",
+            "records",
+            "schema_version",
+            "tokens",
+            "transitions"
+        ]
     );
     assert_eq!(schema.version(), 3);
 }
