@@ -1,8 +1,12 @@
 """Dispatch from Python (grpcio), against a real `toolgate serve` process on
 examples/tickets.toml (SPEC §6): the two-ticket exercise, approvals bound to
-what the reviewer saw, and the audit events a dispatch leaves behind."""
+what the reviewer saw, and the audit events a dispatch leaves behind. The
+first two run twice: on one server, and on a pair of replicas sharing one
+PostgreSQL schema, every call going to the other replica than the last."""
 
 import json
+import os
+import secrets
 import time
 
 import grpc
@@ -16,15 +20,33 @@ REVIEWER = [("authorization", "Bearer example-reviewer-token")]
 TEXT = "Your lamp is fixed."
 
 
-class Tickets:
-    """Stubs on one channel to one server, plus the few calls every test makes."""
+class Alternating:
+    """The same stub on each of several servers: every call goes to the next."""
 
-    def __init__(self, pb, address):
+    def __init__(self, stubs):
+        self._stubs = stubs
+        self._next = 0
+
+    def __getattr__(self, name):
+        stub = self._stubs[self._next % len(self._stubs)]
+        self._next += 1
+        return getattr(stub, name)
+
+
+class Tickets:
+    """Stubs on channels to one server (or several replicas, alternating),
+    plus the few calls every test makes."""
+
+    def __init__(self, pb, *addresses):
         self.pb2, pb2_grpc = pb
-        self.channel = grpc.insecure_channel(address)
-        self.pdp = pb2_grpc.PolicyDecisionPointStub(self.channel)
-        self.approvals = pb2_grpc.ApprovalsStub(self.channel)
-        self.resources = pb2_grpc.ResourcesStub(self.channel)
+        self.channels = [grpc.insecure_channel(address) for address in addresses]
+        self.pdp = Alternating([pb2_grpc.PolicyDecisionPointStub(c) for c in self.channels])
+        self.approvals = Alternating([pb2_grpc.ApprovalsStub(c) for c in self.channels])
+        self.resources = Alternating([pb2_grpc.ResourcesStub(c) for c in self.channels])
+
+    def close(self):
+        for channel in self.channels:
+            channel.close()
 
     def session(self, actor, session_id):
         return self.pb2.Session(actor=actor, session_id=session_id, workspace="desk")
@@ -81,11 +103,27 @@ class Tickets:
         return resources, approvals, session
 
 
-@pytest.fixture
-def tickets(pb, start_server):
-    client = Tickets(pb, start_server(TICKETS.read_text()).address)
+def postgres_schema_url():
+    """A fresh schema of the test database (TOOLGATE_TEST_DATABASE_URL, which
+    `.ci/run` sets); without it the replica runs fail saying so."""
+    base = os.environ.get("TOOLGATE_TEST_DATABASE_URL")
+    if not base:
+        pytest.fail("TOOLGATE_TEST_DATABASE_URL is not set: run `source .ci/postgres start`")
+    separator = "&" if "?" in base else "?"
+    return f"{base}{separator}schema=py_{secrets.token_hex(8)}"
+
+
+@pytest.fixture(params=["one-server", "postgres-replicas"])
+def tickets(request, pb, start_server):
+    text = TICKETS.read_text()
+    if request.param == "one-server":
+        servers = [start_server(text)]
+    else:
+        store = ["--store", postgres_schema_url()]
+        servers = [start_server(text, store), start_server(text, store)]
+    client = Tickets(pb, *(server.address for server in servers))
     yield client
-    client.channel.close()
+    client.close()
 
 
 def test_the_two_ticket_exercise(tickets):
@@ -272,7 +310,7 @@ def test_an_expired_grant_is_no_permission(pb, start_server):
     assert t.approval_status(answer.approval_id) == pb2.APPROVAL_STATUS_PENDING
     assert t.resource("outbox") == ("[]", 0)
     assert t.resource("lamp") == ('"open"', 0)
-    t.channel.close()
+    t.close()
 
 
 def test_dispatch_audit_events_are_json_lines(pb):
@@ -295,7 +333,7 @@ def test_dispatch_audit_events_are_json_lines(pb):
         assert refused["c2"].status == pb2.DISPATCH_STATUS_STALE_VERSION
         assert refused["c4"].status == pb2.DISPATCH_STATUS_APPROVAL_REQUIRED
         assert forbidden.status == pb2.DISPATCH_STATUS_FORBIDDEN
-        t.channel.close()
+        t.close()
     finally:
         stderr = server.stop()
     by_name = events_by_name(stderr)
