@@ -99,9 +99,12 @@ const LOCK_NAMESPACE: i32 = 0x746F_6F6C;
 
 /// How long a session may sit idle inside a turn before the server ends it
 /// (and its turn, and its lock): a replica stopped mid-turn, or cut off,
-/// holds the others up no longer than this.
+/// holds the others up no longer than this. (PostgreSQL's
+/// `idle_in_transaction_session_timeout`, unless the URL's `options` or the
+/// server set one.)
 pub const TURN_IDLE_LIMIT: Duration = Duration::from_secs(10);
-/// How long a turn waits for the store's lock before it fails.
+/// How long a turn waits for the store's lock before it fails
+/// (`lock_timeout`, unless set otherwise, as above).
 pub const LOCK_WAIT_LIMIT: Duration = Duration::from_secs(10);
 
 /// One step of the schema: takes it from version `n` (its index in
@@ -612,6 +615,16 @@ impl PostgresStore {
         self.opened
     }
 
+    /// A setting of this store's session (tests).
+    #[cfg(test)]
+    pub(super) fn setting(&mut self, name: &str) -> String {
+        let sql = format!("SHOW {name}");
+        self.run("reading a setting", |client, _| {
+            Ok(client.query_one(&sql, &[])?.get(0))
+        })
+        .unwrap()
+    }
+
     /// The server's process for this store's connection (tests end it).
     #[cfg(test)]
     pub(super) fn backend_pid(&mut self) -> i32 {
@@ -884,14 +897,22 @@ fn prepare_schema(
     // A turn is short: a session idle inside one (a replica stopped, a
     // connection cut the server has not noticed) loses it and its lock, and
     // a turn that waits long for the lock fails (UNAVAILABLE) rather than
-    // holding its callers.
-    client
-        .batch_execute(&format!(
-            "SET idle_in_transaction_session_timeout = '{}ms'; SET lock_timeout = '{}ms'",
-            TURN_IDLE_LIMIT.as_millis(),
-            LOCK_WAIT_LIMIT.as_millis()
-        ))
-        .map_err(failed("setting the session's time limits"))?;
+    // holding its callers. Limits the URL (`options=-c …`) or the server
+    // sets are kept; where none is set toolgate's apply.
+    for (setting, limit) in [
+        ("idle_in_transaction_session_timeout", TURN_IDLE_LIMIT),
+        ("lock_timeout", LOCK_WAIT_LIMIT),
+    ] {
+        let current: String = client
+            .query_one(&format!("SHOW {setting}"), &[])
+            .map_err(failed(&format!("reading {setting}")))?
+            .get(0);
+        if current == "0" {
+            client
+                .batch_execute(&format!("SET {setting} = '{}ms'", limit.as_millis()))
+                .map_err(failed(&format!("setting {setting}")))?;
+        }
+    }
     let (namespace, key) = lock_keys(schema);
     let mut transaction = client
         .transaction()

@@ -300,5 +300,25 @@ fn a_bad_store_value_is_refused_without_echoing_a_password() {
         assert!(stderr.contains("invalid value for '--store"), "{stderr}");
         assert!(stderr.contains(rule), "{value}: {stderr}");
         assert!(!stderr.contains("pw9secret"), "{stderr}");
+        // The same in the policy's [server] store: refused at start, naming
+        // the key.
+        let policy = portable(RECOVERY).replace(
+            "open_host_api = true",
+            &format!("open_host_api = true\nstore = {value:?}"),
+        );
+        let directory = tempfile::tempdir().expect("temp dir");
+        let path = directory.path().join("policy.toml");
+        std::fs::write(&path, policy).expect("write the policy");
+        let output = spawn::command()
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .env_remove("TOOLGATE_STORE")
+            .output()
+            .expect("run toolgate");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("[server] store: "), "{stderr}");
+        assert!(stderr.contains(rule), "{value}: {stderr}");
+        assert!(!stderr.contains("pw9secret"), "{stderr}");
     }
 }

@@ -25,6 +25,15 @@ fn replica(schema: &TestSchema) -> Spawned {
         .start()
 }
 
+/// A replica told where the store is by its policy's `[server] store`.
+fn replica_by_policy(schema: &TestSchema) -> Spawned {
+    let policy = portable(RECOVERY).replace(
+        "open_host_api = true",
+        &format!("open_host_api = true\nstore = {:?}", schema.url),
+    );
+    Serve::new(&policy).store_from_policy().start()
+}
+
 fn set_note(call_id: &str, value: &str) -> pb::Proposal {
     let arguments = serde_json::json!({ "item": "note", "value": value }).to_string();
     proposal(call_id, "agent", "set_item", 0, &arguments)
@@ -119,7 +128,11 @@ async fn next_event(events: &mut tonic::Streaming<pb::ApprovalEvent>) -> Option<
 #[tokio::test]
 async fn a_grant_on_one_replica_is_consumed_on_another_and_replays_on_a_third() {
     let schema = TestSchema::new();
-    let (a, b, c) = (replica(&schema), replica(&schema), replica(&schema));
+    let (a, b, c) = (
+        replica(&schema),
+        replica(&schema),
+        replica_by_policy(&schema),
+    );
     let mut events = approvals(&c)
         .await
         .watch_approvals(authed(pb::WatchApprovalsRequest {}, EXAMPLE_REVIEWER))

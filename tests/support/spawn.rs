@@ -34,6 +34,9 @@ pub struct Serve {
     metrics: bool,
     args: Vec<String>,
     pipe_stderr: bool,
+    /// A `--data-dir` of the test's own unless the arguments choose a
+    /// store (false: the policy's `[server] store` does).
+    data_dir: bool,
 }
 
 impl Serve {
@@ -44,7 +47,14 @@ impl Serve {
             metrics: false,
             args: Vec::new(),
             pipe_stderr: false,
+            data_dir: true,
         }
+    }
+
+    /// No `--data-dir` of the test's own: the policy names the store.
+    pub fn store_from_policy(mut self) -> Serve {
+        self.data_dir = false;
+        self
     }
 
     /// `--listen ADDR` (the default is `127.0.0.1:0`).
@@ -94,10 +104,11 @@ impl Serve {
         }
         // The durable default, in this test's own directory, unless the test
         // chose a store itself.
-        if !self
-            .args
-            .iter()
-            .any(|arg| arg == "--data-dir" || arg == "--store")
+        if self.data_dir
+            && !self
+                .args
+                .iter()
+                .any(|arg| arg == "--data-dir" || arg == "--store")
         {
             serve.arg("--data-dir").arg(directory.path().join("data"));
         }

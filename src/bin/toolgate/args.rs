@@ -353,7 +353,7 @@ pub const DEFAULT_DATA_DIR: &str = "./toolgate-data";
 /// read-only connection and never take the data directory's lock, so they
 /// work on a running server's store (a consistent snapshot of it) as on a
 /// stopped one. `migrate` opens the store as `serve` does (so not beside a
-/// running server).
+/// running server on SQLite).
 ///
 /// Exit status: 0 on success; 1 when `check` finds a problem; 2 for usage
 /// errors and a store that cannot be read at all.
@@ -382,9 +382,9 @@ pub enum StoreCommand {
     /// Create the store's tables, or migrate them to this toolgate's
     /// schema version, and print the version (what `serve` does at start).
     ///
-    /// With `--store postgres://…`: the tables in the URL's schema; with
-    /// the SQLite store: the data directory. Refused while a server holds
-    /// the store.
+    /// With `--store postgres://…`: the tables in the URL's schema (also
+    /// while replicas serve on it: under the store's lock); with the SQLite
+    /// store: the data directory, refused while a server holds it.
     Migrate,
     /// Check the store's integrity (SQLite integrity_check), schema version
     /// and directory mode, and count each table's records.

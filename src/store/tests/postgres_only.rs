@@ -318,6 +318,23 @@ fn two_stores_on_one_schema_take_turns_and_each_reads_what_the_other_committed()
 }
 
 #[test]
+fn a_turn_has_time_limits_unless_the_url_sets_its_own() {
+    let schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(store.setting("lock_timeout"), "10s");
+    assert_eq!(store.setting("idle_in_transaction_session_timeout"), "10s");
+    let base = std::env::var(URL_VARIABLE).unwrap();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{base}{separator}schema={}&options=-c%20lock_timeout%3D1500ms",
+        schema.name()
+    );
+    let mut tuned = PostgresStore::open(&PostgresTarget::parse(&url).unwrap()).unwrap();
+    assert_eq!(tuned.setting("lock_timeout"), "1500ms");
+    assert_eq!(tuned.setting("idle_in_transaction_session_timeout"), "10s");
+}
+
+#[test]
 fn opening_creates_the_tables_then_finds_them_current() {
     let mut schema = TestSchema::new();
     assert!(schema.tables().is_empty());
