@@ -91,8 +91,9 @@ pub trait Store: Send + 'static {
     }
 
     /// What other replicas committed since this store last looked, read
-    /// without a turn (an idle replica's watchers are told of them); `None`
-    /// when nothing. Only between turns.
+    /// without a turn (an idle replica's watchers are told of them): only
+    /// changes, never everything (that waits for a turn, under the lock);
+    /// `None` when there are none. Only between turns.
     fn catch_up(&mut self) -> StoreResult<Option<Behind>> {
         Ok(None)
     }

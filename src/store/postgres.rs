@@ -1199,6 +1199,14 @@ impl Store for PostgresStore {
                 let row = client.query_one(&s.head, &[])?;
                 Ok((row.get(0), row.get(1)))
             })?;
+        // Too far behind for the changes: everything is loaded in the next
+        // turn instead, under the lock, so that what the state makes of it
+        // (resources a policy declares that the store lacks) commits against
+        // the state every replica committed.
+        if self.seen.is_none_or(|seen| seen < purged) {
+            self.release()?;
+            return Ok(None);
+        }
         self.turn = Some(count);
         let behind = self.behind(count, purged)?;
         self.release()?;

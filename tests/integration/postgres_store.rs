@@ -13,11 +13,10 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::policies::portable;
 use crate::support::postgres::TestSchema;
+use crate::support::recovery::{self, RECOVERY, post, set_note};
 use crate::support::spawn::{self, Serve, Spawned};
 use crate::support::tokens::EXAMPLE_REVIEWER;
-use crate::support::{authed, grant_request, pb, proposal, session};
-
-const RECOVERY: &str = "tests/fixtures/policies/recovery.toml";
+use crate::support::{authed, grant_request, pb, session};
 
 /// The password in `url` (`postgres://user:PASSWORD@…`), if it has one.
 fn password_of(url: &str) -> Option<String> {
@@ -47,20 +46,11 @@ fn lines_until(lines: &Receiver<String>, text: &str) -> Vec<String> {
     seen
 }
 
-fn set_note(value: &str) -> pb::Proposal {
-    let arguments = serde_json::json!({ "item": "note", "value": value }).to_string();
-    proposal("c-note", "agent", "set_item", 0, &arguments)
-}
-
+/// Dispatch of `call`, which must answer.
 async fn dispatch(server: &Spawned, call: &pb::Proposal) -> pb::DispatchResponse {
-    let request = crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
-    server
-        .pdp()
-        .await
-        .dispatch(request)
+    recovery::dispatch(server, call)
         .await
         .expect("Dispatch answers")
-        .into_inner()
 }
 
 #[tokio::test]
@@ -81,17 +71,8 @@ async fn a_grant_made_before_a_restart_commits_once_after_it() {
         assert!(!start.iter().any(|line| line.contains(password.as_str())));
     }
     // Decide asks for approval; a reviewer grants it.
-    let call = set_note("after the restart");
-    let decided = first
-        .pdp()
-        .await
-        .decide(crate::support::decide_request(
-            session("agent", "s1", "w"),
-            call.clone(),
-        ))
-        .await
-        .expect("Decide answers")
-        .into_inner();
+    let call = set_note("c-note", "after the restart");
+    let decided = recovery::decide(&first, &call).await;
     assert_eq!(decided.reason, "approval-required", "{decided:?}");
     let mut approvals = pb::approvals_client::ApprovalsClient::new(first.channel().await);
     let granted = approvals
@@ -140,11 +121,6 @@ async fn a_grant_made_before_a_restart_commits_once_after_it() {
         .expect("the approval is kept")
         .into_inner();
     assert_eq!(approval.status(), pb::ApprovalStatus::Consumed);
-}
-
-fn post(call_id: &str, version: u64, text: &str) -> pb::Proposal {
-    let arguments = serde_json::json!({ "text": text }).to_string();
-    proposal(call_id, "agent", "post", version, &arguments)
 }
 
 /// Dispatches `call` until it is answered, taking UNAVAILABLE (the store

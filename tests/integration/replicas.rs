@@ -13,11 +13,10 @@ use tokio_stream::StreamExt;
 
 use crate::support::policies::portable;
 use crate::support::postgres::{PrivateCluster, TestSchema};
+use crate::support::recovery::{RECOVERY, decide, dispatch, post, set_note};
 use crate::support::spawn::{Serve, Spawned};
 use crate::support::tokens::EXAMPLE_REVIEWER;
-use crate::support::{authed, grant_request, pb, proposal, session};
-
-const RECOVERY: &str = "tests/fixtures/policies/recovery.toml";
+use crate::support::{authed, grant_request, pb, session};
 
 fn replica(schema: &TestSchema) -> Spawned {
     Serve::new(&portable(RECOVERY))
@@ -32,40 +31,6 @@ fn replica_by_policy(schema: &TestSchema) -> Spawned {
         &format!("open_host_api = true\nstore = {:?}", schema.url),
     );
     Serve::new(&policy).store_from_policy().start()
-}
-
-fn set_note(call_id: &str, value: &str) -> pb::Proposal {
-    let arguments = serde_json::json!({ "item": "note", "value": value }).to_string();
-    proposal(call_id, "agent", "set_item", 0, &arguments)
-}
-
-fn post(call_id: &str, version: u64, text: &str) -> pb::Proposal {
-    let arguments = serde_json::json!({ "text": text }).to_string();
-    proposal(call_id, "agent", "post", version, &arguments)
-}
-
-async fn decide(server: &Spawned, call: &pb::Proposal) -> pb::DecideResponse {
-    let request = crate::support::decide_request(session("agent", "s1", "w"), call.clone());
-    server
-        .pdp()
-        .await
-        .decide(request)
-        .await
-        .expect("Decide answers")
-        .into_inner()
-}
-
-async fn dispatch(
-    server: &Spawned,
-    call: &pb::Proposal,
-) -> Result<pb::DispatchResponse, tonic::Status> {
-    let request = crate::support::dispatch_request(session("agent", "s1", "w"), call.clone());
-    server
-        .pdp()
-        .await
-        .dispatch(request)
-        .await
-        .map(tonic::Response::into_inner)
 }
 
 async fn approvals(

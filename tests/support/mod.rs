@@ -14,6 +14,7 @@ pub mod model;
 pub mod policies;
 pub mod postgres;
 pub mod raw;
+pub mod recovery;
 pub mod requests;
 pub mod server;
 pub mod spawn;

@@ -14,6 +14,15 @@ use crate::store::postgres::{
 };
 use crate::store::{Behind, Resume};
 
+/// The tables of a store of the current schema version.
+const TABLES: [&str; 5] = [
+    "commits",
+    "records",
+    "schema_version",
+    "tokens",
+    "transitions",
+];
+
 /// Where the tests' database is.
 pub(super) const URL_VARIABLE: &str = "TOOLGATE_TEST_DATABASE_URL";
 
@@ -352,16 +361,7 @@ fn opening_creates_the_tables_then_finds_them_current() {
     );
     assert_eq!(store.name(), "postgres");
     drop(store);
-    assert_eq!(
-        schema.tables(),
-        [
-            "commits",
-            "records",
-            "schema_version",
-            "tokens",
-            "transitions"
-        ]
-    );
+    assert_eq!(schema.tables(), TABLES);
     assert_eq!(schema.version(), 3);
     let store = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(store.opened().found, SCHEMA_VERSION);
@@ -401,16 +401,7 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
         error.0.contains("migrating from schema version 4 to 5"),
         "{error}"
     );
-    assert_eq!(
-        schema.tables(),
-        [
-            "commits",
-            "records",
-            "schema_version",
-            "tokens",
-            "transitions"
-        ]
-    );
+    assert_eq!(schema.tables(), TABLES);
     assert_eq!(schema.version(), 3);
     // From 3 to 4.
     const LATER: &[Migration] = &[
@@ -486,16 +477,7 @@ fn a_version_1_schema_is_migrated_to_the_latest_and_keeps_its_records() {
     assert_eq!(contents(&mut store), expect(&[(Kind::Receipt, b"r", b"1")]));
     store.commit(&[put(Kind::Receipt, b"s", b"2")]).unwrap();
     drop(store);
-    assert_eq!(
-        schema.tables(),
-        [
-            "commits",
-            "records",
-            "schema_version",
-            "tokens",
-            "transitions"
-        ]
-    );
+    assert_eq!(schema.tables(), TABLES);
     assert_eq!(schema.version(), 3);
 }
 
@@ -644,6 +626,8 @@ fn tombstones_are_purged_and_a_replica_behind_them_loads_everything() {
         .unwrap()
         .get(0);
     assert_eq!(tombstones, 0);
+    // Between turns nothing is read: everything waits for a turn.
+    assert!(behind.catch_up().unwrap().is_none());
     let Some(Behind::Everything(all)) = behind.begin_turn().unwrap().behind else {
         panic!("too far behind for the changes");
     };
