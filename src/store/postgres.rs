@@ -190,9 +190,20 @@ pub(super) fn create_v3_replicas(
          CREATE TABLE {schema}.tokens (token bytea PRIMARY KEY, n bigint NOT NULL); \
          CREATE INDEX tokens_by_n ON {schema}.tokens (n); \
          CREATE TABLE {schema}.transitions (n bigint NOT NULL, ord integer NOT NULL, \
-             key bytea NOT NULL, value bytea NOT NULL, PRIMARY KEY (n, ord))"
+             key bytea NOT NULL, value bytea NOT NULL, PRIMARY KEY (n, ord)); \
+         ALTER TABLE {schema}.records ADD CONSTRAINT receipts_once \
+             EXCLUDE USING btree ((substring(key FROM {tail})) WITH =) \
+             WHERE (kind = {receipt} AND value IS NOT NULL AND length(key) >= {tail}) \
+             DEFERRABLE INITIALLY DEFERRED",
+        tail = RECEIPT_KEY_TAIL,
+        receipt = kind_code(Kind::Receipt),
     ))
 }
+
+/// Where the (host, actor, call id) part of a receipt's key begins (1-based,
+/// for SQL's `substring`): after the length-prefixed time
+/// ([`records::key`](crate::domain::records::key)).
+const RECEIPT_KEY_TAIL: usize = 4 + 8 + 1;
 
 // ----- the URL ----------------------------------------------------------------
 
@@ -679,17 +690,32 @@ impl PostgresStore {
     /// count of commits, how far tombstones are purged, and the clock.
     fn lock(&mut self) -> StoreResult<(i64, i64, Timestamp)> {
         let (namespace, key) = lock_keys(self.target.schema());
-        let (count, purged, now) = self.run("taking the store's lock", |client, statements| {
-            client.batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({namespace}, {key})"
-            ))?;
-            let row = client.query_one(&statements.head, &[])?;
-            Ok((
-                row.get::<_, i64>(0),
-                row.get::<_, i64>(1),
-                row.get::<_, i64>(2),
-            ))
+        // One round trip: the three statements as one simple query.
+        let sql = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({namespace}, {key}); \
+             SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \
+             FROM {}.commits",
+            self.target.schema()
+        );
+        let messages = self.run("taking the store's lock", |client, _| {
+            client.simple_query(&sql)
         })?;
+        let head = messages.iter().find_map(|message| match message {
+            postgres::SimpleQueryMessage::Row(row) if row.len() == 3 => {
+                let number = |index: usize| row.get(index)?.parse::<i64>().ok();
+                Some((number(0)?, number(1)?, number(2)?))
+            }
+            _ => None,
+        });
+        let Some((count, purged, now)) = head else {
+            let _ = self.release();
+            return Err(StoreError(format!(
+                "the PostgreSQL store at {}: reading {}.commits under the store's lock: \
+                 not one row of three numbers (damaged?)",
+                self.target,
+                self.target.schema()
+            )));
+        };
         self.turn = Some(count);
         Ok((count, purged, Timestamp(now.unsigned_abs())))
     }

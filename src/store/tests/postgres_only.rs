@@ -601,6 +601,45 @@ fn after_a_lost_answer_the_commit_that_took_effect_is_known_to_have() {
 }
 
 #[test]
+fn the_database_refuses_two_receipts_of_one_call() {
+    let schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    let receipt = |at: u64, call_id: &str| {
+        crate::domain::records::key(&[
+            &crate::domain::records::time_part(crate::domain::clock::Timestamp(at)),
+            b"host",
+            b"actor",
+            call_id.as_bytes(),
+        ])
+    };
+    store
+        .commit(&[put(Kind::Receipt, &receipt(1, "c1"), b"first")])
+        .unwrap();
+    // Another receipt of the same call, later: refused at commit, nothing
+    // of the commit kept.
+    let error = store
+        .commit(&[
+            put(Kind::Receipt, &receipt(2, "c1"), b"second"),
+            put(Kind::Meta, b"m", b"1"),
+        ])
+        .unwrap_err();
+    assert!(error.0.contains("receipts_once"), "{error}");
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(
+        contents(&mut store),
+        expect(&[(Kind::Receipt, &receipt(1, "c1"), b"first")])
+    );
+    // Another call, or the same one once its receipt is gone, is let in.
+    store
+        .commit(&[
+            delete(Kind::Receipt, &receipt(1, "c1")),
+            put(Kind::Receipt, &receipt(2, "c1"), b"again"),
+            put(Kind::Receipt, &receipt(2, "c2"), b"other"),
+        ])
+        .unwrap();
+}
+
+#[test]
 fn tombstones_are_purged_and_a_replica_behind_them_loads_everything() {
     let schema = TestSchema::new();
     let mut behind = PostgresStore::open(&schema.target).unwrap();
