@@ -629,6 +629,7 @@ impl Engine {
     ) -> Result<(Result<T>, u64)> {
         let mut opened = gate.subscribe();
         let mut operation = Some(operation);
+        let mut ticket = None;
         loop {
             opened.borrow_and_update();
             {
@@ -636,10 +637,11 @@ impl Engine {
                 if let Some(now) = gate.open_at()
                     && let Some(operation) = operation.take()
                 {
+                    self.shared.writer.ran_in_turn(ticket);
                     let result = operation(&mut state, now);
                     return Ok((result, self.hand_to_writer(&mut state)?));
                 }
-                self.shared.writer.want_turn();
+                ticket = Some(self.shared.writer.want_turn());
             }
             if opened.changed().await.is_err() {
                 return Err(store_failed("the store writer stopped"));

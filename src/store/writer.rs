@@ -111,6 +111,8 @@ struct Pending {
     wanting: usize,
     expected: usize,
     ran: usize,
+    /// Turns begun: the last one's number.
+    turns_begun: u64,
     /// The numbers (first, last) of turns' batches whose commit did not
     /// take effect: their answers are refused, never released (the latest
     /// [`ABANDONED_KEPT`]; an answer waits no longer than a few turns).
@@ -300,12 +302,6 @@ impl Writer {
     /// holds everything the operation could have observed.
     pub fn append(&self, mut changes: Vec<Change>) -> u64 {
         let mut pending = self.shared.pending();
-        if self.shared.gate.is_some() {
-            pending.ran += 1;
-            if pending.ran >= pending.expected {
-                self.shared.wake.notify_one();
-            }
-        }
         if changes.is_empty() {
             return pending.last;
         }
@@ -329,10 +325,32 @@ impl Writer {
     }
 
     /// Asks for a turn (a caller that found the gate closed, under the
-    /// state lock); it waits on [`Gate::subscribe`].
-    pub fn want_turn(&self) {
-        self.shared.pending().wanting += 1;
+    /// state lock); it waits on [`Gate::subscribe`]. Returns its ticket:
+    /// the number of the turn it is counted for.
+    pub fn want_turn(&self) -> u64 {
+        let mut pending = self.shared.pending();
+        pending.wanting += 1;
+        let ticket = pending.turns_begun + 1;
+        drop(pending);
         self.shared.wake.notify_one();
+        ticket
+    }
+
+    /// Tells the writer a caller runs in the open turn (under the state
+    /// lock, before it appends), with the ticket of its last
+    /// [`Writer::want_turn`], if it asked: the turn closes once every caller
+    /// it was begun for ran. A caller counted for a turn not begun yet (it
+    /// asked while this one was beginning) is counted out of that one.
+    pub fn ran_in_turn(&self, ticket: Option<u64>) {
+        let mut pending = self.shared.pending();
+        if ticket.is_some_and(|ticket| ticket > pending.turns_begun) {
+            pending.wanting = pending.wanting.saturating_sub(1);
+        }
+        pending.ran += 1;
+        if pending.ran >= pending.expected {
+            drop(pending);
+            self.shared.wake.notify_one();
+        }
     }
 
     /// Why the writer stopped, once it has.
@@ -537,6 +555,9 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
             // Asked for before the turn begins: these callers run in it.
             pending.expected = std::mem::take(&mut pending.wanting);
             pending.ran = 0;
+            if pending.expected > 0 {
+                pending.turns_begun += 1;
+            }
             pending.expected > 0
         };
         if !wanted {
