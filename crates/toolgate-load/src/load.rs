@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse};
 use toolgate::pb;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
-use crate::servers::{ServerProcess, StoreCounters, machine_busy, own_cpu_time};
+use crate::servers::{DatabaseCounters, ServerProcess, StoreCounters, machine_busy, own_cpu_time};
 
 pub type PdpClient = PolicyDecisionPointClient<Channel>;
 pub type AuthzClient = AuthorizationClient<Channel>;
@@ -281,6 +281,8 @@ pub struct RoundStats {
     /// What the store's group commit did during the round (toolgate's
     /// `/metrics`, read before and after it; zero for the baseline).
     pub store: StoreCounters,
+    /// What `pg_stat_statements` counted meanwhile (postgres servers).
+    pub database: Option<DatabaseCounters>,
 }
 
 impl RoundStats {
@@ -303,6 +305,7 @@ impl RoundStats {
             round_p99s: Vec::new(),
             exhausted: false,
             store: StoreCounters::default(),
+            database: None,
         }
     }
 
@@ -357,6 +360,11 @@ impl RoundStats {
         self.round_p99s.extend_from_slice(&other.round_p99s);
         self.exhausted |= other.exhausted;
         self.store.add(&other.store);
+        match (&mut self.database, &other.database) {
+            (Some(mine), Some(theirs)) => mine.add(theirs),
+            (None, Some(theirs)) => self.database = Some(*theirs),
+            _ => {}
+        }
     }
 
     pub fn error_count(&self) -> u64 {

@@ -562,11 +562,15 @@ async fn one_round(
     let generator = scenarios::generator(scenario, tag, &server.commits, prepared);
     let target = connected.target();
     let counters_before = connected.server.store_counters();
+    let statements_before = connected.server.database_statements();
     let mut stats = match model {
         Model::Closed => closed_loop(&target, generator, args.concurrency, window).await,
         Model::Open(rate) => open_loop(&target, generator, rate, window).await,
     };
     stats.store = connected.server.store_counters().since(&counters_before);
+    stats.database = statements_before
+        .zip(connected.server.database_statements())
+        .map(|(before, after)| after.since(&before));
     Ok(stats)
 }
 
@@ -697,6 +701,33 @@ fn scenario_table(
                 text,
                 "- PostgreSQL CPU/req ({model} loop; all of the database server's processes, the cores it kept busy): {}",
                 cells.join(", ")
+            );
+        }
+    }
+    for (model, stats) in [("closed", &result.closed), ("open", &result.open)] {
+        let cells: Vec<String> = kinds
+            .iter()
+            .zip(stats)
+            .filter_map(|(kind, stats)| {
+                let database = stats.database?;
+                let rpcs = stats.store.rpcs.max(1.0);
+                let turns = database.locks.max(1.0);
+                Some(format!(
+                    "{} {:.2} round trips/RPC ({:.2} statements; {:.3} turns/RPC, {:.1} round trips/turn; BEGINs {:.3}/RPC)",
+                    kind.name(),
+                    database.round_trips() / rpcs,
+                    database.statements / rpcs,
+                    database.locks / rpcs,
+                    database.round_trips() / turns,
+                    database.begins / rpcs,
+                ))
+            })
+            .collect();
+        if !cells.is_empty() {
+            let _ = writeln!(
+                text,
+                "- PostgreSQL round trips ({model} loop; pg_stat_statements over the rounds, warm-up included, per Decide/Dispatch answer from toolgate's counters; a turn's BEGIN and lock are one round trip; idle replicas of the other postgres server catching up every 50 ms count too): {}",
+                cells.join("; ")
             );
         }
     }

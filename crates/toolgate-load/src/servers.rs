@@ -128,6 +128,28 @@ impl Postgres {
         }
     }
 
+    /// The statements of this database so far, from `pg_stat_statements`
+    /// (`None` when the extension is not there): every statement executed
+    /// (a `batch_execute` of several counts each), the
+    /// `pg_advisory_xact_lock`s (one per turn, sent with its `BEGIN` as one
+    /// simple query) and the `BEGIN`s (turns and idle catch-ups).
+    pub fn statements(&self) -> Option<DatabaseCounters> {
+        let text = psql(
+            &self.url,
+            "SELECT coalesce(sum(calls), 0), \
+             coalesce(sum(calls) FILTER (WHERE query ILIKE '%pg_advisory_xact_lock%'), 0), \
+             coalesce(sum(calls) FILTER (WHERE query ILIKE 'BEGIN%'), 0) \
+             FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )?;
+        let mut fields = text.split('|').map(|field| field.trim().parse::<f64>());
+        Some(DatabaseCounters {
+            statements: fields.next()?.ok()?,
+            locks: fields.next()?.ok()?,
+            begins: fields.next()?.ok()?,
+        })
+    }
+
     /// A setting of the server (`SHOW name`), if `psql` answers.
     pub fn setting(&self, name: &str) -> Option<String> {
         psql(&self.url, &format!("SHOW {name}"))
@@ -169,6 +191,36 @@ impl Postgres {
             }
         }
         total
+    }
+}
+
+/// What `pg_stat_statements` counted (see [`Postgres::statements`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DatabaseCounters {
+    pub statements: f64,
+    pub locks: f64,
+    pub begins: f64,
+}
+
+impl DatabaseCounters {
+    pub fn since(&self, earlier: &DatabaseCounters) -> DatabaseCounters {
+        DatabaseCounters {
+            statements: self.statements - earlier.statements,
+            locks: self.locks - earlier.locks,
+            begins: self.begins - earlier.begins,
+        }
+    }
+
+    pub fn add(&mut self, other: &DatabaseCounters) {
+        self.statements += other.statements;
+        self.locks += other.locks;
+        self.begins += other.begins;
+    }
+
+    /// Round trips: every statement but the lock, which travels with its
+    /// `BEGIN`.
+    pub fn round_trips(&self) -> f64 {
+        self.statements - self.locks
     }
 }
 
@@ -509,6 +561,14 @@ impl ServerProcess {
             .map_or(Duration::ZERO, |(postgres, _)| postgres.cpu_time())
     }
 
+    /// `pg_stat_statements`' counts now (postgres servers with the
+    /// extension; `None` otherwise).
+    pub fn database_statements(&self) -> Option<DatabaseCounters> {
+        self.postgres
+            .as_ref()
+            .and_then(|(postgres, _)| postgres.statements())
+    }
+
     /// The schema of a postgres server.
     pub fn schema(&self) -> Option<&str> {
         self.postgres.as_ref().map(|(_, schema)| schema.as_str())
@@ -646,6 +706,9 @@ pub struct StoreCounters {
     /// `(le, cumulative count)` of the sync histogram, in bucket order.
     pub sync_buckets: Vec<(f64, f64)>,
     pub store_bytes: f64,
+    /// Decide and Dispatch answers (`toolgate_decisions_total`,
+    /// `toolgate_dispatches_total`, every label).
+    pub rpcs: f64,
 }
 
 impl StoreCounters {
@@ -664,6 +727,15 @@ impl StoreCounters {
                 "toolgate_store_sync_seconds_count" => counters.syncs = value,
                 "toolgate_store_sync_seconds_sum" => counters.sync_seconds = value,
                 "toolgate_store_bytes" => counters.store_bytes = value,
+                _ if ["toolgate_decisions_total", "toolgate_dispatches_total"]
+                    .iter()
+                    .any(|metric| {
+                        name.strip_prefix(metric)
+                            .is_some_and(|rest| rest.is_empty() || rest.starts_with('{'))
+                    }) =>
+                {
+                    counters.rpcs += value;
+                }
                 _ => {
                     if let Some(le) = name
                         .strip_prefix("toolgate_store_sync_seconds_bucket{le=\"")
@@ -702,6 +774,7 @@ impl StoreCounters {
                 })
                 .collect(),
             store_bytes: self.store_bytes,
+            rpcs: self.rpcs - earlier.rpcs,
         }
     }
 
@@ -719,6 +792,7 @@ impl StoreCounters {
             }
         }
         self.store_bytes = self.store_bytes.max(other.store_bytes);
+        self.rpcs += other.rpcs;
     }
 
     /// Operations per batch (group commit), on average.
