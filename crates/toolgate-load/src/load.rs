@@ -27,7 +27,7 @@ use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse};
 use toolgate::pb;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
-use crate::servers::{ServerProcess, StoreCounters, machine_busy, own_cpu_time};
+use crate::servers::{DatabaseCounters, ServerProcess, StoreCounters, machine_busy, own_cpu_time};
 
 pub type PdpClient = PolicyDecisionPointClient<Channel>;
 pub type AuthzClient = AuthorizationClient<Channel>;
@@ -264,6 +264,8 @@ pub struct RoundStats {
     pub first_wrong: Option<String>,
     pub elapsed: Duration,
     pub server_cpu: Duration,
+    /// The PostgreSQL server's CPU time (postgres stores; zero otherwise).
+    pub database_cpu: Duration,
     pub client_cpu: Duration,
     /// CPU time the rest of the machine used meanwhile (other processes,
     /// steal): a round where it is large was disturbed.
@@ -279,6 +281,8 @@ pub struct RoundStats {
     /// What the store's group commit did during the round (toolgate's
     /// `/metrics`, read before and after it; zero for the baseline).
     pub store: StoreCounters,
+    /// What `pg_stat_statements` counted meanwhile (postgres servers).
+    pub database: Option<DatabaseCounters>,
 }
 
 impl RoundStats {
@@ -293,6 +297,7 @@ impl RoundStats {
             first_wrong: None,
             elapsed: Duration::ZERO,
             server_cpu: Duration::ZERO,
+            database_cpu: Duration::ZERO,
             client_cpu: Duration::ZERO,
             foreign_cpu: Duration::ZERO,
             rounds: 0,
@@ -300,6 +305,7 @@ impl RoundStats {
             round_p99s: Vec::new(),
             exhausted: false,
             store: StoreCounters::default(),
+            database: None,
         }
     }
 
@@ -346,6 +352,7 @@ impl RoundStats {
         }
         self.elapsed += other.elapsed;
         self.server_cpu += other.server_cpu;
+        self.database_cpu += other.database_cpu;
         self.client_cpu += other.client_cpu;
         self.foreign_cpu += other.foreign_cpu;
         self.rounds += other.rounds;
@@ -353,6 +360,11 @@ impl RoundStats {
         self.round_p99s.extend_from_slice(&other.round_p99s);
         self.exhausted |= other.exhausted;
         self.store.add(&other.store);
+        match (&mut self.database, &other.database) {
+            (Some(mine), Some(theirs)) => mine.add(theirs),
+            (None, Some(theirs)) => self.database = Some(*theirs),
+            _ => {}
+        }
     }
 
     pub fn error_count(&self) -> u64 {
@@ -388,6 +400,14 @@ impl RoundStats {
         match self.completed {
             0 => Duration::ZERO,
             count => self.server_cpu / u32::try_from(count).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The PostgreSQL server's CPU time per answered request.
+    pub fn database_cpu_per_request(&self) -> Duration {
+        match self.completed {
+            0 => Duration::ZERO,
+            count => self.database_cpu / u32::try_from(count).unwrap_or(u32::MAX),
         }
     }
 
@@ -468,6 +488,7 @@ pub async fn closed_loop(
     let server = target.server;
     tokio::time::sleep_until(measure_from.into()).await;
     let server_cpu_start = server.cpu_time();
+    let database_cpu_start = server.database_cpu_time();
     let client_cpu_start = own_cpu_time();
     let busy_start = machine_busy();
     let mut total = RoundStats::empty();
@@ -479,10 +500,13 @@ pub async fn closed_loop(
     let finished = Instant::now();
     total.elapsed = finished.min(end).saturating_duration_since(measure_from);
     total.server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
+    total.database_cpu = server
+        .database_cpu_time()
+        .saturating_sub(database_cpu_start);
     total.client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
     total.foreign_cpu = machine_busy()
         .saturating_sub(busy_start)
-        .saturating_sub(total.server_cpu + total.client_cpu);
+        .saturating_sub(total.server_cpu + total.database_cpu + total.client_cpu);
     total.exhausted = exhausted.load(Ordering::Relaxed) > 0;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
@@ -553,6 +577,7 @@ pub async fn open_loop(
     });
     tokio::time::sleep_until(measure_from.into()).await;
     let server_cpu_start = server.cpu_time();
+    let database_cpu_start = server.database_cpu_time();
     let client_cpu_start = own_cpu_time();
     let busy_start = machine_busy();
     let exhausted = match tokio::task::spawn_blocking(move || scheduler.join()).await {
@@ -568,15 +593,19 @@ pub async fn open_loop(
     }
     let drained = Instant::now();
     let server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
+    let database_cpu = server
+        .database_cpu_time()
+        .saturating_sub(database_cpu_start);
     let client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
     // Until the last answer: a server that falls behind the schedule shows
     // a lower achieved rate than the one offered.
     total.elapsed = drained.saturating_duration_since(measure_from);
     total.server_cpu = server_cpu;
+    total.database_cpu = database_cpu;
     total.client_cpu = client_cpu;
     total.foreign_cpu = machine_busy()
         .saturating_sub(busy_start)
-        .saturating_sub(server_cpu + client_cpu);
+        .saturating_sub(server_cpu + database_cpu + client_cpu);
     total.exhausted = exhausted;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];

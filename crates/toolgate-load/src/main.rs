@@ -90,6 +90,14 @@ pub struct RunArgs {
     /// is taken from and the scaling figures run on.
     #[arg(long, default_value = "durable,memory")]
     pub stores: String,
+    /// A PostgreSQL database (`postgres://USER:PW@HOST:PORT/DB`, no
+    /// `schema=`; default: the environment's TOOLGATE_BENCH_DATABASE_URL):
+    /// adds the stores `postgres` (one replica) and `postgres×3` (three
+    /// `toolgate serve` on one schema, the load spread over them) to
+    /// `--stores` unless it names one of them. Each runs on a fresh schema
+    /// `bench_<random>`, dropped (with `psql`) when its servers stop.
+    #[arg(long)]
+    pub postgres: Option<String>,
     /// Where the durable servers' data directories are made (default: the
     /// run's temporary directory). Must be on the file system a deployment
     /// would use: a tmpfs makes every sync free.
@@ -178,7 +186,16 @@ impl RunArgs {
         Duration::from_secs_f64(self.warmup.max(0.0))
     }
 
-    /// The stores of `--stores`, in order, each once.
+    /// `--postgres`, else TOOLGATE_BENCH_DATABASE_URL.
+    pub fn postgres_url(&self) -> Option<String> {
+        self.postgres
+            .clone()
+            .or_else(|| std::env::var("TOOLGATE_BENCH_DATABASE_URL").ok())
+            .filter(|url| !url.trim().is_empty())
+    }
+
+    /// The stores of `--stores`, in order, each once; with a PostgreSQL
+    /// URL and no postgres store named, postgres and postgres×3 appended.
     pub fn stores(&self) -> BoxResult<Vec<servers::Store>> {
         let mut stores = Vec::new();
         for name in self
@@ -187,11 +204,22 @@ impl RunArgs {
             .map(str::trim)
             .filter(|name| !name.is_empty())
         {
-            let store = servers::Store::from_name(name)
-                .ok_or_else(|| format!("unknown store {name:?} (durable, memory)"))?;
+            let store = servers::Store::from_name(name).ok_or_else(|| {
+                format!("unknown store {name:?} (durable, memory, postgres, postgres×3)")
+            })?;
             if !stores.contains(&store) {
                 stores.push(store);
             }
+        }
+        let postgres_named = stores.iter().any(|store| store.is_postgres());
+        if self.postgres_url().is_some() {
+            if !postgres_named {
+                stores.extend([servers::Store::Postgres, servers::Store::Postgres3]);
+            }
+        } else if postgres_named {
+            return Err(
+                "the postgres stores need --postgres URL (or TOOLGATE_BENCH_DATABASE_URL)".into(),
+            );
         }
         if stores.is_empty() {
             return Err("--stores names no store".into());

@@ -14,7 +14,7 @@ use crate::recovery;
 use crate::report;
 use crate::scaling;
 use crate::scenarios::{self, CommitPool, Scenario, host_token, setup_fixtures};
-use crate::servers::{Kind, Launcher, ServerProcess, Store};
+use crate::servers::{Kind, Launcher, Postgres, ServerProcess, Store};
 use crate::{BoxResult, RunArgs};
 
 /// What `--scenario` selected.
@@ -138,6 +138,7 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
         workers: args.workers,
         server_log: args.server_log.clone(),
         data_root,
+        postgres: args.postgres_url().map(Postgres::new),
     };
     let started = Instant::now();
 
@@ -183,12 +184,38 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
             .map(|store| match store {
                 Store::Durable => "durable (`--store sqlite --data-dir` a fresh directory)",
                 Store::Memory => "memory (`--store memory`)",
+                Store::Postgres => "postgres (`--store postgres://…?schema=bench_…`, one replica)",
+                Store::Postgres3 =>
+                    "postgres×3 (three `toolgate serve` on one fresh schema, connections round-robin over them)",
             })
             .collect::<Vec<_>>()
             .join(", "),
         launcher.data_root.display(),
         file_system(&launcher.data_root),
     );
+    if let Some(postgres) = &launcher.postgres {
+        let setting = |name: &str| postgres.setting(name).unwrap_or_else(|| "?".into());
+        let data_directory = postgres.setting("data_directory");
+        let _ = writeln!(
+            header,
+            "- PostgreSQL: {} ({}); fsync {}, synchronous_commit {}, full_page_writes {}, wal_level {}, shared_buffers {}; data directory {} ({}); its CPU time (postmaster and children, /proc): {}",
+            postgres.display(),
+            setting("server_version"),
+            setting("fsync"),
+            setting("synchronous_commit"),
+            setting("full_page_writes"),
+            setting("wal_level"),
+            setting("shared_buffers"),
+            data_directory.as_deref().unwrap_or("?"),
+            data_directory
+                .as_deref()
+                .map_or_else(String::new, |dir| file_system(std::path::Path::new(dir))),
+            postgres.postmaster.map_or_else(
+                || "not measured (postmaster not found through psql)".to_string(),
+                |pid| format!("measured (postmaster pid {pid})")
+            ),
+        );
+    }
     header.push_str("- the load generator and the servers share the machine's CPUs\n");
     println!("{header}");
 
@@ -279,7 +306,11 @@ struct ScenarioResult {
     /// The merged rounds of each server, in the order of the servers.
     closed: Vec<RoundStats>,
     open: Vec<RoundStats>,
+    /// The open-loop rate of the first server (and of every one but the
+    /// postgres servers).
     open_rate: f64,
+    /// Each server's open-loop rate.
+    open_rates: Vec<f64>,
 }
 
 /// The index of the server of `kind` among `kinds`.
@@ -308,6 +339,14 @@ async fn throughput(
             args.connections,
         )
         .await?;
+        if let Some(schema) = connected.server.schema() {
+            eprintln!(
+                "   {} on schema {schema} ({} processes, {} connections)",
+                kind.name(),
+                store.replicas(),
+                connected.channels.len()
+            );
+        }
         setup_fixtures(&connected.channels[0]).await?;
         servers.push(UnderTest {
             connected,
@@ -343,11 +382,23 @@ async fn throughput(
             .iter()
             .map(|server| server.connected.server.rss_bytes())
             .collect();
-        let closed = alternate(args, scenario, Model::Closed, &servers).await?;
+        let closed_models = vec![Model::Closed; servers.len()];
+        let closed = alternate(args, scenario, &closed_models, &servers).await?;
         let open_rate = args
             .rate
             .unwrap_or(closed[0].throughput() * args.open_fraction);
-        let open = alternate(args, scenario, Model::Open(open_rate), &servers).await?;
+        // A postgres server runs at the fraction of its own closed-loop
+        // throughput: the first server's half load may be past its saturation.
+        let open_rates: Vec<f64> = kinds
+            .iter()
+            .zip(&closed)
+            .map(|(kind, stats)| match args.rate {
+                None if kind.is_postgres() => stats.throughput() * args.open_fraction,
+                _ => open_rate,
+            })
+            .collect();
+        let open_models: Vec<Model> = open_rates.iter().map(|rate| Model::Open(*rate)).collect();
+        let open = alternate(args, scenario, &open_models, &servers).await?;
         let rss_after: Vec<u64> = servers
             .iter()
             .map(|server| server.connected.server.rss_bytes())
@@ -357,6 +408,7 @@ async fn throughput(
             closed,
             open,
             open_rate,
+            open_rates,
         };
         println!(
             "{}",
@@ -384,7 +436,7 @@ async fn throughput(
 async fn alternate(
     args: &RunArgs,
     scenario: Scenario,
-    model: Model,
+    models: &[Model],
     servers: &[UnderTest],
 ) -> BoxResult<Vec<RoundStats>> {
     let window = Window {
@@ -397,6 +449,7 @@ async fn alternate(
             let index = (round + offset) % servers.len();
             let server = &servers[index];
             let kind = server.connected.kind();
+            let model = models[index];
             let model_letter = match model {
                 Model::Closed => 'c',
                 Model::Open(_) => 'o',
@@ -509,11 +562,15 @@ async fn one_round(
     let generator = scenarios::generator(scenario, tag, &server.commits, prepared);
     let target = connected.target();
     let counters_before = connected.server.store_counters();
+    let statements_before = connected.server.database_statements();
     let mut stats = match model {
         Model::Closed => closed_loop(&target, generator, args.concurrency, window).await,
         Model::Open(rate) => open_loop(&target, generator, rate, window).await,
     };
     stats.store = connected.server.store_counters().since(&counters_before);
+    stats.database = statements_before
+        .zip(connected.server.database_statements())
+        .map(|(before, after)| after.since(&before));
     Ok(stats)
 }
 
@@ -522,16 +579,29 @@ fn ratio_label(kinds: &[Kind], a: usize, b: usize) -> String {
     format!("{}/{}", kinds[a].name(), kinds[b].name())
 }
 
-/// The ratio rows of a table: every toolgate store against every later
-/// server (durable/memory, durable/baseline, memory/baseline).
+/// The ratio rows of a table: every toolgate store but postgres against
+/// every later one of them and the baseline (durable/memory,
+/// durable/baseline, memory/baseline); each postgres store against durable
+/// and the baseline, and postgres×3/postgres.
 fn ratio_pairs(kinds: &[Kind]) -> Vec<(usize, usize)> {
     let mut pairs = Vec::new();
     for a in 0..kinds.len() {
         for b in a + 1..kinds.len() {
-            if kinds[a].is_toolgate() {
+            if kinds[a].is_toolgate() && !kinds[a].is_postgres() && !kinds[b].is_postgres() {
                 pairs.push((a, b));
             }
         }
+    }
+    let durable = index_of(kinds, Kind::Toolgate(Store::Durable));
+    let baseline = index_of(kinds, Kind::Baseline);
+    let one = index_of(kinds, Kind::Toolgate(Store::Postgres));
+    let three = index_of(kinds, Kind::Toolgate(Store::Postgres3));
+    for postgres in [one, three].into_iter().flatten() {
+        pairs.extend(durable.map(|durable| (postgres, durable)));
+        pairs.extend(baseline.map(|baseline| (postgres, baseline)));
+    }
+    if let (Some(one), Some(three)) = (one, three) {
+        pairs.push((three, one));
     }
     pairs
 }
@@ -550,9 +620,13 @@ fn scenario_table(
     );
     text.push_str(&report::header("load / server"));
     let closed_label = format!("closed, {} callers", args.concurrency);
-    let open_label = format!("open, {} req/s", report::rate(result.open_rate));
-    for (label, stats) in [(&closed_label, &result.closed), (&open_label, &result.open)] {
-        for (kind, stats) in kinds.iter().zip(stats) {
+    for (closed, stats) in [(true, &result.closed), (false, &result.open)] {
+        for (index, (kind, stats)) in kinds.iter().zip(stats).enumerate() {
+            let label = if closed {
+                closed_label.clone()
+            } else {
+                format!("open, {} req/s", report::rate(result.open_rates[index]))
+            };
             text.push_str(&report::row(&format!("{label}: {}", kind.name()), stats));
         }
         for (a, b) in ratio_pairs(kinds) {
@@ -607,6 +681,56 @@ fn scenario_table(
         "- open loop send lag p99 (scheduled → sent, included in the latencies): {}",
         list(&|index| lag(&result.open[index]))
     );
+    if kinds.iter().any(|kind| kind.is_postgres()) {
+        let database = |stats: &RoundStats| {
+            let seconds = stats.elapsed.as_secs_f64().max(1e-9);
+            format!(
+                "{} ({:.2} cores)",
+                report::latency(stats.database_cpu_per_request()),
+                stats.database_cpu.as_secs_f64() / seconds
+            )
+        };
+        for (model, stats) in [("closed", &result.closed), ("open", &result.open)] {
+            let cells: Vec<String> = kinds
+                .iter()
+                .zip(stats)
+                .filter(|(kind, _)| kind.is_postgres())
+                .map(|(kind, stats)| format!("{} {}", kind.name(), database(stats)))
+                .collect();
+            let _ = writeln!(
+                text,
+                "- PostgreSQL CPU/req ({model} loop; all of the database server's processes, the cores it kept busy): {}",
+                cells.join(", ")
+            );
+        }
+    }
+    for (model, stats) in [("closed", &result.closed), ("open", &result.open)] {
+        let cells: Vec<String> = kinds
+            .iter()
+            .zip(stats)
+            .filter_map(|(kind, stats)| {
+                let database = stats.database?;
+                let rpcs = stats.store.rpcs.max(1.0);
+                let turns = database.locks.max(1.0);
+                Some(format!(
+                    "{} {:.2} round trips/RPC ({:.2} statements; {:.3} turns/RPC, {:.1} round trips/turn; BEGINs {:.3}/RPC)",
+                    kind.name(),
+                    database.round_trips() / rpcs,
+                    database.statements / rpcs,
+                    database.locks / rpcs,
+                    database.round_trips() / turns,
+                    database.begins / rpcs,
+                ))
+            })
+            .collect();
+        if !cells.is_empty() {
+            let _ = writeln!(
+                text,
+                "- PostgreSQL round trips ({model} loop; pg_stat_statements over the rounds, warm-up included, per Decide/Dispatch answer from toolgate's counters; a turn's BEGIN and lock are one round trip; idle replicas of the other postgres server catching up every 50 ms count too): {}",
+                cells.join("; ")
+            );
+        }
+    }
     let all: Vec<&RoundStats> = result.closed.iter().chain(&result.open).collect();
     let rounds: u32 = all.iter().map(|stats| stats.rounds).sum();
     let repeated: u32 = all.iter().map(|stats| stats.repeated).sum();
@@ -729,6 +853,44 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
     let verdict = |met: bool| if met { "met" } else { "NOT MET" };
     let find = |scenario: Scenario| results.iter().find(|result| result.scenario == scenario);
     let mut text = String::from("### Targets\n\n");
+    for postgres in [Store::Postgres, Store::Postgres3] {
+        let Some(index) = index_of(kinds, Kind::Toolgate(postgres)) else {
+            continue;
+        };
+        let name = postgres.name();
+        if let Some(result) = find(Scenario::DecideAllow) {
+            for (model, stats, rate) in [
+                ("closed loop", &result.closed[index], None),
+                (
+                    "open loop",
+                    &result.open[index],
+                    Some(result.open_rates[index]),
+                ),
+            ] {
+                let p50 = stats.percentile(0.5);
+                let _ = writeln!(
+                    text,
+                    "- decide-allow on {name}: p50 ≤ 2 ms ({model}{}): {} (p99 {}) — {}",
+                    rate.map_or_else(String::new, |rate| format!(
+                        " at {} req/s",
+                        report::rate(rate)
+                    )),
+                    report::latency(p50),
+                    report::latency(stats.percentile(0.99)),
+                    verdict(p50.as_secs_f64() <= 0.002)
+                );
+            }
+        }
+        if let Some(result) = find(Scenario::DispatchCommit) {
+            let rate = result.closed[index].throughput();
+            let _ = writeln!(
+                text,
+                "- dispatch-commit on {name}: ≥ 5,000 durable commits/s (issue 16's goal is for three replicas): {} /s — {}",
+                report::rate(rate),
+                verdict(rate >= 5_000.0)
+            );
+        }
+    }
     if let Some(durable) = durable {
         for scenario in [Scenario::DispatchCommit, Scenario::DispatchDirect] {
             let Some(result) = find(scenario) else {

@@ -23,6 +23,12 @@ pub enum Store {
     Durable,
     /// `--store memory`: the same group commit into a map in the process.
     Memory,
+    /// `--store postgres://…?schema=bench_…`: one replica on a fresh schema
+    /// of the PostgreSQL server of `--postgres`.
+    Postgres,
+    /// Three `toolgate serve` processes on one fresh schema; the load is
+    /// spread over their addresses round-robin.
+    Postgres3,
 }
 
 impl Store {
@@ -30,6 +36,8 @@ impl Store {
         match self {
             Store::Durable => "durable",
             Store::Memory => "memory",
+            Store::Postgres => "postgres",
+            Store::Postgres3 => "postgres×3",
         }
     }
 
@@ -37,8 +45,22 @@ impl Store {
         match name {
             "durable" | "sqlite" => Some(Store::Durable),
             "memory" => Some(Store::Memory),
+            "postgres" => Some(Store::Postgres),
+            "postgres×3" | "postgres3" | "postgres-3" => Some(Store::Postgres3),
             _ => None,
         }
+    }
+
+    /// The `toolgate serve` processes of one server under test.
+    pub fn replicas(self) -> usize {
+        match self {
+            Store::Postgres3 => 3,
+            _ => 1,
+        }
+    }
+
+    pub fn is_postgres(self) -> bool {
+        matches!(self, Store::Postgres | Store::Postgres3)
     }
 }
 
@@ -61,6 +83,159 @@ impl Kind {
     pub fn is_toolgate(self) -> bool {
         matches!(self, Kind::Toolgate(_))
     }
+
+    pub fn is_postgres(self) -> bool {
+        matches!(self, Kind::Toolgate(store) if store.is_postgres())
+    }
+}
+
+/// The PostgreSQL server of `--postgres`: its URL (no `schema=`), and its
+/// postmaster's pid when it could be found (`SHOW data_directory` through
+/// `psql`, then `postmaster.pid`), for the database's CPU time.
+#[derive(Debug, Clone)]
+pub struct Postgres {
+    pub url: String,
+    pub postmaster: Option<u32>,
+}
+
+impl Postgres {
+    pub fn new(url: String) -> Postgres {
+        let postmaster = psql(&url, "SHOW data_directory")
+            .and_then(|dir| std::fs::read_to_string(Path::new(&dir).join("postmaster.pid")).ok())
+            .and_then(|text| {
+                text.lines()
+                    .next()
+                    .and_then(|line| line.trim().parse().ok())
+            });
+        Postgres { url, postmaster }
+    }
+
+    /// The URL of schema `schema`.
+    pub fn url_of(&self, schema: &str) -> String {
+        let separator = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{separator}schema={schema}", self.url)
+    }
+
+    /// The URL without its password, for the tables.
+    pub fn display(&self) -> String {
+        match (self.url.find("://"), self.url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                let user_info = &self.url[scheme + 3..at];
+                let user = user_info.split(':').next().unwrap_or("");
+                format!("{}{user}{}", &self.url[..scheme + 3], &self.url[at..])
+            }
+            _ => self.url.clone(),
+        }
+    }
+
+    /// The statements of this database so far, from `pg_stat_statements`
+    /// (`None` when the extension is not there): every statement executed
+    /// (a `batch_execute` of several counts each), the
+    /// `pg_advisory_xact_lock`s (one per turn, sent with its `BEGIN` as one
+    /// simple query) and the `BEGIN`s (turns and idle catch-ups).
+    pub fn statements(&self) -> Option<DatabaseCounters> {
+        let text = psql(
+            &self.url,
+            "SELECT coalesce(sum(calls), 0), \
+             coalesce(sum(calls) FILTER (WHERE query ILIKE '%pg_advisory_xact_lock%'), 0), \
+             coalesce(sum(calls) FILTER (WHERE query ILIKE 'BEGIN%'), 0) \
+             FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )?;
+        let mut fields = text.split('|').map(|field| field.trim().parse::<f64>());
+        Some(DatabaseCounters {
+            statements: fields.next()?.ok()?,
+            locks: fields.next()?.ok()?,
+            begins: fields.next()?.ok()?,
+        })
+    }
+
+    /// A setting of the server (`SHOW name`), if `psql` answers.
+    pub fn setting(&self, name: &str) -> Option<String> {
+        psql(&self.url, &format!("SHOW {name}"))
+    }
+
+    /// User + system CPU time of the postmaster and every process it
+    /// started (backends, WAL writer, checkpointer, …), those it reaped
+    /// included; zero when the postmaster is unknown.
+    pub fn cpu_time(&self) -> Duration {
+        let Some(postmaster) = self.postmaster else {
+            return Duration::ZERO;
+        };
+        let mut total = Duration::ZERO;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return total;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|name| name.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(fields) = stat_fields(&stat) else {
+                continue;
+            };
+            let field = |index: usize| -> u64 {
+                fields
+                    .get(index)
+                    .and_then(|value| value.parse().ok())
+                    .unwrap_or(0)
+            };
+            // Field 4 (ppid) is index 1 here; utime, stime, cutime, cstime 11-14.
+            if pid == postmaster {
+                total += ticks(field(11) + field(12) + field(13) + field(14));
+            } else if u32::try_from(field(1)).ok() == Some(postmaster) {
+                total += ticks(field(11) + field(12));
+            }
+        }
+        total
+    }
+}
+
+/// What `pg_stat_statements` counted (see [`Postgres::statements`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DatabaseCounters {
+    pub statements: f64,
+    pub locks: f64,
+    pub begins: f64,
+}
+
+impl DatabaseCounters {
+    pub fn since(&self, earlier: &DatabaseCounters) -> DatabaseCounters {
+        DatabaseCounters {
+            statements: self.statements - earlier.statements,
+            locks: self.locks - earlier.locks,
+            begins: self.begins - earlier.begins,
+        }
+    }
+
+    pub fn add(&mut self, other: &DatabaseCounters) {
+        self.statements += other.statements;
+        self.locks += other.locks;
+        self.begins += other.begins;
+    }
+
+    /// Round trips: every statement but the lock, which travels with its
+    /// `BEGIN`.
+    pub fn round_trips(&self) -> f64 {
+        self.statements - self.locks
+    }
+}
+
+/// `psql URL -Atc SQL`'s answer, trimmed; `None` without psql or on an error.
+pub fn psql(url: &str, sql: &str) -> Option<String> {
+    let output = Command::new("psql")
+        .args([url, "-X", "-q", "-At", "-c", sql])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
 /// How to start the servers.
@@ -75,6 +250,8 @@ pub struct Launcher {
     pub server_log: Option<PathBuf>,
     /// Where fresh data directories of durable servers are made.
     pub data_root: PathBuf,
+    /// The PostgreSQL server of the postgres stores (`--postgres`).
+    pub postgres: Option<Postgres>,
 }
 
 /// What the "state recovered" line of toolgate's log says.
@@ -131,6 +308,11 @@ pub struct ServerProcess {
     _stdout: BufReader<ChildStdout>,
     /// With `watch_log`: the "state recovered" line, once read.
     recovered: Option<mpsc::Receiver<Recovered>>,
+    /// The other replicas of a postgres×3 server (same schema), each with
+    /// its own address; CPU, RSS and store counters are summed over all.
+    replicas: Vec<ServerProcess>,
+    /// A postgres server's database and schema, dropped with the server.
+    postgres: Option<(Postgres, String)>,
 }
 
 impl Launcher {
@@ -158,7 +340,28 @@ impl Launcher {
             .join(format!("data-{label}-{}", uuid::Uuid::new_v4().simple()))
     }
 
+    /// Starts a server; a postgres one on a fresh schema (`bench_…`,
+    /// dropped when the server is), as many processes as its replicas.
     pub fn start_with(&self, start: Start<'_>) -> BoxResult<ServerProcess> {
+        let store = match start.kind {
+            Kind::Toolgate(store) if store.is_postgres() => store,
+            _ => return self.spawn(start, None),
+        };
+        let postgres = self.postgres.clone().ok_or(
+            "the postgres stores need a PostgreSQL server: --postgres URL (or TOOLGATE_BENCH_DATABASE_URL)",
+        )?;
+        let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
+        let url = postgres.url_of(&schema);
+        let mut first = self.spawn(start.clone(), Some(&url))?;
+        first.postgres = Some((postgres, schema));
+        for _ in 1..store.replicas() {
+            let replica = self.spawn(start.clone(), Some(&url))?;
+            first.replicas.push(replica);
+        }
+        Ok(first)
+    }
+
+    fn spawn(&self, start: Start<'_>, postgres_url: Option<&str>) -> BoxResult<ServerProcess> {
         let Start {
             kind,
             label,
@@ -187,6 +390,10 @@ impl Launcher {
                     }
                     Store::Memory => {
                         command.args(["--store", "memory"]);
+                    }
+                    Store::Postgres | Store::Postgres3 => {
+                        let url = postgres_url.ok_or("a postgres server without a URL")?;
+                        command.arg("--store").arg(url);
                     }
                 }
                 command.args(["--metrics-listen", "127.0.0.1:0"]);
@@ -266,6 +473,8 @@ impl Launcher {
             child,
             _stdout: stdout,
             recovered,
+            replicas: Vec::new(),
+            postgres: None,
         })
     }
 }
@@ -308,9 +517,19 @@ impl ServerProcess {
         self.child.id()
     }
 
-    /// Whether the process has ended (a zombie not yet reaped, or gone):
-    /// a round against it would only count connection errors.
+    /// The processes of this server: itself and its other replicas.
+    fn processes(&self) -> impl Iterator<Item = &ServerProcess> {
+        std::iter::once(self).chain(&self.replicas)
+    }
+
+    /// Whether the process (or any replica) has ended (a zombie not yet
+    /// reaped, or gone): a round against it would only count connection
+    /// errors.
     pub fn exited(&self) -> bool {
+        self.processes().any(ServerProcess::exited_alone)
+    }
+
+    fn exited_alone(&self) -> bool {
         std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
             .ok()
             .and_then(|stat| {
@@ -322,12 +541,37 @@ impl ServerProcess {
 
     /// Resident set size in bytes (`VmRSS`).
     pub fn rss_bytes(&self) -> u64 {
-        rss_bytes(self.pid()).unwrap_or(0)
+        self.processes()
+            .map(|process| rss_bytes(process.pid()).unwrap_or(0))
+            .sum()
     }
 
-    /// User + system CPU time consumed so far.
+    /// User + system CPU time consumed so far (all replicas).
     pub fn cpu_time(&self) -> Duration {
-        cpu_time(&format!("/proc/{}/stat", self.pid())).unwrap_or_default()
+        self.processes()
+            .map(|process| cpu_time(&format!("/proc/{}/stat", process.pid())).unwrap_or_default())
+            .sum()
+    }
+
+    /// The CPU time of the PostgreSQL server under a postgres server (all
+    /// of its processes, whoever they serve); zero for the other kinds.
+    pub fn database_cpu_time(&self) -> Duration {
+        self.postgres
+            .as_ref()
+            .map_or(Duration::ZERO, |(postgres, _)| postgres.cpu_time())
+    }
+
+    /// `pg_stat_statements`' counts now (postgres servers with the
+    /// extension; `None` otherwise).
+    pub fn database_statements(&self) -> Option<DatabaseCounters> {
+        self.postgres
+            .as_ref()
+            .and_then(|(postgres, _)| postgres.statements())
+    }
+
+    /// The schema of a postgres server.
+    pub fn schema(&self) -> Option<&str> {
+        self.postgres.as_ref().map(|(_, schema)| schema.as_str())
     }
 
     /// The "state recovered" line (started with `watch_log`); it is logged
@@ -344,11 +588,17 @@ impl ServerProcess {
     /// The store's group-commit counters now (toolgate only; zero for the
     /// baseline or when the endpoint does not answer).
     pub fn store_counters(&self) -> StoreCounters {
-        self.metrics_address
-            .as_deref()
-            .and_then(|address| scrape(address).ok())
-            .map(|text| StoreCounters::parse(&text))
-            .unwrap_or_default()
+        let mut total = StoreCounters::default();
+        for process in self.processes() {
+            let counters = process
+                .metrics_address
+                .as_deref()
+                .and_then(|address| scrape(address).ok())
+                .map(|text| StoreCounters::parse(&text))
+                .unwrap_or_default();
+            total.add(&counters);
+        }
+        total
     }
 
     /// Bytes of the files in the data directory (apparent sizes).
@@ -379,11 +629,21 @@ impl ServerProcess {
         Ok(took)
     }
 
-    /// `connections` HTTP/2 connections (one tonic `Channel` each).
+    /// `connections` HTTP/2 connections (one tonic `Channel` each); with
+    /// replicas, rounded up to a multiple of them and spread round-robin
+    /// (connection `i` to replica `i % replicas`), so that the callers and
+    /// the open loop's requests, which take the connections in turn, are
+    /// spread so too.
     pub async fn connect(&self, connections: usize) -> BoxResult<Vec<Channel>> {
+        let addresses: Vec<&str> = self
+            .processes()
+            .map(|process| process.address.as_str())
+            .collect();
+        let connections = connections.max(1).div_ceil(addresses.len()) * addresses.len();
         let mut channels = Vec::with_capacity(connections);
-        for _ in 0..connections.max(1) {
-            let channel = Endpoint::from_shared(format!("http://{}", self.address))?
+        for index in 0..connections {
+            let address = addresses[index % addresses.len()];
+            let channel = Endpoint::from_shared(format!("http://{address}"))?
                 .tcp_nodelay(true)
                 .connect()
                 .await?;
@@ -397,6 +657,13 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.replicas.clear();
+        if let Some((postgres, schema)) = &self.postgres {
+            // Left behind (and named on stderr) when psql is missing or fails.
+            if psql(&postgres.url, &format!("DROP SCHEMA {schema} CASCADE")).is_none() {
+                eprintln!("toolgate-load: could not drop schema {schema} (psql); drop it by hand");
+            }
+        }
     }
 }
 
@@ -439,6 +706,9 @@ pub struct StoreCounters {
     /// `(le, cumulative count)` of the sync histogram, in bucket order.
     pub sync_buckets: Vec<(f64, f64)>,
     pub store_bytes: f64,
+    /// Decide and Dispatch answers (`toolgate_decisions_total`,
+    /// `toolgate_dispatches_total`, every label).
+    pub rpcs: f64,
 }
 
 impl StoreCounters {
@@ -457,6 +727,15 @@ impl StoreCounters {
                 "toolgate_store_sync_seconds_count" => counters.syncs = value,
                 "toolgate_store_sync_seconds_sum" => counters.sync_seconds = value,
                 "toolgate_store_bytes" => counters.store_bytes = value,
+                _ if ["toolgate_decisions_total", "toolgate_dispatches_total"]
+                    .iter()
+                    .any(|metric| {
+                        name.strip_prefix(metric)
+                            .is_some_and(|rest| rest.is_empty() || rest.starts_with('{'))
+                    }) =>
+                {
+                    counters.rpcs += value;
+                }
                 _ => {
                     if let Some(le) = name
                         .strip_prefix("toolgate_store_sync_seconds_bucket{le=\"")
@@ -495,6 +774,7 @@ impl StoreCounters {
                 })
                 .collect(),
             store_bytes: self.store_bytes,
+            rpcs: self.rpcs - earlier.rpcs,
         }
     }
 
@@ -512,6 +792,7 @@ impl StoreCounters {
             }
         }
         self.store_bytes = self.store_bytes.max(other.store_bytes);
+        self.rpcs += other.rpcs;
     }
 
     /// Operations per batch (group commit), on average.
@@ -563,16 +844,23 @@ fn clock_ticks() -> u64 {
 /// utime + stime of a process (`/proc/PID/stat` or `/proc/self/stat`).
 pub fn cpu_time(stat_path: &str) -> Option<Duration> {
     let stat = std::fs::read_to_string(stat_path).ok()?;
-    // The command name may hold spaces; the fields after it are fixed.
-    let after_name = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let fields = stat_fields(&stat)?;
     // Fields 14 and 15 of stat(5), counted from `state` (field 3) here.
     let user: u64 = fields.get(11)?.parse().ok()?;
     let system: u64 = fields.get(12)?.parse().ok()?;
-    let ticks = clock_ticks();
-    Some(Duration::from_nanos(
-        (user + system).saturating_mul(1_000_000_000) / ticks,
-    ))
+    Some(ticks(user + system))
+}
+
+/// The fields of a `/proc/PID/stat` line after the command name (which may
+/// hold spaces), from `state` (field 3 of stat(5)) on.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    let after_name = stat.get(stat.rfind(')')? + 2..)?;
+    Some(after_name.split_whitespace().collect())
+}
+
+/// Clock ticks as a duration.
+fn ticks(count: u64) -> Duration {
+    Duration::from_nanos(count.saturating_mul(1_000_000_000) / clock_ticks())
 }
 
 /// The CPU time of this process (the load generator).
