@@ -71,6 +71,15 @@ pub enum Expect {
         versions: Arc<Vec<AtomicU64>>,
         slot: usize,
     },
+    /// `DISPATCH_STATUS_OK`, committed once (the first answer not
+    /// replayed, counted in `commits[position]`, its new version written
+    /// back as for `Committed`) and replayed otherwise.
+    Once {
+        commits: Arc<Vec<AtomicU64>>,
+        position: usize,
+        versions: Arc<Vec<AtomicU64>>,
+        slot: usize,
+    },
     /// Accepted, `ASSESS_REASON_MATCHED`.
     Matched,
     /// An ext_authz Check let through with this reason.
@@ -190,6 +199,7 @@ fn check_dispatch(answer: &pb::DispatchResponse, expect: &Expect) -> Option<Stri
             answer.message,
             expect_name = match expect {
                 Expect::Replayed => "OK replayed",
+                Expect::Once { .. } => "OK committed once, replayed otherwise",
                 _ => "OK committed",
             }
         )
@@ -205,6 +215,31 @@ fn check_dispatch(answer: &pb::DispatchResponse, expect: &Expect) -> Option<Stri
             } else {
                 Some(wrong())
             }
+        }
+        Expect::Once {
+            commits,
+            position,
+            versions,
+            slot,
+        } => {
+            if !ok {
+                return Some(wrong());
+            }
+            if answer.replayed {
+                return None;
+            }
+            if let Some(version) = versions.get(*slot) {
+                version.store(answer.version, Ordering::Relaxed);
+            }
+            let committed_before = commits
+                .get(*position)
+                .map_or(0, |count| count.fetch_add(1, Ordering::Relaxed));
+            (committed_before > 0).then(|| {
+                format!(
+                    "dispatch: the grant of proposal {position} committed {} times",
+                    committed_before + 1
+                )
+            })
         }
         _ => Some("dispatch with a non-dispatch expectation".into()),
     }

@@ -527,8 +527,11 @@ async fn one_round(
     let connected = &server.connected;
     let kind = connected.kind();
     let mut window = window;
-    let prepared = if scenario == Scenario::DispatchCommit {
-        let size = match model {
+    let prepared = if matches!(
+        scenario,
+        Scenario::DispatchCommit | Scenario::DispatchContended
+    ) {
+        let requests = match model {
             // A closed-loop commit round runs until its pool is used up.
             Model::Closed => {
                 window = Window {
@@ -540,6 +543,11 @@ async fn one_round(
             Model::Open(rate) => {
                 ((window.warmup + window.duration).as_secs_f64() * rate * 1.1) as usize + 1000
             }
+        };
+        // A contended proposal is sent by several requests.
+        let size = match scenario {
+            Scenario::DispatchContended => requests / crate::scenarios::RACERS as usize + 1,
+            _ => requests,
         };
         let grant_on = kind.is_toolgate().then_some(&connected.channels[..]);
         let preparing = Instant::now();
@@ -888,6 +896,16 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
                 "- dispatch-commit on {name}: ≥ 5,000 durable commits/s (issue 16's goal is for three replicas): {} /s — {}",
                 report::rate(rate),
                 verdict(rate >= 5_000.0)
+            );
+        }
+        if let Some(result) = find(Scenario::DispatchContended) {
+            let rate = result.closed[index].throughput();
+            let _ = writeln!(
+                text,
+                "- dispatch-contended on {name}: {} grants committed/s ({} Dispatches/s, {} racing for each grant; no goal)",
+                report::rate(rate / crate::scenarios::RACERS as f64),
+                report::rate(rate),
+                crate::scenarios::RACERS
             );
         }
     }

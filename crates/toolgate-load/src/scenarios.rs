@@ -26,23 +26,29 @@ pub enum Scenario {
     DecideSessions,
     DispatchReplay,
     DispatchCommit,
+    DispatchContended,
     DispatchDirect,
     AssessManifest,
     Mixed,
     ExtAuthzCheck,
 }
 
-pub const ALL: [Scenario; 9] = [
+pub const ALL: [Scenario; 10] = [
     Scenario::DecideAllow,
     Scenario::DecidePending,
     Scenario::DecideSessions,
     Scenario::DispatchReplay,
     Scenario::DispatchCommit,
+    Scenario::DispatchContended,
     Scenario::DispatchDirect,
     Scenario::AssessManifest,
     Scenario::Mixed,
     Scenario::ExtAuthzCheck,
 ];
+
+/// Callers that send each granted proposal of `dispatch-contended`: one
+/// commits it, the others replay it.
+pub const RACERS: u64 = 8;
 
 /// Sessions the `decide-1000-sessions` scenario (and the mixed one) spread over.
 pub const DISTINCT_SESSIONS: u64 = 1000;
@@ -55,6 +61,7 @@ impl Scenario {
             Scenario::DecideSessions => "decide-1000-sessions",
             Scenario::DispatchReplay => "dispatch-replay",
             Scenario::DispatchCommit => "dispatch-commit",
+            Scenario::DispatchContended => "dispatch-contended",
             Scenario::DispatchDirect => "dispatch-commit-direct",
             Scenario::AssessManifest => "assess-manifest",
             Scenario::Mixed => "mixed",
@@ -78,6 +85,9 @@ impl Scenario {
             }
             Scenario::DispatchCommit => {
                 "Dispatch of fresh proposals, each decided and granted at setup (not timed), one resource per proposal, version scope `resource` → OK, committed"
+            }
+            Scenario::DispatchContended => {
+                "Dispatch of proposals each decided and granted at setup, each sent by 8 consecutive requests (8 callers racing for one grant; over the replicas, round-robin) → one OK committed and 7 OK replayed per grant; grants committed/s = req/s ÷ 8"
             }
             Scenario::DispatchDirect => {
                 "Dispatch of a tool that needs no approval (`set_direct`), a new call id each time (charged to its session as a Decide would be), request i on resource i mod the resource count at its current version, version scope `resource` → OK, committed"
@@ -391,6 +401,28 @@ pub fn generator(
                 Some(Call::Dispatch(
                     request.clone(),
                     Expect::Committed {
+                        versions: Arc::clone(&versions),
+                        slot: *slot,
+                    },
+                ))
+            })
+        }
+        Scenario::DispatchContended => {
+            let Some(prepared) = prepared else {
+                return Arc::new(|_| None);
+            };
+            // How many times each grant committed: more than once is wrong.
+            let commits: Arc<Vec<AtomicU64>> =
+                Arc::new((0..prepared.len()).map(|_| AtomicU64::new(0)).collect());
+            let versions = pool.versions();
+            Arc::new(move |index| {
+                let position = usize::try_from(index / RACERS).ok()?;
+                let (request, slot) = prepared.get(position)?;
+                Some(Call::Dispatch(
+                    request.clone(),
+                    Expect::Once {
+                        commits: Arc::clone(&commits),
+                        position,
                         versions: Arc::clone(&versions),
                         slot: *slot,
                     },
