@@ -665,10 +665,7 @@ impl Engine {
 
     /// The policy in force now, as an immutable snapshot.
     pub fn policy(&self) -> Arc<Policy> {
-        match self.shared.policy.read() {
-            Ok(guard) => Arc::clone(&guard),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        snapshot(&self.shared.policy)
     }
 
     /// The reload decision: swaps in `policy` unless
@@ -816,6 +813,15 @@ fn audit_pin_change(action: &'static str, record: &PinRecord, reviewer: &str) {
         fingerprint = %record.fingerprint,
         reviewer,
     );
+}
+
+/// The policy behind `lock`, as an immutable snapshot (a poisoned lock
+/// still holds a whole policy: a swap is one assignment).
+fn snapshot(lock: &RwLock<Arc<Policy>>) -> Arc<Policy> {
+    match lock.read() {
+        Ok(guard) => Arc::clone(&guard),
+        Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+    }
 }
 
 /// The answer to every call once the store failed.

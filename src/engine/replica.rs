@@ -48,10 +48,7 @@ fn lock(state: &Mutex<State>) -> Result<MutexGuard<'_, State>, StoreError> {
 
 impl Host {
     fn policy(&self) -> Arc<Policy> {
-        match self.policy.read() {
-            Ok(guard) => Arc::clone(&guard),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        super::snapshot(&self.policy)
     }
 
     /// Takes `behind` into `state`; the transitions go to the watchers

@@ -528,6 +528,9 @@ impl Opened {
 
 /// The statements a store prepares once per connection.
 struct Statements {
+    /// Begins a turn: BEGIN, the store's lock, then the head row as
+    /// `head` reads it; one simple query, so one round trip.
+    begin: String,
     /// Writes a turn's records (a deletion as a tombstone, `value` NULL),
     /// moves the count of commits on and keeps the commit's token: one
     /// round trip. Answers 1 when the count was the one expected.
@@ -689,16 +692,8 @@ impl PostgresStore {
     /// Takes the store's lock (in a transaction of its own), then reads the
     /// count of commits, how far tombstones are purged, and the clock.
     fn lock(&mut self) -> StoreResult<(i64, i64, Timestamp)> {
-        let (namespace, key) = lock_keys(self.target.schema());
-        // One round trip: the three statements as one simple query.
-        let sql = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({namespace}, {key}); \
-             SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \
-             FROM {}.commits",
-            self.target.schema()
-        );
-        let messages = self.run("taking the store's lock", |client, _| {
-            client.simple_query(&sql)
+        let messages = self.run("taking the store's lock", |client, statements| {
+            client.simple_query(&statements.begin)
         })?;
         let head = messages.iter().find_map(|message| match message {
             postgres::SimpleQueryMessage::Row(row) if row.len() == 3 => {
@@ -1051,7 +1046,13 @@ fn prepare_statements(client: &mut Client, target: &PostgresTarget) -> StoreResu
             .prepare(sql)
             .map_err(|error| store_error(target, "preparing statements", &error))
     };
+    let head = format!(
+        "SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \
+         FROM {schema}.commits"
+    );
+    let (namespace, key) = lock_keys(schema);
     Ok(Statements {
+        begin: format!("BEGIN; SELECT pg_advisory_xact_lock({namespace}, {key}); {head}"),
         write: prepare(&format!(
             "WITH written AS (\
                  INSERT INTO {schema}.records (kind, key, value, seq) \
@@ -1087,10 +1088,7 @@ fn prepare_statements(client: &mut Client, target: &PostgresTarget) -> StoreResu
              ORDER BY seq, ord, kind, key",
             approval = kind_code(Kind::Approval)
         ))?,
-        head: prepare(&format!(
-            "SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \
-             FROM {schema}.commits"
-        ))?,
+        head: prepare(&head)?,
         token: prepare(&format!("SELECT n FROM {schema}.tokens WHERE token = $1"))?,
         size: prepare(&format!(
             "SELECT pg_total_relation_size('{schema}.records'::regclass)"
