@@ -330,6 +330,19 @@ impl Ledger {
         self.records.is_empty()
     }
 
+    /// How many of `later`'s approvals this ledger does not hold as they
+    /// are there (new ones, or changed): at least how many transitions lead
+    /// from this ledger to `later`.
+    pub fn changed_in(&self, later: &Ledger) -> usize {
+        later
+            .records
+            .iter()
+            .filter(|approval| {
+                find_record(&self.records, approval.id).is_none_or(|mine| mine != &***approval)
+            })
+            .count()
+    }
+
     pub fn pending_total(&self) -> usize {
         self.pending_total
     }

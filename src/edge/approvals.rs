@@ -11,13 +11,13 @@ use tonic::{Request, Response, Status};
 use crate::domain::canonical::Fingerprint;
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::approval_id;
-use crate::domain::ledger::{ApprovalEvent, Verdict, visible_to};
+use crate::domain::ledger::{Verdict, visible_to};
 use crate::domain::limits::{Note, approval_page_token};
 use crate::domain::policy::{CredentialKind, PeerCertificate};
 use crate::edge::auth::{Caller, Reach, current_credential, peer_certificate, token_digest};
 use crate::edge::convert::list_query;
 use crate::edge::unary::unary;
-use crate::engine::Engine;
+use crate::engine::{Engine, Watched};
 use crate::pb;
 use crate::pb::approvals_server::Approvals;
 
@@ -61,7 +61,7 @@ struct Watch {
     /// every policy reload.
     digest: Option<Fingerprint>,
     peer: Option<PeerCertificate>,
-    events: tokio::sync::broadcast::Receiver<ApprovalEvent>,
+    events: tokio::sync::broadcast::Receiver<Watched>,
     reloads: tokio::sync::watch::Receiver<u64>,
     closed: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Set once the final status has been sent.
@@ -130,13 +130,14 @@ impl Watch {
                     }
                 }
                 received = self.events.recv() => match received {
-                    Ok(event) => {
+                    Ok(Watched::Transition(event)) => {
                         // Visibility follows the policy in force at each event.
                         if visible_to(&event.approval, &self.identity, &self.engine.policy()) {
                             return Some(Ok(pb::ApprovalEvent::from(event)));
                         }
                     }
-                    Err(RecvError::Lagged(missed)) => {
+                    // This watcher fell behind, or this replica did.
+                    Err(RecvError::Lagged(missed)) | Ok(Watched::Missed(missed)) => {
                         return Some(Ok(pb::ApprovalEvent {
                             kind: pb::ApprovalEventKind::Lagged.into(),
                             approval: None,

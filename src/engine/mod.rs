@@ -49,6 +49,21 @@ use crate::store::{Behind, Store};
 /// Ledger transitions buffered per watcher before it is told it lagged.
 pub const WATCH_BUFFER: usize = 1024;
 
+/// What a watcher of the ledger is sent ([`Engine::subscribe`]).
+#[derive(Debug, Clone)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every message is a transition: boxing it would allocate for each"
+)]
+pub enum Watched {
+    /// A transition, in commit order.
+    Transition(ApprovalEvent),
+    /// Transitions this replica never saw one by one: it fell too far
+    /// behind the other replicas' commits and loaded the whole state
+    /// instead. At least this many approvals changed meanwhile.
+    Missed(u64),
+}
+
 #[derive(Clone, Debug)]
 pub struct Engine {
     shared: Arc<Shared>,
@@ -63,7 +78,7 @@ struct Shared {
     state: Arc<Mutex<State>>,
     /// Every ledger transition, for `WatchApprovals`. A broadcast channel
     /// never blocks the sender: a slow watcher lags, the ledger does not wait.
-    events: broadcast::Sender<ApprovalEvent>,
+    events: broadcast::Sender<Watched>,
     /// Credentials made at start (the embedded default's reviewer token),
     /// kept across policy reloads.
     runtime_credentials: RwLock<HashMap<Fingerprint, Arc<Credential>>>,
@@ -261,7 +276,7 @@ impl Engine {
     }
 
     /// A receiver of every ledger transition from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<ApprovalEvent> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Watched> {
         self.shared.events.subscribe()
     }
 
@@ -288,7 +303,7 @@ impl Engine {
                 metrics.transition(event.kind.audit_name());
             }
             // No receivers is fine: nobody is watching.
-            let _ = self.shared.events.send(event);
+            let _ = self.shared.events.send(Watched::Transition(event));
         }
     }
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tokio::sync::broadcast;
 
+use super::Watched;
 use crate::domain::clock::{Clock, SystemClock, Timestamp};
-use crate::domain::ledger::ApprovalEvent;
 use crate::domain::policy::Policy;
 use crate::domain::records::Change;
 use crate::domain::state::State;
@@ -20,7 +20,7 @@ use crate::store::{Behind, StoreError, Turn};
 pub(super) struct Host {
     pub state: Arc<Mutex<State>>,
     pub policy: Arc<RwLock<Arc<Policy>>>,
-    pub events: broadcast::Sender<ApprovalEvent>,
+    pub events: broadcast::Sender<Watched>,
     /// The policy the state last adopted (its resources): a reload's new
     /// resources are adopted in the next turn, against the state every
     /// replica committed.
@@ -51,29 +51,36 @@ impl Host {
         super::snapshot(&self.policy)
     }
 
-    /// Takes `behind` into `state`; the transitions go to the watchers
+    /// Takes `behind` into `state`; what the watchers are told goes to them
     /// once the lock is let go.
     fn take_in(
         &self,
         state: &mut State,
         policy: &Policy,
         behind: Behind,
-    ) -> Result<Vec<ApprovalEvent>, StoreError> {
+    ) -> Result<Vec<Watched>, StoreError> {
         let failed = |error: crate::domain::error::Error| {
             StoreError(format!(
                 "what other replicas committed could not be taken in: {error}"
             ))
         };
         match behind {
-            Behind::Changes(changes) => state.apply_changes(policy, &changes).map_err(failed),
+            Behind::Changes(changes) => {
+                let events = state.apply_changes(policy, &changes).map_err(failed)?;
+                Ok(events.into_iter().map(Watched::Transition).collect())
+            }
             Behind::Everything(records) => {
-                *state = State::restore(policy, records).map_err(failed)?;
-                Ok(Vec::new())
+                let later = State::restore(policy, records).map_err(failed)?;
+                // The transitions in between are not there to send: the
+                // watchers are told they missed some, and re-list.
+                let missed = state.transitions_to(&later).max(1);
+                *state = later;
+                Ok(vec![Watched::Missed(missed as u64)])
             }
         }
     }
 
-    fn send(&self, events: Vec<ApprovalEvent>) {
+    fn send(&self, events: Vec<Watched>) {
         for event in events {
             // No receivers is fine: nobody is watching.
             let _ = self.events.send(event);

@@ -10,7 +10,9 @@
 //! One parameter is toolgate's own: `schema=NAME` (default
 //! [`DEFAULT_SCHEMA`], a lowercase SQL identifier), the PostgreSQL schema
 //! the tables live in; every other parameter goes to the driver
-//! (`connect_timeout`, `application_name`, `options`, …). A Unix socket is
+//! (`connect_timeout`, `application_name`, `options`, …; a time limit the
+//! URL's `options` sets, `-c lock_timeout=…`, wins over `[server]`'s). A
+//! Unix socket is
 //! `postgres://USER@%2Fvar%2Frun%2Fpostgresql/DB`. Connections are not
 //! encrypted (this toolgate has no TLS for PostgreSQL yet): `sslmode=require`
 //! is refused, so use a Unix socket, loopback or a trusted network.
@@ -60,34 +62,46 @@
 //! lock. So every grant consumed, receipt made and version checked is
 //! checked against the state every replica committed, in one order, by the
 //! database's lock: a replica that dies mid-turn loses its transaction and
-//! the lock with it (a session idle in a turn for [`TURN_IDLE_LIMIT`] is
-//! ended by the server; a turn waits at most [`LOCK_WAIT_LIMIT`] for the
-//! lock).
-
-//! # Blocking
+//! the lock with it (a session idle in a turn for `[server]
+//! postgres_turn_idle_timeout_ms` is ended by the server; a turn waits at
+//! most `postgres_lock_timeout_ms` for the lock).
 //!
-//! The `postgres` crate is blocking: each connection runs its own
-//! single-threaded tokio runtime. The store is used from the writer thread;
-//! a call made from inside a tokio runtime (a test's, the engine opened in
-//! one) runs on a thread of its own, since a runtime cannot be blocked on
-//! from inside another.
+//! # Connections
+//!
+//! tokio-postgres connections from a deadpool pool, run on a
+//! single-threaded tokio runtime of the store's own: the store is used from
+//! the writer thread, which blocks on each call (a call made from inside
+//! another runtime, a test's or the engine opened in one, runs on a thread
+//! of its own, since a runtime cannot be blocked on from inside another).
+//! A replica's turns come one after another, so it works on one connection
+//! at a time: it takes one from the pool for each turn (or read) and gives
+//! it back when the turn ends. The pool ([`PostgresSettings`]) bounds how
+//! many stay open, how long waiting for one and connecting may take, and
+//! replaces a broken one; after a lost connection every open one is let go
+//! ([`Store::resume`]), since a restarted server ended them all. Each new
+//! session starts with the turn's time limits (start-up options) and, if
+//! the server's `synchronous_commit` is `off`, sets it `on`. Statements are
+//! prepared once per connection (deadpool's statement cache).
 
 use std::fmt;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
-use postgres::config::{Host, SslMode};
-use postgres::{Client, Config, NoTls, Statement};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+    TimeoutType,
+};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Config, Error, NoTls, Row, SimpleQueryMessage};
 
 use super::{Behind, Resume, Store, StoreError, StoreResult, Turn};
 use crate::domain::clock::Timestamp;
+use crate::domain::policy::PostgresSettings;
 use crate::domain::records::{Change, Kind, Record};
 
 /// The schema the tables live in when the URL names none (`?schema=`).
 pub const DEFAULT_SCHEMA: &str = "toolgate";
-
-/// How long connecting may take when the URL says nothing
-/// (`connect_timeout`).
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often, at most, the store asks the server for its size: the writer
 /// asks after every batch, and the answer is for a gauge.
@@ -97,20 +111,10 @@ const SIZE_REFRESH: Duration = Duration::from_secs(1);
 /// the schema's name hashed ([`lock_keys`]).
 const LOCK_NAMESPACE: i32 = 0x746F_6F6C;
 
-/// How long a session may sit idle inside a turn before the server ends it
-/// (and its turn, and its lock): a replica stopped mid-turn, or cut off,
-/// holds the others up no longer than this. (PostgreSQL's
-/// `idle_in_transaction_session_timeout`, unless the URL's `options` or the
-/// server set one.)
-pub const TURN_IDLE_LIMIT: Duration = Duration::from_secs(10);
-/// How long a turn waits for the store's lock before it fails
-/// (`lock_timeout`, unless set otherwise, as above).
-pub const LOCK_WAIT_LIMIT: Duration = Duration::from_secs(10);
-
 /// One step of the schema: takes it from version `n` (its index in
 /// [`MIGRATIONS`]) to `n + 1`, inside the opening transaction, given the
 /// schema's name (a checked identifier, safe to put into SQL).
-pub type Migration = fn(&mut postgres::Transaction<'_>, &str) -> Result<(), postgres::Error>;
+pub type Migration = fn(&Connection<'_>, &str) -> Result<(), Error>;
 
 /// The schema's history, oldest first. Append only: a released migration is
 /// never changed, since schemas made with it exist.
@@ -120,10 +124,7 @@ pub const MIGRATIONS: &[Migration] =
 /// The schema version this binary writes (and the newest it can open).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-pub(super) fn create_v1_tables(
-    transaction: &mut postgres::Transaction<'_>,
-    schema: &str,
-) -> Result<(), postgres::Error> {
+pub(super) fn create_v1_tables(transaction: &Connection<'_>, schema: &str) -> Result<(), Error> {
     transaction.batch_execute(&format!(
         "CREATE TABLE {schema}.records (\
              kind smallint NOT NULL, \
@@ -138,9 +139,9 @@ pub(super) fn create_v1_tables(
 /// transaction, so that after a lost connection the store can tell whether
 /// the commit it was making took effect ([`Store::resume`]).
 pub(super) fn create_v2_commit_count(
-    transaction: &mut postgres::Transaction<'_>,
+    transaction: &Connection<'_>,
     schema: &str,
-) -> Result<(), postgres::Error> {
+) -> Result<(), Error> {
     transaction.batch_execute(&format!(
         "CREATE TABLE {schema}.commits (\
              n bigint NOT NULL CHECK (n >= 0), \
@@ -178,10 +179,7 @@ fn kind_of(code: i16) -> Option<Kind> {
 /// everything); `S.tokens` keeps each recent commit's token with its number,
 /// so that after a lost connection a replica reads whether its commit took
 /// effect though others committed since.
-pub(super) fn create_v3_replicas(
-    transaction: &mut postgres::Transaction<'_>,
-    schema: &str,
-) -> Result<(), postgres::Error> {
+pub(super) fn create_v3_replicas(transaction: &Connection<'_>, schema: &str) -> Result<(), Error> {
     transaction.batch_execute(&format!(
         "ALTER TABLE {schema}.records ALTER COLUMN value DROP NOT NULL, \
              ADD COLUMN seq bigint NOT NULL DEFAULT 0; \
@@ -208,12 +206,15 @@ const RECEIPT_KEY_TAIL: usize = 4 + 8 + 1;
 // ----- the URL ----------------------------------------------------------------
 
 /// A PostgreSQL database and schema to keep the state in, parsed from a
-/// URL. Its `Display` and `Debug` forms never show the password.
+/// URL, and the pool and time limits to use it with. Its `Display` and
+/// `Debug` forms never show the password.
 #[derive(Clone)]
 pub struct PostgresTarget {
+    /// As the URL says.
     config: Config,
     schema: String,
     shown: String,
+    settings: PostgresSettings,
 }
 
 impl PostgresTarget {
@@ -267,7 +268,7 @@ impl PostgresTarget {
             true => base.to_string(),
             false => format!("{base}?{}", passed.join("&")),
         };
-        let mut config: Config = for_driver.parse().map_err(|error: postgres::Error| {
+        let mut config: Config = for_driver.parse().map_err(|error: Error| {
             // The driver's parse errors name the option, never its value.
             refuse(&describe(&error))
         })?;
@@ -280,11 +281,8 @@ impl PostgresTarget {
         if config.get_hosts().is_empty() {
             return Err(refuse("names no host"));
         }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
-        }
         if config.get_application_name().is_none() {
-            config.application_name(&format!("toolgate[{}]", std::process::id()));
+            config.application_name(format!("toolgate[{}]", std::process::id()));
         }
         let schema = schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_string());
         let shown = show(&config, &schema);
@@ -292,7 +290,49 @@ impl PostgresTarget {
             config,
             schema,
             shown,
+            settings: PostgresSettings::default(),
         })
+    }
+
+    /// The same, used with `settings` (`[server] postgres_*`).
+    pub fn with_settings(mut self, settings: PostgresSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The pool and time limits it is used with.
+    pub fn settings(&self) -> &PostgresSettings {
+        &self.settings
+    }
+
+    /// The driver's configuration, as the URL says (tests connect with
+    /// it, to look at what the store wrote).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What the store's sessions connect with: the URL's configuration,
+    /// its `connect_timeout` or the settings', and the turn's time limits
+    /// as start-up options before the URL's own (a later `-c` wins).
+    fn session_config(&self) -> Config {
+        let mut config = self.config.clone();
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(self.settings.connect_timeout);
+        }
+        let limits = &self.settings;
+        let mut options = format!(
+            "-c client_min_messages=warning -c lock_timeout={}ms \
+             -c idle_in_transaction_session_timeout={}ms -c statement_timeout={}ms",
+            limits.lock_timeout.as_millis(),
+            limits.turn_idle_timeout.as_millis(),
+            limits.statement_timeout.as_millis()
+        );
+        if let Some(own) = self.config.get_options() {
+            options.push(' ');
+            options.push_str(own);
+        }
+        config.options(options);
+        config
     }
 
     /// The PostgreSQL schema the tables live in.
@@ -308,18 +348,7 @@ impl PostgresTarget {
             config: self.config.clone(),
             schema: schema.to_string(),
             shown: show(&self.config, schema),
-        })
-    }
-
-    /// A new connection, for the store and for tests that look at what it
-    /// wrote. The error names the database and the step.
-    pub fn connect(&self) -> StoreResult<Client> {
-        let config = self.config.clone();
-        outside_runtime(move || config.connect(NoTls)).map_err(|error| {
-            StoreError(format!(
-                "the PostgreSQL store at {self}: connecting: {}",
-                describe(&error)
-            ))
+            settings: self.settings,
         })
     }
 }
@@ -453,7 +482,7 @@ pub fn redact(text: &str) -> String {
 /// The driver's error without anything a record could be in: a server error
 /// is its severity, code and message (never its DETAIL, which can quote a
 /// row's values).
-fn describe(error: &postgres::Error) -> String {
+fn describe(error: &Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
         None => {
@@ -526,31 +555,92 @@ impl Opened {
     }
 }
 
-/// The statements a store prepares once per connection.
-struct Statements {
+/// The statements of a store, prepared once per connection (deadpool's
+/// statement cache, keyed by their text).
+pub(super) struct Statements {
     /// Begins a turn: BEGIN, the store's lock, then the head row as
     /// `head` reads it; one simple query, so one round trip.
     begin: String,
     /// Writes a turn's records (a deletion as a tombstone, `value` NULL),
     /// moves the count of commits on and keeps the commit's token: one
     /// round trip. Answers 1 when the count was the one expected.
-    write: Statement,
+    write: String,
     /// Every live record.
-    select: Statement,
+    select: String,
     /// The records (tombstones included) committed after a count.
-    since: Statement,
+    since: String,
     /// The count of commits, how far tombstones are purged, and the
     /// server's clock in milliseconds.
-    head: Statement,
+    head: String,
     /// The count at which a commit's token was kept.
-    token: Statement,
-    size: Statement,
+    token: String,
+    size: String,
+}
+
+/// A connection of the store's pool, and the runtime it runs on: each call
+/// runs to its end before it returns.
+pub struct Connection<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    client: &'a Object,
+}
+
+type Params<'p> = &'p [&'p (dyn ToSql + Sync)];
+
+impl Connection<'_> {
+    fn wait<T>(&self, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        self.runtime.block_on(work)
+    }
+
+    /// Statements without parameters, as one simple query.
+    pub fn batch_execute(&self, sql: &str) -> Result<(), Error> {
+        self.wait(self.client.batch_execute(sql))
+    }
+
+    pub fn simple_query(&self, sql: &str) -> Result<Vec<SimpleQueryMessage>, Error> {
+        self.wait(self.client.simple_query(sql))
+    }
+
+    pub fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, Error> {
+        self.wait(async {
+            let statement = self.client.prepare_cached(sql).await?;
+            self.client.query(&statement, params).await
+        })
+    }
+
+    pub fn query_one(&self, sql: &str, params: Params<'_>) -> Result<Row, Error> {
+        self.wait(async {
+            let statement = self.client.prepare_cached(sql).await?;
+            self.client.query_one(&statement, params).await
+        })
+    }
+
+    pub fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, Error> {
+        self.wait(async {
+            let statement = self.client.prepare_cached(sql).await?;
+            self.client.execute(&statement, params).await
+        })
+    }
+
+    pub fn query_opt(&self, sql: &str, params: Params<'_>) -> Result<Option<Row>, Error> {
+        self.wait(async {
+            let statement = self.client.prepare_cached(sql).await?;
+            self.client.query_opt(&statement, params).await
+        })
+    }
+
+    fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
 }
 
 /// The PostgreSQL store (see the module documentation).
 pub struct PostgresStore {
-    /// `None` only while dropping.
-    client: Option<Client>,
+    /// The runtime the pool's connections run on; `None` only while
+    /// dropping.
+    runtime: Option<tokio::runtime::Runtime>,
+    pub(super) pool: Pool,
+    /// The connection of the turn (or read) in progress, while one is.
+    held: Option<Object>,
     target: PostgresTarget,
     statements: Statements,
     /// The count of commits the state in memory has taken in (loaded,
@@ -584,8 +674,8 @@ impl fmt::Debug for PostgresStore {
 /// Commits after which tombstones and tokens are purged, and how many of
 /// the latest commits' tombstones and tokens every purge keeps: a replica
 /// further behind than that loads everything again.
-pub(super) const PURGE_EVERY: i64 = 512;
-pub(super) const KEEP_COMMITS: i64 = 8_192;
+pub const PURGE_EVERY: i64 = 512;
+pub const KEEP_COMMITS: i64 = 8_192;
 
 impl PostgresStore {
     /// Connects and creates or migrates the schema's tables. Refused: an
@@ -599,13 +689,37 @@ impl PostgresStore {
         target: &PostgresTarget,
         migrations: &[Migration],
     ) -> StoreResult<Self> {
-        let mut client = target.connect()?;
-        let opened = outside_runtime(|| prepare_schema(&mut client, target, migrations))?;
-        let statements = outside_runtime(|| prepare_statements(&mut client, target))?;
+        let failed = |what: &str| StoreError(format!("the PostgreSQL store at {target}: {what}"));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|error| failed(&format!("starting its runtime: {error}")))?;
+        let settings = target.settings();
+        let manager = Manager::from_config(
+            target.session_config(),
+            NoTls,
+            ManagerConfig {
+                // A broken connection shows when it is used: the turn
+                // fails and resumes on a new one.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(settings.pool_wait_timeout))
+            .create_timeout(Some(settings.connect_timeout))
+            .post_create(Hook::async_fn(|client, _| {
+                Box::pin(async move { durable_commits(client).await.map_err(HookError::Backend) })
+            }))
+            .build()
+            .map_err(|error| failed(&format!("making its connection pool: {error}")))?;
         let mut store = PostgresStore {
-            client: Some(client),
+            runtime: Some(runtime),
+            pool,
+            held: None,
             target: target.clone(),
-            statements,
+            statements: statements(target.schema()),
             seen: None,
             turn: None,
             making: None,
@@ -613,8 +727,14 @@ impl PostgresStore {
             lose_next_answer: false,
             bytes: 0,
             measured: Instant::now(),
-            opened,
+            opened: Opened {
+                found: 0,
+                version: 0,
+            },
         };
+        store.opened = store
+            .session(|connection, _, target| prepare_schema(connection, target, migrations))?;
+        store.held = None;
         store.measure();
         Ok(store)
     }
@@ -633,59 +753,96 @@ impl PostgresStore {
     #[cfg(test)]
     pub(super) fn setting(&mut self, name: &str) -> String {
         let sql = format!("SHOW {name}");
-        self.run("reading a setting", |client, _| {
-            Ok(client.query_one(&sql, &[])?.get(0))
-        })
-        .unwrap()
+        let value = self
+            .run("reading a setting", |connection, _| {
+                Ok(connection.query_one(&sql, &[])?.get(0))
+            })
+            .unwrap();
+        self.give_back();
+        value
     }
 
-    /// The server's process for this store's connection (tests end it).
+    /// The server's process for the connection of the turn in progress
+    /// (tests end it).
     #[cfg(test)]
     pub(super) fn backend_pid(&mut self) -> i32 {
-        self.run("reading the backend's pid", |client, _| {
-            Ok(client.query_one("SELECT pg_backend_pid()", &[])?.get(0))
+        self.run("reading the backend's pid", |connection, _| {
+            Ok(connection.query_one("SELECT pg_backend_pid()", &[])?.get(0))
         })
         .unwrap()
     }
 
     /// Asks the server what the table and its index take.
     fn measure(&mut self) {
-        let Some(client) = self.client.as_mut() else {
-            return;
-        };
-        let size = &self.statements.size;
         // A gauge: when the server cannot say, the last answer stands, and
         // the next commit finds out whether the connection is gone.
-        if let Ok(row) = outside_runtime(|| client.query_one(size, &[])) {
-            let bytes: i64 = row.get(0);
+        if let Ok(bytes) = self.run("measuring the store", |connection, statements| {
+            Ok(connection
+                .query_one(&statements.size, &[])?
+                .get::<_, i64>(0))
+        }) {
             self.bytes = bytes.unsigned_abs();
         }
+        self.give_back();
         self.measured = Instant::now();
     }
 
-    /// Runs `work` on the connection; on an error ends the transaction it
-    /// was in (so that the lock is let go at once, not when the server
-    /// notices a lost connection) and names `step`.
-    fn run<T: Send>(
+    /// Gives the connection back to the pool: no transaction is open on it.
+    fn give_back(&mut self) {
+        self.held = None;
+    }
+
+    /// Runs `work` on the connection of the turn in progress, or one from
+    /// the pool. On an error it ends the transaction the connection was in
+    /// (so that the lock is let go at once, not when the server notices a
+    /// lost connection) and gives it back.
+    fn session<T: Send>(
         &mut self,
-        step: &str,
-        work: impl FnOnce(&mut Client, &Statements) -> Result<T, postgres::Error> + Send,
+        work: impl FnOnce(&Connection<'_>, &Statements, &PostgresTarget) -> StoreResult<T> + Send,
     ) -> StoreResult<T> {
-        let statements = &self.statements;
-        let client = self
-            .client
-            .as_mut()
-            .ok_or_else(|| StoreError("the PostgreSQL store is closed".into()))?;
+        let Some(runtime) = self.runtime.as_ref() else {
+            return Err(StoreError("the PostgreSQL store is closed".into()));
+        };
+        let held = match self.held.take() {
+            Some(held) => held,
+            None => {
+                let pool = &self.pool;
+                outside_runtime(|| runtime.block_on(pool.get()))
+                    .map_err(|error| pool_error(&self.target, error))?
+            }
+        };
+        let connection = Connection {
+            runtime,
+            client: &held,
+        };
+        let (statements, target) = (&self.statements, &self.target);
         let done = outside_runtime(|| {
-            let done = work(client, statements);
-            if done.is_err() && !client.is_closed() {
-                let _ = client.batch_execute("ROLLBACK");
+            let done = work(&connection, statements, target);
+            if done.is_err() && !connection.is_closed() {
+                let _ = connection.batch_execute("ROLLBACK");
             }
             done
         });
-        done.map_err(|error| {
-            self.turn = None;
-            store_error(&self.target, step, &error)
+        match done {
+            Ok(done) => {
+                self.held = Some(held);
+                Ok(done)
+            }
+            Err(error) => {
+                self.turn = None;
+                Err(error)
+            }
+        }
+    }
+
+    /// [`session`](Self::session), naming `step` in the error.
+    pub(super) fn run<T: Send>(
+        &mut self,
+        step: &str,
+        work: impl FnOnce(&Connection<'_>, &Statements) -> Result<T, Error> + Send,
+    ) -> StoreResult<T> {
+        self.session(|connection, statements, target| {
+            work(connection, statements).map_err(|error| store_error(target, step, &error))
         })
     }
 
@@ -696,7 +853,7 @@ impl PostgresStore {
             client.simple_query(&statements.begin)
         })?;
         let head = messages.iter().find_map(|message| match message {
-            postgres::SimpleQueryMessage::Row(row) if row.len() == 3 => {
+            SimpleQueryMessage::Row(row) if row.len() == 3 => {
                 let number = |index: usize| row.get(index)?.parse::<i64>().ok();
                 Some((number(0)?, number(1)?, number(2)?))
             }
@@ -841,6 +998,7 @@ impl PostgresStore {
             },
         )?;
         self.turn = None;
+        self.give_back();
         if written != 1 {
             // The lock orders every writer: a count that moved under it is
             // a writer that does not take it.
@@ -874,70 +1032,71 @@ impl PostgresStore {
             client.batch_execute("ROLLBACK")
         })?;
         self.turn = None;
+        self.give_back();
         Ok(())
     }
 }
 
-fn store_error(target: &PostgresTarget, step: &str, error: &postgres::Error) -> StoreError {
+fn store_error(target: &PostgresTarget, step: &str, error: &Error) -> StoreError {
     StoreError(format!(
         "the PostgreSQL store at {target}: {step}: {}",
         describe(error)
     ))
 }
 
-/// Makes sure commits are durable and that a replica stopped inside a turn
-/// cannot hold the store's lock for long, checks what the schema holds and
-/// brings it to the version `migrations` end at (under the store's lock, so
-/// that replicas starting together migrate once).
+/// How a failure to get a connection from the pool reads: which limit ran
+/// out, or what connecting met.
+fn pool_error(target: &PostgresTarget, error: PoolError) -> StoreError {
+    let why = match error {
+        PoolError::Timeout(TimeoutType::Wait) => format!(
+            "no connection of its pool ({}) was free within postgres_pool_wait_timeout_ms",
+            target.settings.pool_size
+        ),
+        PoolError::Timeout(TimeoutType::Create | TimeoutType::Recycle) => {
+            "connecting took longer than postgres_connect_timeout_ms".to_string()
+        }
+        PoolError::Backend(error) => format!("connecting: {}", describe(&error)),
+        PoolError::PostCreateHook(HookError::Backend(error)) => {
+            format!("setting up a new session: {}", describe(&error))
+        }
+        other => format!("connecting: {other}"),
+    };
+    StoreError(format!("the PostgreSQL store at {target}: {why}"))
+}
+
+/// Makes a new session's commits durable: `off` would answer a commit
+/// before it is on disk; `local`, `on` and stronger settings are durable
+/// and kept as the server has them.
+async fn durable_commits(client: &tokio_postgres::Client) -> Result<(), Error> {
+    let rows = client.simple_query("SHOW synchronous_commit").await?;
+    let off = rows.iter().any(
+        |message| matches!(message, SimpleQueryMessage::Row(row) if row.get(0) == Some("off")),
+    );
+    if off {
+        client.batch_execute("SET synchronous_commit = on").await?;
+    }
+    Ok(())
+}
+
+/// Checks what the schema holds and brings it to the version `migrations`
+/// end at, in one transaction under the store's lock, so that replicas
+/// starting together migrate once (a migration has no statement time
+/// limit: it may rewrite a large table).
 fn prepare_schema(
-    client: &mut Client,
+    client: &Connection<'_>,
     target: &PostgresTarget,
     migrations: &[Migration],
 ) -> StoreResult<Opened> {
     let failed = |step: &str| {
         let step = step.to_string();
-        move |error: postgres::Error| store_error(target, &step, &error)
+        move |error: Error| store_error(target, &step, &error)
     };
     let schema = target.schema();
-    // The server's notices ("already exists, skipping") would reach the log
-    // through the driver; warnings and errors still do.
-    client
-        .batch_execute("SET client_min_messages = warning")
-        .map_err(failed("setting client_min_messages"))?;
-    // `off` would answer a commit before it is on disk; `local`, `on` and
-    // stronger settings are durable and kept as the server has them.
-    let synchronous: String = client
-        .query_one("SHOW synchronous_commit", &[])
-        .map_err(failed("reading synchronous_commit"))?
-        .get(0);
-    if synchronous == "off" {
-        client
-            .batch_execute("SET synchronous_commit = on")
-            .map_err(failed("setting synchronous_commit = on"))?;
-    }
-    // A turn is short: a session idle inside one (a replica stopped, a
-    // connection cut the server has not noticed) loses it and its lock, and
-    // a turn that waits long for the lock fails (UNAVAILABLE) rather than
-    // holding its callers. Limits the URL (`options=-c …`) or the server
-    // sets are kept; where none is set toolgate's apply.
-    for (setting, limit) in [
-        ("idle_in_transaction_session_timeout", TURN_IDLE_LIMIT),
-        ("lock_timeout", LOCK_WAIT_LIMIT),
-    ] {
-        let current: String = client
-            .query_one(&format!("SHOW {setting}"), &[])
-            .map_err(failed(&format!("reading {setting}")))?
-            .get(0);
-        if current == "0" {
-            client
-                .batch_execute(&format!("SET {setting} = '{}ms'", limit.as_millis()))
-                .map_err(failed(&format!("setting {setting}")))?;
-        }
-    }
     let (namespace, key) = lock_keys(schema);
-    let mut transaction = client
-        .transaction()
+    client
+        .batch_execute("BEGIN; SET LOCAL statement_timeout = 0")
         .map_err(failed("beginning the migration"))?;
+    let transaction = client;
     transaction
         .execute("SELECT pg_advisory_xact_lock($1, $2)", &[&namespace, &key])
         .map_err(failed("taking the store's lock"))?;
@@ -1001,7 +1160,7 @@ fn prepare_schema(
                 .map_err(failed("creating the schema_version table"))?;
         }
         for (from, migration) in migrations.iter().enumerate().skip(found as usize) {
-            migration(&mut transaction, schema).map_err(failed(&format!(
+            migration(transaction, schema).map_err(failed(&format!(
                 "migrating from schema version {from} to {}",
                 from + 1
             )))?;
@@ -1031,7 +1190,7 @@ fn prepare_schema(
         )));
     }
     transaction
-        .commit()
+        .batch_execute("COMMIT")
         .map_err(failed("committing the migration"))?;
     Ok(Opened {
         found,
@@ -1039,21 +1198,16 @@ fn prepare_schema(
     })
 }
 
-fn prepare_statements(client: &mut Client, target: &PostgresTarget) -> StoreResult<Statements> {
-    let schema = target.schema();
-    let mut prepare = |sql: &str| {
-        client
-            .prepare(sql)
-            .map_err(|error| store_error(target, "preparing statements", &error))
-    };
+/// The statements of a store on `schema` (a checked identifier).
+fn statements(schema: &str) -> Statements {
     let head = format!(
         "SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \
          FROM {schema}.commits"
     );
     let (namespace, key) = lock_keys(schema);
-    Ok(Statements {
+    Statements {
         begin: format!("BEGIN; SELECT pg_advisory_xact_lock({namespace}, {key}); {head}"),
-        write: prepare(&format!(
+        write: format!(
             "WITH written AS (\
                  INSERT INTO {schema}.records (kind, key, value, seq) \
                  SELECT kind, key, value, $4 FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
@@ -1071,14 +1225,12 @@ fn prepare_statements(client: &mut Client, target: &PostgresTarget) -> StoreResu
                  INSERT INTO {schema}.tokens (token, n) SELECT $6, n FROM counted RETURNING 1) \
              SELECT (SELECT count(*) FROM counted) + 0 * (SELECT count(*) FROM written) \
                  + 0 * (SELECT count(*) FROM logged) + 0 * (SELECT count(*) FROM kept)"
-        ))?,
-        select: prepare(&format!(
-            "SELECT kind, key, value FROM {schema}.records WHERE value IS NOT NULL"
-        ))?,
+        ),
+        select: format!("SELECT kind, key, value FROM {schema}.records WHERE value IS NOT NULL"),
         // An approval's versions come from the transitions (each one, in
         // order), its deletion from the records; the records of a commit
         // after its transitions.
-        since: prepare(&format!(
+        since: format!(
             "SELECT kind, key, value FROM (\
                  SELECT seq, 2147483647 AS ord, kind, key, value FROM {schema}.records \
                      WHERE seq > $1 AND (kind <> {approval} OR value IS NULL) \
@@ -1087,22 +1239,30 @@ fn prepare_statements(client: &mut Client, target: &PostgresTarget) -> StoreResu
                      WHERE n > $1) AS c \
              ORDER BY seq, ord, kind, key",
             approval = kind_code(Kind::Approval)
-        ))?,
-        head: prepare(&head)?,
-        token: prepare(&format!("SELECT n FROM {schema}.tokens WHERE token = $1"))?,
-        size: prepare(&format!(
-            "SELECT pg_total_relation_size('{schema}.records'::regclass)"
-        ))?,
-    })
+        ),
+        head,
+        token: format!("SELECT n FROM {schema}.tokens WHERE token = $1"),
+        size: format!("SELECT pg_total_relation_size('{schema}.records'::regclass)"),
+    }
 }
 
 impl Drop for PostgresStore {
     fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let (held, pool, in_turn) = (self.held.take(), self.pool.clone(), self.turn.is_some());
+        outside_runtime(move || {
             // Explicitly, so that a turn in progress ends (and its lock is
             // free) when this returns.
-            let _ = outside_runtime(move || client.close());
-        }
+            if let (Some(held), true) = (&held, in_turn) {
+                let _ = runtime.block_on(held.batch_execute("ROLLBACK"));
+            }
+            drop(held);
+            pool.close();
+            // With the runtime go the connections' tasks, and their sockets.
+            drop(runtime);
+        });
     }
 }
 
@@ -1136,6 +1296,7 @@ impl Store for PostgresStore {
         self.run("reading the records", |client, _| {
             client.batch_execute("COMMIT")
         })?;
+        self.give_back();
         self.seen = Some(count);
         Ok(records)
     }
@@ -1158,46 +1319,53 @@ impl Store for PostgresStore {
         self.bytes
     }
 
-    /// Connects again and reads whether the failed commit took effect: its
-    /// token is kept with the commit. Under the store's lock, which the lost
-    /// session's transaction holds until it has committed or rolled back,
-    /// so that the answer cannot change after it is read. A commit that
-    /// did not take effect leaves the state in memory ahead of the store:
-    /// the next turn loads everything.
+    /// Lets go of every open connection (a restarted server ended them
+    /// all) and reads, on a new one, whether the failed commit took effect:
+    /// its token is kept with the commit. Under the store's lock, which the
+    /// lost session's transaction holds until it has committed or rolled
+    /// back, so that the answer cannot change after it is read. A commit
+    /// that did not take effect leaves the state in memory ahead of the
+    /// store: the next turn loads everything.
     fn resume(&mut self) -> Resume {
-        if let Some(client) = self.client.take() {
-            let _ = outside_runtime(move || client.close());
+        if let Some(held) = self.held.take() {
+            drop(Object::take(held));
         }
-        let mut fresh = match PostgresStore::open(&self.target) {
-            Ok(fresh) => fresh,
-            Err(error) => return Resume::Unreachable(error),
-        };
+        self.pool.retain(|_, _| false);
+        self.turn = None;
         let Some(token) = self.making else {
-            fresh.seen = self.seen;
-            *self = fresh;
-            return Resume::NotCommitted;
+            // Nothing was being committed: the state is the store's, once
+            // the server answers again.
+            return match self.run("connecting again", |client, _| client.batch_execute("")) {
+                Ok(()) => {
+                    self.give_back();
+                    Resume::NotCommitted
+                }
+                Err(error) => Resume::Unreachable(error),
+            };
         };
-        let found = fresh.lock().and_then(|_| {
-            let found = fresh.run("reading whether the commit took effect", |client, s| {
+        let found = self.lock().and_then(|_| {
+            let found = self.run("reading whether the commit took effect", |client, s| {
                 client.query_opt(&s.token, &[&token.as_slice()])
             })?;
-            fresh.release()?;
+            self.release()?;
             Ok(found.map(|row| row.get::<_, i64>(0)))
         });
-        let resumed = match found {
-            Err(error) => return Resume::Unreachable(error),
+        self.making = None;
+        match found {
+            Err(error) => {
+                self.making = Some(token);
+                Resume::Unreachable(error)
+            }
             Ok(Some(count)) => {
                 // Everything up to it was taken in when the turn began.
-                fresh.seen = self.seen.map(|_| count);
+                self.seen = self.seen.map(|_| count);
                 Resume::Committed
             }
             Ok(None) => {
-                fresh.seen = None;
+                self.seen = None;
                 Resume::NotCommitted
             }
-        };
-        *self = fresh;
-        resumed
+        }
     }
 
     fn shared(&self) -> bool {

@@ -40,6 +40,7 @@ use crate::support::{
     ApprovalEvent, ApprovalStatus, DispatchStatus, EPOCH, Engine, Error, EventKind, ManualClock,
     Outcome, Proposal, SessionRef, Timestamp, Verdict, canonical, pb,
 };
+use toolgate::engine::Watched;
 
 const PENDING_TTL_MS: u64 = 300_000;
 const GRANT_TTL_MS: u64 = 600_000;
@@ -172,7 +173,7 @@ fn uuid(id: &str) -> Uuid {
 struct Harness {
     clock: ManualClock,
     engine: Engine,
-    events: tokio::sync::broadcast::Receiver<ApprovalEvent>,
+    events: tokio::sync::broadcast::Receiver<Watched>,
     pool: Vec<(bool, usize, u64, i64)>,
     model: Model,
     /// The (workspace, proposal) each approval was requested for.
@@ -279,8 +280,9 @@ impl Harness {
         let mut events = Vec::new();
         loop {
             match self.events.try_recv() {
-                Ok(event) => events.push(event),
+                Ok(Watched::Transition(event)) => events.push(event),
                 Err(TryRecvError::Empty) => return events,
+                Ok(missed @ Watched::Missed(_)) => panic!("one engine, no replicas: {missed:?}"),
                 Err(other) => panic!("event stream: {other:?}"),
             }
         }

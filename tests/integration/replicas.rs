@@ -370,3 +370,71 @@ async fn postgresql_restarted_and_cut_under_load_loses_no_grant_and_commits_noth
     assert!(replayed.replayed, "{replayed:?}");
     assert_eq!(replayed.receipt_id, committed.receipt_id);
 }
+
+#[tokio::test]
+async fn a_replica_too_far_behind_for_the_transitions_tells_its_watchers_they_lagged() {
+    use toolgate::domain::records::{Change, Kind};
+    use toolgate::store::Store;
+    use toolgate::store::postgres::{KEEP_COMMITS, PURGE_EVERY, PostgresStore};
+
+    let schema = TestSchema::new();
+    let (a, b) = (replica(&schema), replica(&schema));
+    let mut events = approvals(&b)
+        .await
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, EXAMPLE_REVIEWER))
+        .await
+        .expect("watch")
+        .into_inner();
+    let call = set_note("lag-note", "far behind");
+    let decided = decide(&a, &call).await;
+    assert_eq!(decided.reason, "approval-required", "{decided:?}");
+    let requested = next_event(&mut events).await.expect("REQUESTED on B");
+    assert_eq!(requested.kind(), pb::ApprovalEventKind::Requested);
+    // B stops; A grants, and more commits are made than the store keeps
+    // the transitions of (each rewrites the granted record as it is).
+    b.signal("STOP");
+    assert_eq!(
+        grant(&a, &decided.approval_id).await.status(),
+        pb::ApprovalStatus::Granted
+    );
+    let target = schema.target.clone();
+    std::thread::spawn(move || {
+        let mut store = PostgresStore::open(&target).expect("open");
+        let granted = store
+            .load()
+            .expect("load")
+            .into_iter()
+            .find(|record| record.kind == Kind::Approval)
+            .expect("the approval");
+        let again = [Change {
+            kind: Kind::Approval,
+            key: granted.key,
+            value: Some(granted.value),
+        }];
+        for _ in 0..KEEP_COMMITS + PURGE_EVERY {
+            store.commit(&again).expect("commit");
+        }
+    })
+    .join()
+    .expect("the committing thread");
+    b.signal("CONT");
+    // B loads everything in its next turn, and cannot tell its watcher the
+    // grant as a transition: it says what it missed.
+    let lagged = next_event(&mut events).await.expect("LAGGED on B");
+    assert_eq!(lagged.kind(), pb::ApprovalEventKind::Lagged, "{lagged:?}");
+    // One approval changed meanwhile (its grant): at least one missed.
+    assert_eq!(lagged.lagged, 1, "{lagged:?}");
+    assert_eq!(
+        approval(&b, &decided.approval_id).await.status(),
+        pb::ApprovalStatus::Granted
+    );
+    // Transitions after the reload reach the watcher one by one again.
+    let committed = dispatch(&a, &call).await.expect("Dispatch on A");
+    assert_eq!(committed.status(), pb::DispatchStatus::Ok, "{committed:?}");
+    let consumed = next_event(&mut events).await.expect("CONSUMED on B");
+    assert_eq!(
+        consumed.kind(),
+        pb::ApprovalEventKind::Consumed,
+        "{consumed:?}"
+    );
+}

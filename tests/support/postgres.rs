@@ -48,7 +48,9 @@ impl TestSchema {
         let target = self.target.clone();
         let sql = sql.to_string();
         std::thread::spawn(move || {
-            let mut client = target.connect().map_err(|error| error.0)?;
+            let mut client = postgres::Config::from(target.config().clone())
+                .connect(postgres::NoTls)
+                .map_err(|error| format!("connecting to {target}: {error}"))?;
             client
                 .batch_execute(&sql)
                 .map_err(|error| format!("{sql}: {error}"))

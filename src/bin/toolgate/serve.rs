@@ -320,7 +320,9 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
             Box::new(store)
         }
         StoreKind::Postgres(target) => {
-            let store = PostgresStore::open(target).map_err(|error| error.to_string())?;
+            // The pool and time limits of `[server] postgres_*`.
+            let target = (**target).clone().with_settings(policy.server.postgres);
+            let store = PostgresStore::open(&target).map_err(|error| error.to_string())?;
             let opened = store.opened();
             // The URL as shown everywhere: without its password.
             match opened.describe() {

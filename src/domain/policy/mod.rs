@@ -41,7 +41,7 @@ pub use effects::Effect;
 pub use ext_authz::{ActorSource, ExtAuthzSettings, WorkspaceSource};
 pub use limits::Limits;
 pub use pins::PolicyPin;
-pub use server::{ServerSettings, TlsFiles};
+pub use server::{PostgresSettings, ServerSettings, TlsFiles};
 pub use state::{StatePolicy, VersionScope};
 pub use tools::{ApprovalRule, Mode, Tool};
 pub use warnings::PolicyWarning;

@@ -42,6 +42,40 @@ pub struct ServerSettings {
     /// nor `TOOLGATE_STORE` says (`sqlite`, `memory` or a `postgres://` URL,
     /// checked by `serve`).
     pub store: Option<StoreSetting>,
+    /// `postgres_*`: the connection pool and time limits of a
+    /// `postgres://` store.
+    pub postgres: PostgresSettings,
+}
+
+/// `[server] postgres_*`: a `postgres://` store's connection pool and its
+/// time limits (each a PostgreSQL setting of the store's sessions unless
+/// the URL's `options` sets it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostgresSettings {
+    /// Connections a replica keeps open at most (`postgres_pool_size`).
+    pub pool_size: usize,
+    /// Connecting, start-up included (`postgres_connect_timeout_ms`; the
+    /// URL's `connect_timeout` wins for the connecting itself).
+    pub connect_timeout: Duration,
+    /// Waiting for a free connection of the pool
+    /// (`postgres_pool_wait_timeout_ms`).
+    pub pool_wait_timeout: Duration,
+    /// Waiting for the store's lock at the start of a turn
+    /// (`postgres_lock_timeout_ms`: `lock_timeout`).
+    pub lock_timeout: Duration,
+    /// A session idle inside a turn is ended by the server, and its lock
+    /// with it (`postgres_turn_idle_timeout_ms`:
+    /// `idle_in_transaction_session_timeout`).
+    pub turn_idle_timeout: Duration,
+    /// One statement (`postgres_statement_timeout_ms`:
+    /// `statement_timeout`; a migration is not limited).
+    pub statement_timeout: Duration,
+}
+
+impl Default for PostgresSettings {
+    fn default() -> Self {
+        ServerSettings::default().postgres
+    }
 }
 
 /// The `[server] store` text. Its `Debug` form never shows it: a
@@ -97,6 +131,14 @@ impl From<RawServer> for ServerSettings {
             tls: None,
             plaintext_behind_mesh: raw.plaintext_behind_mesh,
             store: raw.store.map(StoreSetting),
+            postgres: PostgresSettings {
+                pool_size: raw.postgres_pool_size,
+                connect_timeout: Duration::from_millis(raw.postgres_connect_timeout_ms),
+                pool_wait_timeout: Duration::from_millis(raw.postgres_pool_wait_timeout_ms),
+                lock_timeout: Duration::from_millis(raw.postgres_lock_timeout_ms),
+                turn_idle_timeout: Duration::from_millis(raw.postgres_turn_idle_timeout_ms),
+                statement_timeout: Duration::from_millis(raw.postgres_statement_timeout_ms),
+            },
         }
     }
 }
@@ -122,6 +164,12 @@ pub(super) struct RawServer {
     plaintext_behind_mesh: bool,
     tls: Option<RawTls>,
     store: Option<String>,
+    postgres_pool_size: usize,
+    postgres_connect_timeout_ms: u64,
+    postgres_pool_wait_timeout_ms: u64,
+    postgres_lock_timeout_ms: u64,
+    postgres_turn_idle_timeout_ms: u64,
+    postgres_statement_timeout_ms: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -154,6 +202,12 @@ impl Default for RawServer {
             plaintext_behind_mesh: false,
             tls: None,
             store: None,
+            postgres_pool_size: 2,
+            postgres_connect_timeout_ms: 10_000,
+            postgres_pool_wait_timeout_ms: 10_000,
+            postgres_lock_timeout_ms: 10_000,
+            postgres_turn_idle_timeout_ms: 10_000,
+            postgres_statement_timeout_ms: 30_000,
         }
     }
 }
@@ -197,6 +251,24 @@ pub(super) fn server_settings(
             "max_buffered_response_bytes",
             raw.max_buffered_response_bytes as u64,
         ),
+        ("postgres_pool_size", raw.postgres_pool_size as u64),
+        (
+            "postgres_connect_timeout_ms",
+            raw.postgres_connect_timeout_ms,
+        ),
+        (
+            "postgres_pool_wait_timeout_ms",
+            raw.postgres_pool_wait_timeout_ms,
+        ),
+        ("postgres_lock_timeout_ms", raw.postgres_lock_timeout_ms),
+        (
+            "postgres_turn_idle_timeout_ms",
+            raw.postgres_turn_idle_timeout_ms,
+        ),
+        (
+            "postgres_statement_timeout_ms",
+            raw.postgres_statement_timeout_ms,
+        ),
     ];
     for (key, value) in positive {
         if value == 0 {
@@ -205,6 +277,29 @@ pub(super) fn server_settings(
     }
     if raw.max_message_bytes > 64 * 1024 * 1024 {
         return Err(loader.error("server.max_message_bytes", "must be at most 64 MiB"));
+    }
+    if raw.postgres_pool_size > 64 {
+        return Err(loader.error("server.postgres_pool_size", "must be at most 64"));
+    }
+    // PostgreSQL's time settings are 32-bit milliseconds.
+    let limits = [
+        ("postgres_lock_timeout_ms", raw.postgres_lock_timeout_ms),
+        (
+            "postgres_turn_idle_timeout_ms",
+            raw.postgres_turn_idle_timeout_ms,
+        ),
+        (
+            "postgres_statement_timeout_ms",
+            raw.postgres_statement_timeout_ms,
+        ),
+    ];
+    for (key, value) in limits {
+        if value > i32::MAX as u64 {
+            return Err(loader.error(
+                format!("server.{key}"),
+                format!("must be at most {} (24 days)", i32::MAX),
+            ));
+        }
     }
     let tls = raw
         .tls

@@ -137,6 +137,12 @@ impl State {
         Ok(restored)
     }
 
+    /// At least how many ledger transitions lead from this state to
+    /// `later` (approvals new there, or changed).
+    pub fn transitions_to(&self, later: &State) -> usize {
+        self.ledger.changed_in(&later.ledger)
+    }
+
     /// Every record written or dropped since the last call, in the order
     /// the operations made them: what the store must keep.
     pub fn take_changes(&mut self) -> Result<Vec<Change>> {

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::domain::clock::Clock;
+use crate::domain::policy::PostgresSettings;
 use crate::store::postgres::{
-    self, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables,
+    self, Connection, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables,
     create_v2_commit_count, create_v3_replicas,
 };
 use crate::store::{Behind, Resume};
@@ -54,7 +55,7 @@ impl TestSchema {
         let target = base
             .with_schema(&format!("t_{:016x}", rand::random::<u64>()))
             .unwrap();
-        let admin = target.connect().unwrap();
+        let admin = connect(&target);
         TestSchema { target, admin }
     }
 
@@ -119,6 +120,13 @@ impl Drop for TestSchema {
         let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name());
         let _ = self.admin.batch_execute(&sql);
     }
+}
+
+/// A connection of the test's own (blocking).
+fn connect(target: &PostgresTarget) -> ::postgres::Client {
+    ::postgres::Config::from(target.config().clone())
+        .connect(::postgres::NoTls)
+        .unwrap()
 }
 
 /// The test database's URL with its password replaced by `password`.
@@ -338,9 +346,84 @@ fn a_turn_has_time_limits_unless_the_url_sets_its_own() {
         "{base}{separator}schema={}&options=-c%20lock_timeout%3D1500ms",
         schema.name()
     );
-    let mut tuned = PostgresStore::open(&PostgresTarget::parse(&url).unwrap()).unwrap();
+    let settings = PostgresSettings {
+        lock_timeout: Duration::from_millis(2500),
+        turn_idle_timeout: Duration::from_millis(4000),
+        statement_timeout: Duration::from_millis(7000),
+        ..PostgresSettings::default()
+    };
+    // `[server]`'s limits, unless the URL sets its own.
+    let mut tuned =
+        PostgresStore::open(&PostgresTarget::parse(&url).unwrap().with_settings(settings)).unwrap();
     assert_eq!(tuned.setting("lock_timeout"), "1500ms");
-    assert_eq!(tuned.setting("idle_in_transaction_session_timeout"), "10s");
+    assert_eq!(tuned.setting("idle_in_transaction_session_timeout"), "4s");
+    assert_eq!(tuned.setting("statement_timeout"), "7s");
+    // A server that answers commits before they are durable is not
+    // believed: the store's sessions wait for the disk.
+    assert_eq!(tuned.setting("synchronous_commit"), "on");
+}
+
+#[test]
+fn a_statement_that_runs_too_long_fails_the_turn_and_frees_the_lock() {
+    let schema = TestSchema::new();
+    let settings = PostgresSettings {
+        statement_timeout: Duration::from_millis(300),
+        ..PostgresSettings::default()
+    };
+    let target = schema.target.clone().with_settings(settings);
+    let mut store = PostgresStore::open(&target).unwrap();
+    store.begin_turn().unwrap();
+    let error = store
+        .run("sleeping", |client, _| {
+            client.batch_execute("SELECT pg_sleep(5)")
+        })
+        .unwrap_err();
+    assert!(
+        error
+            .0
+            .contains("canceling statement due to statement timeout"),
+        "{error}"
+    );
+    let mut other = PostgresStore::open(&schema.target).unwrap();
+    other.begin_turn().unwrap();
+    other.commit(&[]).unwrap();
+}
+
+#[test]
+fn a_replica_uses_one_connection_of_its_pool_and_is_refused_when_none_is_free() {
+    let schema = TestSchema::new();
+    let settings = PostgresSettings {
+        pool_size: 1,
+        pool_wait_timeout: Duration::from_millis(200),
+        ..PostgresSettings::default()
+    };
+    let target = schema.target.clone().with_settings(settings);
+    let mut store = PostgresStore::open(&target).unwrap();
+    // Turn after turn on one connection: the pool gives the same one back.
+    let mut pids = std::collections::BTreeSet::new();
+    for n in 0..5u8 {
+        store.begin_turn().unwrap();
+        pids.insert(store.backend_pid());
+        store.commit(&[put(Kind::Meta, b"n", &[n])]).unwrap();
+    }
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    // A turn holds the only connection: a second one is not made.
+    store.begin_turn().unwrap();
+    let pool = store.pool.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let waited = runtime.block_on(pool.get()).unwrap_err();
+    assert!(
+        matches!(
+            waited,
+            deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)
+        ),
+        "{waited}"
+    );
+    store.commit(&[]).unwrap();
+    assert!(runtime.block_on(pool.get()).is_ok());
 }
 
 #[test]
@@ -368,17 +451,11 @@ fn opening_creates_the_tables_then_finds_them_current() {
     assert_eq!(store.opened().describe(), None);
 }
 
-fn add_extra(
-    transaction: &mut ::postgres::Transaction<'_>,
-    schema: &str,
-) -> Result<(), ::postgres::Error> {
+fn add_extra(transaction: &Connection<'_>, schema: &str) -> Result<(), tokio_postgres::Error> {
     transaction.batch_execute(&format!("CREATE TABLE {schema}.extra (x integer)"))
 }
 
-fn fail(
-    transaction: &mut ::postgres::Transaction<'_>,
-    schema: &str,
-) -> Result<(), ::postgres::Error> {
+fn fail(transaction: &Connection<'_>, schema: &str) -> Result<(), tokio_postgres::Error> {
     transaction.batch_execute(&format!("SELECT * FROM {schema}.no_such_table"))
 }
 
@@ -639,10 +716,7 @@ fn tombstones_are_purged_and_a_replica_behind_them_loads_everything() {
         busy.commit(&[put(Kind::Meta, b"n", &n.to_be_bytes())])
             .unwrap();
     }
-    let tombstones: i64 = busy
-        .target()
-        .connect()
-        .unwrap()
+    let tombstones: i64 = connect(busy.target())
         .query_one(
             &format!(
                 "SELECT count(*) FROM {}.records WHERE value IS NULL",
