@@ -93,7 +93,7 @@ use deadpool_postgres::{
 };
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Config, Error, NoTls, Row, SimpleQueryMessage};
+use tokio_postgres::{Config, Error, NoTls, Row, SimpleQueryMessage, Statement};
 
 use super::{Behind, Resume, Store, StoreError, StoreResult, Turn};
 use crate::domain::clock::Timestamp;
@@ -600,31 +600,39 @@ impl Connection<'_> {
         self.wait(self.client.simple_query(sql))
     }
 
-    pub fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, Error> {
+    /// Runs `call` with `sql` prepared (once per connection).
+    fn prepared<T>(
+        &self,
+        sql: &str,
+        call: impl AsyncFnOnce(&tokio_postgres::Client, &Statement) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         self.wait(async {
             let statement = self.client.prepare_cached(sql).await?;
-            self.client.query(&statement, params).await
+            call(self.client, &statement).await
+        })
+    }
+
+    pub fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, Error> {
+        self.prepared(sql, async |client, statement| {
+            client.query(statement, params).await
         })
     }
 
     pub fn query_one(&self, sql: &str, params: Params<'_>) -> Result<Row, Error> {
-        self.wait(async {
-            let statement = self.client.prepare_cached(sql).await?;
-            self.client.query_one(&statement, params).await
-        })
-    }
-
-    pub fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, Error> {
-        self.wait(async {
-            let statement = self.client.prepare_cached(sql).await?;
-            self.client.execute(&statement, params).await
+        self.prepared(sql, async |client, statement| {
+            client.query_one(statement, params).await
         })
     }
 
     pub fn query_opt(&self, sql: &str, params: Params<'_>) -> Result<Option<Row>, Error> {
-        self.wait(async {
-            let statement = self.client.prepare_cached(sql).await?;
-            self.client.query_opt(&statement, params).await
+        self.prepared(sql, async |client, statement| {
+            client.query_opt(statement, params).await
+        })
+    }
+
+    pub fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, Error> {
+        self.prepared(sql, async |client, statement| {
+            client.execute(statement, params).await
         })
     }
 

@@ -419,3 +419,58 @@ fn a_file_cut_anywhere_never_panics_the_loader() {
         }
     }
 }
+
+#[test]
+fn the_postgresql_pool_and_its_limits_are_read_and_bounded() {
+    let policy = Policy::parse(
+        &format!(
+            "{BASE}postgres_pool_size = 5\npostgres_lock_timeout_ms = 2500\n\
+             postgres_statement_timeout_ms = 60000\n"
+        ),
+        "p.toml",
+        None,
+    )
+    .unwrap();
+    let settings = policy.server.postgres;
+    assert_eq!(settings.pool_size, 5);
+    assert_eq!(
+        settings.lock_timeout,
+        std::time::Duration::from_millis(2500)
+    );
+    assert_eq!(
+        settings.statement_timeout,
+        std::time::Duration::from_secs(60)
+    );
+    // What is not given keeps its default.
+    assert_eq!(
+        settings.turn_idle_timeout,
+        PostgresSettings::default().turn_idle_timeout
+    );
+    let cases = [
+        (
+            "postgres_pool_size = 0",
+            pair("server.postgres_pool_size", "must be greater than 0"),
+        ),
+        (
+            "postgres_pool_size = 65",
+            pair("server.postgres_pool_size", "must be at most 64"),
+        ),
+        (
+            "postgres_pool_wait_timeout_ms = 0",
+            pair(
+                "server.postgres_pool_wait_timeout_ms",
+                "must be greater than 0",
+            ),
+        ),
+        (
+            "postgres_turn_idle_timeout_ms = 2147483648",
+            pair(
+                "server.postgres_turn_idle_timeout_ms",
+                "must be at most 2147483647 (24 days)",
+            ),
+        ),
+    ];
+    for (line, expected) in cases {
+        assert_eq!(error_of(&format!("{BASE}{line}\n")), expected, "{line}");
+    }
+}
