@@ -80,6 +80,16 @@ async fn resource(server: &Spawned, name: &str) -> pb::Resource {
         .into_inner()
 }
 
+/// The reviewer's watch of the ledger on `server`.
+async fn watch(server: &Spawned) -> tonic::Streaming<pb::ApprovalEvent> {
+    approvals(server)
+        .await
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, EXAMPLE_REVIEWER))
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
 /// The next event on `events` within 10 s, if one comes.
 async fn next_event(events: &mut tonic::Streaming<pb::ApprovalEvent>) -> Option<pb::ApprovalEvent> {
     let next = tokio::time::timeout(Duration::from_secs(10), events.next()).await;
@@ -98,12 +108,7 @@ async fn a_grant_on_one_replica_is_consumed_on_another_and_replays_on_a_third() 
         replica(&schema),
         replica_by_policy(&schema),
     );
-    let mut events = approvals(&c)
-        .await
-        .watch_approvals(authed(pb::WatchApprovalsRequest {}, EXAMPLE_REVIEWER))
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut events = watch(&c).await;
     // Decide on A asks for approval; B and C know the request at once.
     let call = set_note("c-note", "shared");
     let decided = decide(&a, &call).await;
@@ -379,12 +384,7 @@ async fn a_replica_too_far_behind_for_the_transitions_tells_its_watchers_they_la
 
     let schema = TestSchema::new();
     let (a, b) = (replica(&schema), replica(&schema));
-    let mut events = approvals(&b)
-        .await
-        .watch_approvals(authed(pb::WatchApprovalsRequest {}, EXAMPLE_REVIEWER))
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut events = watch(&b).await;
     let call = set_note("lag-note", "far behind");
     let decided = decide(&a, &call).await;
     assert_eq!(decided.reason, "approval-required", "{decided:?}");

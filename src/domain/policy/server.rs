@@ -252,6 +252,9 @@ pub(super) fn server_settings(
             raw.max_buffered_response_bytes as u64,
         ),
         ("postgres_pool_size", raw.postgres_pool_size as u64),
+    ];
+    // PostgreSQL's time settings are 32-bit milliseconds.
+    let postgres_times = [
         (
             "postgres_connect_timeout_ms",
             raw.postgres_connect_timeout_ms,
@@ -270,36 +273,25 @@ pub(super) fn server_settings(
             raw.postgres_statement_timeout_ms,
         ),
     ];
-    for (key, value) in positive {
+    for (key, value) in positive.into_iter().chain(postgres_times) {
         if value == 0 {
             return Err(loader.error(format!("server.{key}"), "must be greater than 0"));
         }
+    }
+    if let Some((key, _)) = postgres_times
+        .iter()
+        .find(|(_, value)| *value > i32::MAX as u64)
+    {
+        return Err(loader.error(
+            format!("server.{key}"),
+            format!("must be at most {} (24 days)", i32::MAX),
+        ));
     }
     if raw.max_message_bytes > 64 * 1024 * 1024 {
         return Err(loader.error("server.max_message_bytes", "must be at most 64 MiB"));
     }
     if raw.postgres_pool_size > 64 {
         return Err(loader.error("server.postgres_pool_size", "must be at most 64"));
-    }
-    // PostgreSQL's time settings are 32-bit milliseconds.
-    let limits = [
-        ("postgres_lock_timeout_ms", raw.postgres_lock_timeout_ms),
-        (
-            "postgres_turn_idle_timeout_ms",
-            raw.postgres_turn_idle_timeout_ms,
-        ),
-        (
-            "postgres_statement_timeout_ms",
-            raw.postgres_statement_timeout_ms,
-        ),
-    ];
-    for (key, value) in limits {
-        if value > i32::MAX as u64 {
-            return Err(loader.error(
-                format!("server.{key}"),
-                format!("must be at most {} (24 days)", i32::MAX),
-            ));
-        }
     }
     let tls = raw
         .tls
