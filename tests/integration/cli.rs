@@ -881,6 +881,7 @@ async fn check_config_prints_what_a_policy_defines() {
     assert!(rows.contains(&vec!["open_host_api".to_string(), "true".to_string()]));
     assert!(rows.contains(&vec!["revision".to_string(), revision.clone()]));
     assert!(rows.contains(&vec!["version_scope".to_string(), "global".to_string()]));
+    assert!(rows.contains(&vec!["store".to_string(), "sqlite".to_string()]));
     assert!(rows.contains(&vec!["tools".to_string(), "(6)".to_string()]));
     assert!(
         rows.contains(
@@ -1679,6 +1680,38 @@ async fn check_config_errors_name_the_key_in_plain_words() {
         assert_eq!(run.stdout, "");
         assert_eq!(run.stderr, format!("error: {}: {expected}\n", file.path()));
     }
+    // A store `serve` would refuse, named without its password.
+    let stored = |store: &str| {
+        PolicyFile::new(&policy_text("one_tool").replace(
+            "open_host_api = true",
+            &format!("open_host_api = true\nstore = {store:?}"),
+        ))
+    };
+    let mistyped = stored("mysql://someone:pw9secret@db/toolgate");
+    let run = run_cli(&["check-config", mistyped.path()], None, 1).await;
+    assert_eq!(
+        run.stderr,
+        format!(
+            "error: {}: server.store: expected `sqlite`, `memory` or a postgres://… URL, \
+             got \"mysql://someone@db/toolgate\"\n",
+            mistyped.path()
+        )
+    );
+    let shared = stored("postgres://someone:pw9secret@db.internal/toolgate?schema=agents");
+    let run = run_cli(&["check-config", shared.path()], None, 0).await;
+    assert!(
+        run.rows().contains(
+            &[
+                "store",
+                "postgres://someone@db.internal:5432/toolgate?schema=agents"
+            ]
+            .map(str::to_string)
+            .to_vec()
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("pw9secret"), "{}", run.stdout);
     let closed = PolicyFile::new(&policy_text("one_tool").replace("open_host_api = true", ""));
     let run = run_cli(&["check-config", closed.path()], None, 1).await;
     assert_eq!(

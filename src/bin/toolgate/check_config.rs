@@ -10,7 +10,7 @@ use toolgate::domain::policy::{
     ApprovalRule, Credential, Effect, Mode, Policy, PolicyWarning, VersionScope,
 };
 
-use crate::args::{CheckConfigArgs, OutputFormat};
+use crate::args::{CheckConfigArgs, OutputFormat, StoreKind};
 use crate::output::{emit, emit_json, record, say, table};
 
 /// `toolgate check-config FILE [--strict] [--output json]`.
@@ -24,7 +24,16 @@ use crate::output::{emit, emit_json, record, say, table};
 ///   valid, the summary's fields; exit status as above.
 pub fn run_check_config(args: &CheckConfigArgs) -> ExitCode {
     let file = args.file.display().to_string();
-    let (policy, errors, warnings) = match Policy::load(&args.file) {
+    // A `[server] store` that `serve` would refuse is an error here too.
+    let loaded = Policy::load(&args.file).and_then(|policy| match store_shown(&policy) {
+        Ok(_) => Ok(policy),
+        Err(message) => Err(toolgate::domain::policy::PolicyError {
+            source_name: args.file.display().to_string(),
+            key: "server.store".to_string(),
+            message,
+        }),
+    });
+    let (policy, errors, warnings) = match loaded {
         Ok(policy) if args.strict && !policy.warnings.is_empty() => {
             let errors = policy.warnings.clone();
             (None, errors, Vec::new())
@@ -95,6 +104,20 @@ pub fn run_check_config(args: &CheckConfigArgs) -> ExitCode {
         (Ok(()), false) => ExitCode::FAILURE,
         (Err(failure), _) => failure.report(),
     }
+}
+
+/// Where `serve` would keep the state by `[server] store` (when neither
+/// `--store` nor `TOOLGATE_STORE` says): a URL without its password. The
+/// error names the rule, never the password.
+fn store_shown(policy: &Policy) -> Result<String, String> {
+    let Some(setting) = &policy.server.store else {
+        return Ok("sqlite".to_string());
+    };
+    Ok(match StoreKind::parse(&setting.0)? {
+        StoreKind::Sqlite => "sqlite".to_string(),
+        StoreKind::Memory => "memory".to_string(),
+        StoreKind::Postgres(target) => target.to_string(),
+    })
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -236,6 +259,7 @@ fn policy_summary(policy: &Policy, file: &Path) -> String {
         ("revision", policy.revision.clone()),
         ("version_scope", version_scope_name(policy).to_string()),
         ("open_host_api", policy.open_host_api.to_string()),
+        ("store", store_shown(policy).unwrap_or_default()),
     ]));
 
     let tools: Vec<Vec<String>> = sorted(policy.tools.iter())
@@ -454,6 +478,7 @@ fn policy_json(policy: &Policy, file: &Path) -> serde_json::Value {
         "file": file.display().to_string(),
         "revision": policy.revision,
         "open_host_api": policy.open_host_api,
+        "store": store_shown(policy).ok(),
         "tools": tools,
         "actors": actors,
         "reviewers": reviewers,
