@@ -92,7 +92,7 @@ use deadpool_postgres::{
     TimeoutType,
 };
 use tokio_postgres::config::{Host, SslMode};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSqlOwned, ToSql};
 use tokio_postgres::{Config, Error, NoTls, Row, SimpleQueryMessage, Statement};
 
 use super::{Behind, Resume, Store, StoreError, StoreResult, Turn};
@@ -890,14 +890,7 @@ impl PostgresStore {
                 let rows = self.run("reading what other replicas committed", |client, s| {
                     client.query(&s.since, &[&seen])
                 })?;
-                let mut changes = Vec::with_capacity(rows.len());
-                for row in rows {
-                    changes.push(Change {
-                        kind: self.kind(row.get(0))?,
-                        key: row.get(1),
-                        value: row.get(2),
-                    });
-                }
+                let changes = self.rows_as(rows, |kind, key, value| Change { kind, key, value })?;
                 Some(Behind::Changes(changes))
             }
             _ => Some(Behind::Everything(self.select_all()?)),
@@ -921,15 +914,19 @@ impl PostgresStore {
         let rows = self.run("reading the records", |client, statements| {
             client.query(&statements.select, &[])
         })?;
-        let mut records = Vec::with_capacity(rows.len());
-        for row in rows {
-            records.push(Record {
-                kind: self.kind(row.get(0))?,
-                key: row.get(1),
-                value: row.get(2),
-            });
-        }
-        Ok(records)
+        self.rows_as(rows, |kind, key, value| Record { kind, key, value })
+    }
+
+    /// Rows of (kind, key, value) as `make` builds them; a kind this
+    /// toolgate does not know is refused.
+    fn rows_as<V: FromSqlOwned, T>(
+        &self,
+        rows: Vec<Row>,
+        make: impl Fn(Kind, Vec<u8>, V) -> T,
+    ) -> StoreResult<Vec<T>> {
+        rows.into_iter()
+            .map(|row| Ok(make(self.kind(row.get(0))?, row.get(1), row.get(2))))
+            .collect()
     }
 
     /// Writes `changes` as commit number `count + 1` and commits the turn
