@@ -22,7 +22,7 @@ use crate::domain::limits::{APPROVALS_PAGE, approval_page_token};
 use crate::domain::manifest::Manifest;
 use crate::domain::policy::{Effect, Policy};
 use crate::domain::proposal::{self, Proposal, SessionRef};
-use crate::domain::state::State;
+use crate::domain::state::{Grants, State};
 use crate::edge::convert;
 use crate::pb;
 
@@ -434,7 +434,7 @@ fn example_policies() -> &'static [Policy] {
 fn exercise_core(policy: &Policy, session: &SessionRef, proposal: &Proposal) {
     let mut state = State::new(policy);
     let screen = || proposal::screen(policy, session, proposal);
-    match state.decide(policy, FUZZ_NOW, session, proposal, screen()) {
+    match state.decide(policy, FUZZ_NOW, session, proposal, screen(), Grants::Keep) {
         Ok((decision, _)) => assert_eq!(decision.fingerprint, proposal.fingerprint),
         Err(Error::Internal(message)) => panic!("decide failed internally: {message}"),
         Err(_) => {}

@@ -37,7 +37,7 @@ use crate::domain::policy::{Credential, CredentialKind, Policy};
 use crate::domain::proposal::{self, Proposal, SessionRef};
 use crate::domain::resources::{PagePosition, ResourcePage};
 use crate::domain::session::SessionSummary;
-use crate::domain::state::{State, Stats};
+use crate::domain::state::{Grants, State, Stats};
 use crate::ops::audit;
 use crate::ops::audit::blank;
 use crate::ops::metrics::Metrics;
@@ -345,12 +345,12 @@ impl Engine {
         session: &SessionRef,
         proposal: &Proposal,
     ) -> Result<(Decision, String)> {
-        self.decide_with(session, proposal, None, State::decide)
+        self.decide_with(session, proposal, None, Grants::Keep)
             .await
     }
 
     /// An external authorizer's Check of a tool call (issue 17): Decide's
-    /// check order, with a grant consumed at once ([`State::authorize`]),
+    /// check order, with a grant consumed at once ([`Grants::Consume`]),
     /// durable before the answer. Its audit line and answer carry
     /// `decision_id`.
     pub async fn authorize(
@@ -359,7 +359,7 @@ impl Engine {
         proposal: &Proposal,
         decision_id: Uuid,
     ) -> Result<(Decision, String)> {
-        self.decide_with(session, proposal, Some(decision_id), State::authorize)
+        self.decide_with(session, proposal, Some(decision_id), Grants::Consume)
             .await
     }
 
@@ -370,20 +370,13 @@ impl Engine {
         session: &SessionRef,
         proposal: &Proposal,
         decision_id: Option<Uuid>,
-        operation: impl FnOnce(
-            &mut State,
-            &Policy,
-            Timestamp,
-            &SessionRef,
-            &Proposal,
-            proposal::Screened<'_>,
-        ) -> Result<(Decision, Option<ApprovalEvent>)>,
+        grants: Grants,
     ) -> Result<(Decision, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
         let (decision, transition) = self
             .with_expiry(&policy, |state, now| {
-                operation(state, &policy, now, session, proposal, screened)
+                state.decide(&policy, now, session, proposal, screened, grants)
             })
             .await?;
         self.publish(transition);

@@ -18,44 +18,20 @@ impl State {
     /// Decide (SPEC §4). The policy-only steps (2, 3 and the schema check of
     /// 5) were screened without the lock; their answers are reported here in
     /// the contract's order. Every answer is charged to the session as SPEC
-    /// §4 "Charging" says; an error changes nothing. Returns the decision and
-    /// the approval request it created, if any. The engine expires due
-    /// approvals first.
+    /// §4 "Charging" says; an error changes nothing. `grants` says what step
+    /// 8 does with a grant: Decide keeps it for Dispatch; an external
+    /// authorizer's Check (issue 17) consumes it here, in the same critical
+    /// section — there is no Dispatch after it (the proxy forwards the call
+    /// once) — so that under any concurrency exactly one call passes on one
+    /// grant, and the consumption counts the tool's cost as a commit does.
+    /// Returns the decision and the ledger transition (a request made or a
+    /// grant consumed), if any. The engine expires due approvals first.
     pub fn decide(
         &mut self,
         policy: &Policy,
         now: Timestamp,
         session_ref: &SessionRef,
         proposal: &Proposal,
-        screened: Screened<'_>,
-    ) -> Result<Decided> {
-        let call = (policy, now, session_ref, proposal);
-        self.decide_with(call, screened, Grants::Keep)
-    }
-
-    /// Decide as an external authorizer asks it (issue 17): the same check
-    /// order and charge, but a grant is consumed here, in the same critical
-    /// section — there is no Dispatch after it (the proxy forwards the call
-    /// once) — so that under any concurrency exactly one call passes on one
-    /// grant. The consumption counts the tool's cost as a commit does.
-    /// Returns the decision and the ledger transition (a request made or a
-    /// grant consumed), if any.
-    pub fn authorize(
-        &mut self,
-        policy: &Policy,
-        now: Timestamp,
-        session_ref: &SessionRef,
-        proposal: &Proposal,
-        screened: Screened<'_>,
-    ) -> Result<Decided> {
-        let call = (policy, now, session_ref, proposal);
-        self.decide_with(call, screened, Grants::Consume)
-    }
-
-    /// Decide's steps, charged, with what step 8 does with a grant.
-    fn decide_with(
-        &mut self,
-        (policy, now, session_ref, proposal): (&Policy, Timestamp, &SessionRef, &Proposal),
         screened: Screened<'_>,
         grants: Grants,
     ) -> Result<Decided> {
@@ -130,7 +106,7 @@ impl State {
 /// What step 8 does with a grant: Decide keeps it for Dispatch; an
 /// external authorizer's Check consumes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Grants {
+pub enum Grants {
     Keep,
     Consume,
 }

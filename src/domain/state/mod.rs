@@ -5,6 +5,7 @@
 mod apply;
 mod approvals;
 mod decide;
+pub use decide::Grants;
 mod dispatch;
 mod gates;
 mod manifests;

@@ -4,6 +4,7 @@
 
 use uuid::Uuid;
 
+use super::Grants;
 use crate::domain::clock::Timestamp;
 use crate::domain::decision::{DispatchStatus, Dispatched, Outcome};
 use crate::domain::error::Error;
@@ -324,16 +325,17 @@ impl Replicas {
         call
     }
 
-    fn decide(&mut self, call: &Call, consume: bool) -> Option<Outcome> {
+    fn decide(&mut self, call: &Call, grants: Grants) -> Option<Outcome> {
         let policy = &self.policy;
         let screened = proposal::screen(policy, &call.session, &call.proposal);
-        let decided = if consume {
-            self.a
-                .authorize(policy, self.now, &call.session, &call.proposal, screened)
-        } else {
-            self.a
-                .decide(policy, self.now, &call.session, &call.proposal, screened)
-        };
+        let decided = self.a.decide(
+            policy,
+            self.now,
+            &call.session,
+            &call.proposal,
+            screened,
+            grants,
+        );
         match decided {
             Ok((decision, event)) => {
                 self.events.extend(event);
@@ -395,7 +397,7 @@ impl Replicas {
             0..=4 => {
                 let call = self.new_call(rng);
                 if rng.below(2) == 0 {
-                    self.decide(&call, false);
+                    self.decide(&call, Grants::Keep);
                 } else {
                     self.dispatch(&call);
                 }
@@ -411,7 +413,7 @@ impl Replicas {
                 let call = rng
                     .pick(&self.calls[self.calls.len().saturating_sub(8)..])
                     .clone();
-                self.decide(&call, true);
+                self.decide(&call, Grants::Consume);
             }
             10..=14 => self.review(rng),
             15 => {
@@ -645,7 +647,14 @@ fn the_replica_that_applied_takes_over() {
     let screened = proposal::screen(policy, &call.session, &call.proposal);
     let (decision, event) = replicas
         .a
-        .authorize(policy, now, &call.session, &call.proposal, screened)
+        .decide(
+            policy,
+            now,
+            &call.session,
+            &call.proposal,
+            screened,
+            Grants::Consume,
+        )
         .unwrap();
     assert_ne!(decision.outcome, Outcome::Allow, "the grant was used twice");
     assert_eq!(event.map(|event| event.kind), Some(EventKind::Requested));
