@@ -693,9 +693,26 @@ impl PostgresStore {
         Self::open_with(target, MIGRATIONS)
     }
 
+    /// Connects to a schema of the current version, creating and migrating
+    /// nothing (`serve` without `--migrate`): one with no tables or an
+    /// older version is refused untouched, naming `toolgate store migrate`.
+    /// So that replicas of several versions never race to change the
+    /// schema under each other, migrating is asked for.
+    pub fn open_current(target: &PostgresTarget) -> StoreResult<Self> {
+        Self::open_migrating(target, MIGRATIONS, false)
+    }
+
     pub(super) fn open_with(
         target: &PostgresTarget,
         migrations: &[Migration],
+    ) -> StoreResult<Self> {
+        Self::open_migrating(target, migrations, true)
+    }
+
+    fn open_migrating(
+        target: &PostgresTarget,
+        migrations: &[Migration],
+        migrate: bool,
     ) -> StoreResult<Self> {
         let failed = |what: &str| StoreError(format!("the PostgreSQL store at {target}: {what}"));
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -740,8 +757,9 @@ impl PostgresStore {
                 version: 0,
             },
         };
-        store.opened = store
-            .session(|connection, _, target| prepare_schema(connection, target, migrations))?;
+        store.opened = store.session(|connection, _, target| {
+            prepare_schema(connection, target, migrations, migrate)
+        })?;
         store.held = None;
         store.measure();
         Ok(store)
@@ -1083,14 +1101,15 @@ async fn durable_commits(client: &tokio_postgres::Client) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks what the schema holds and brings it to the version `migrations`
-/// end at, in one transaction under the store's lock, so that replicas
-/// starting together migrate once (a migration has no statement time
-/// limit: it may rewrite a large table).
+/// Checks what the schema holds and, if `migrate`, brings it to the version
+/// `migrations` end at, in one transaction under the store's lock, so that
+/// replicas starting together migrate once (a migration has no statement
+/// time limit: it may rewrite a large table).
 fn prepare_schema(
     client: &Connection<'_>,
     target: &PostgresTarget,
     migrations: &[Migration],
+    migrate: bool,
 ) -> StoreResult<Opened> {
     let failed = |step: &str| {
         let step = step.to_string();
@@ -1149,6 +1168,16 @@ fn prepare_schema(
         return Err(StoreError(format!(
             "the PostgreSQL store at {target} has schema version {found}; this toolgate knows \
              up to {target_version}: upgrade toolgate"
+        )));
+    }
+    if found < target_version && !migrate {
+        let has = match found {
+            0 => format!("has no toolgate tables in schema {schema}"),
+            found => format!("has schema version {found}"),
+        };
+        return Err(StoreError(format!(
+            "the PostgreSQL store at {target} {has}; this toolgate needs version \
+             {target_version}: run `toolgate store migrate`, or serve with --migrate"
         )));
     }
     if found < target_version {

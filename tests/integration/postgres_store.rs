@@ -28,7 +28,7 @@ fn password_of(url: &str) -> Option<String> {
 
 fn serve_on(schema: &TestSchema) -> Spawned {
     Serve::new(&portable(RECOVERY))
-        .args(&["--store", &schema.url])
+        .args(&["--store", &schema.url, "--migrate"])
         .pipe_stderr()
         .start()
 }
@@ -148,7 +148,7 @@ async fn a_lost_connection_is_resumed_and_nothing_commits_twice() {
     let url = format!("{}&application_name={application}", schema.url);
     let serve = || {
         Serve::new(&portable(RECOVERY))
-            .args(&["--store", &url])
+            .args(&["--store", &url, "--migrate"])
             .pipe_stderr()
             .start()
     };
@@ -220,6 +220,26 @@ fn store_migrate_creates_the_tables_then_finds_them_current() {
         )
     };
     let shown = schema.target.to_string();
+    // serve creates no tables unless asked: a replica of another version
+    // never changes the schema under the others.
+    let unasked = || {
+        spawn::command()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("TOOLGATE_STORE", &schema.url)
+            .output()
+            .expect("run toolgate")
+    };
+    let refused = unasked();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the PostgreSQL store at {shown} has no toolgate tables in schema {}; this \
+             toolgate needs version 3: run `toolgate store migrate`, or serve with --migrate",
+            schema.name()
+        )),
+        "{stderr}"
+    );
     let (code, stdout, stderr) = migrate();
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
@@ -238,6 +258,24 @@ fn store_migrate_creates_the_tables_then_finds_them_current() {
     assert_eq!(check.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("`toolgate store check` works on the SQLite store only"),
+        "{stderr}"
+    );
+    // --migrate is a postgres store's.
+    let serve = spawn::command()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory",
+            "--migrate",
+        ])
+        .output()
+        .expect("run toolgate");
+    let stderr = String::from_utf8_lossy(&serve.stderr);
+    assert_eq!(serve.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--migrate is for a postgres:// store"),
         "{stderr}"
     );
     // serve refuses --data-dir with a postgres store.

@@ -20,7 +20,7 @@ use crate::support::{authed, grant_request, pb, session};
 
 fn replica(schema: &TestSchema) -> Spawned {
     Serve::new(&portable(RECOVERY))
-        .args(&["--store", &schema.url])
+        .args(&["--store", &schema.url, "--migrate"])
         .start()
 }
 
@@ -30,7 +30,10 @@ fn replica_by_policy(schema: &TestSchema) -> Spawned {
         "open_host_api = true",
         &format!("open_host_api = true\nstore = {:?}", schema.url),
     );
-    Serve::new(&policy).store_from_policy().start()
+    Serve::new(&policy)
+        .store_from_policy()
+        .args(&["--migrate"])
+        .start()
 }
 
 async fn approvals(

@@ -119,7 +119,7 @@ def tickets(request, pb, start_server):
     if request.param == "one-server":
         servers = [start_server(text)]
     else:
-        store = ["--store", postgres_schema_url()]
+        store = ["--store", postgres_schema_url(), "--migrate"]
         servers = [start_server(text, store), start_server(text, store)]
     client = Tickets(pb, *(server.address for server in servers))
     yield client

@@ -393,7 +393,7 @@ impl Launcher {
                     }
                     Store::Postgres | Store::Postgres3 => {
                         let url = postgres_url.ok_or("a postgres server without a URL")?;
-                        command.arg("--store").arg(url);
+                        command.arg("--store").arg(url).arg("--migrate");
                     }
                 }
                 command.args(["--metrics-listen", "127.0.0.1:0"]);

@@ -452,6 +452,12 @@ pub struct ServeArgs {
     /// time) [default: ./toolgate-data].
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Create or migrate a postgres:// store's tables at start (as `toolgate
+    /// store migrate` does); without it, a schema without the tables or of
+    /// an older version is refused untouched. The embedded store migrates
+    /// itself.
+    #[arg(long)]
+    pub migrate: bool,
     /// Serve TLS with this PEM certificate chain (leaf first); instead of
     /// the policy's `[server.tls] cert`. Read again on SIGHUP.
     #[arg(long, value_name = "PEM", requires = "tls_key")]

@@ -303,6 +303,13 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
                 dir.display()
             ));
         }
+        StoreKind::Memory | StoreKind::Sqlite if args.migrate => {
+            return Err(
+                "--migrate is for a postgres:// store; the embedded store migrates itself, \
+                 and --store memory has no tables"
+                    .to_string(),
+            );
+        }
         StoreKind::Memory => {
             tracing::warn!(
                 "--store memory: the state (approvals, receipts, sessions, pins, resources) \
@@ -322,7 +329,11 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
         StoreKind::Postgres(target) => {
             // The pool and time limits of `[server] postgres_*`.
             let target = (**target).clone().with_settings(policy.server.postgres);
-            let store = PostgresStore::open(&target).map_err(|error| error.to_string())?;
+            let opened = match args.migrate {
+                true => PostgresStore::open(&target),
+                false => PostgresStore::open_current(&target),
+            };
+            let store = opened.map_err(|error| error.to_string())?;
             let opened = store.opened();
             // The URL as shown everywhere: without its password.
             match opened.describe() {

@@ -451,6 +451,34 @@ fn opening_creates_the_tables_then_finds_them_current() {
     assert_eq!(store.opened().describe(), None);
 }
 
+#[test]
+fn opening_without_migrating_refuses_a_schema_to_create_or_migrate_untouched() {
+    let mut schema = TestSchema::new();
+    let error = PostgresStore::open_current(&schema.target).unwrap_err();
+    assert!(
+        error.0.ends_with(&format!(
+            "has no toolgate tables in schema {}; this toolgate needs version {SCHEMA_VERSION}: \
+             run `toolgate store migrate`, or serve with --migrate",
+            schema.name()
+        )),
+        "{error}"
+    );
+    assert!(schema.tables().is_empty());
+    const OLDER: &[Migration] = &[create_v1_tables, create_v2_commit_count];
+    drop(PostgresStore::open_with(&schema.target, OLDER).unwrap());
+    let error = PostgresStore::open_current(&schema.target).unwrap_err();
+    assert!(
+        error
+            .0
+            .contains("has schema version 2; this toolgate needs version 3"),
+        "{error}"
+    );
+    assert_eq!(schema.version(), 2);
+    drop(PostgresStore::open(&schema.target).unwrap());
+    let current = PostgresStore::open_current(&schema.target).unwrap();
+    assert_eq!(current.opened().found, SCHEMA_VERSION);
+}
+
 fn add_extra(transaction: &Connection<'_>, schema: &str) -> Result<(), tokio_postgres::Error> {
     transaction.batch_execute(&format!("CREATE TABLE {schema}.extra (x integer)"))
 }
