@@ -175,6 +175,12 @@ pub struct RunArgs {
     /// A smoke run: short rounds, one alternation, small pools.
     #[arg(long)]
     pub quick: bool,
+    /// Pin the load generator to CPU 0 and every server process to CPU 1
+    /// (`taskset`), so that on a 2-core machine each server is bound by a
+    /// core of its own, not by the load generator beside it; servers get
+    /// one tokio worker unless --workers says. PostgreSQL is not pinned.
+    #[arg(long)]
+    pub pin_cores: bool,
 }
 
 impl RunArgs {

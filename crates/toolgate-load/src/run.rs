@@ -70,7 +70,18 @@ impl Selection {
     }
 }
 
-pub fn run(args: RunArgs) -> BoxResult<()> {
+/// The CPUs of the load generator and of the servers with `--pin-cores`.
+const CLIENT_CPUS: &str = "0";
+const SERVER_CPUS: &str = "1";
+
+pub fn run(mut args: RunArgs) -> BoxResult<()> {
+    if args.pin_cores {
+        // Before the runtime's threads exist: they inherit the affinity.
+        let pid = std::process::id().to_string();
+        command_output("taskset", &["-a", "-p", "-c", CLIENT_CPUS, &pid])
+            .ok_or("--pin-cores: `taskset -a -p -c 0` failed (is util-linux installed?)")?;
+        args.workers = args.workers.or(Some(1));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.client_threads.max(1))
         .enable_all()
@@ -139,6 +150,7 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
         server_log: args.server_log.clone(),
         data_root,
         postgres: args.postgres_url().map(Postgres::new),
+        cpus: args.pin_cores.then_some(SERVER_CPUS),
     };
     let started = Instant::now();
 
@@ -152,8 +164,9 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
     );
     let _ = writeln!(
         header,
-        "- machine: {} CPUs (nproc), {}; kernel {}",
-        std::thread::available_parallelism().map_or(0, usize::from),
+        "- machine: {} CPUs (nproc --all), {}; kernel {}",
+        // All of them, not the ones --pin-cores left this process.
+        command_output("nproc", &["--all"]).unwrap_or_else(|| "?".into()),
         cpu_model(),
         command_output("uname", &["-r"]).unwrap_or_default(),
     );
@@ -216,7 +229,15 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
             ),
         );
     }
-    header.push_str("- the load generator and the servers share the machine's CPUs\n");
+    match launcher.cpus {
+        Some(cpus) => {
+            let _ = writeln!(
+                header,
+                "- pinned (`--pin-cores`, taskset): the load generator on CPU {CLIENT_CPUS}, every server process on CPU {cpus}; PostgreSQL not pinned"
+            );
+        }
+        None => header.push_str("- the load generator and the servers share the machine's CPUs\n"),
+    }
     println!("{header}");
 
     if !selection.throughput.is_empty() {

@@ -252,6 +252,8 @@ pub struct Launcher {
     pub data_root: PathBuf,
     /// The PostgreSQL server of the postgres stores (`--postgres`).
     pub postgres: Option<Postgres>,
+    /// The CPUs every server process is pinned to (`taskset -c`), if any.
+    pub cpus: Option<&'static str>,
 }
 
 /// What the "state recovered" line of toolgate's log says.
@@ -371,9 +373,22 @@ impl Launcher {
             watch_log,
         } = start;
         let mut data_dir_used = None;
-        let mut command = match kind {
+        let program = match kind {
+            Kind::Toolgate(_) => &self.toolgate_bin,
+            Kind::Baseline => &self.load_bin,
+        };
+        // taskset executes the server in its own process: the pid is the
+        // server's.
+        let mut command = match self.cpus {
+            Some(cpus) => {
+                let mut command = Command::new("taskset");
+                command.args(["-c", cpus]).arg(program);
+                command
+            }
+            None => Command::new(program),
+        };
+        match kind {
             Kind::Toolgate(store) => {
-                let mut command = Command::new(&self.toolgate_bin);
                 command.arg("serve");
                 if let Some(policy) = policy {
                     command.arg("--config").arg(policy);
@@ -400,14 +415,11 @@ impl Launcher {
                 if watch_log {
                     command.args(["--log-format", "json"]);
                 }
-                command
             }
             Kind::Baseline => {
-                let mut command = Command::new(&self.load_bin);
                 command.arg("baseline-server");
-                command
             }
-        };
+        }
         command.args(["--listen", "127.0.0.1:0"]);
         command.env_remove("TOOLGATE_DATA_DIR");
         match workers.or(self.workers) {
