@@ -203,35 +203,32 @@ async fn a_lost_connection_is_resumed_and_nothing_commits_twice() {
     );
 }
 
+/// Runs `toolgate ARGS` to its end, the store named by TOOLGATE_STORE (as
+/// an operator would pass a URL) when given: exit code, stdout, stderr.
+fn toolgate(args: &[&str], store: Option<&str>) -> (Option<i32>, String, String) {
+    let mut command = spawn::command();
+    command.args(args);
+    if let Some(store) = store {
+        command.env("TOOLGATE_STORE", store);
+    }
+    let output = command.output().expect("run toolgate");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn store_migrate_creates_the_tables_then_finds_them_current() {
     let schema = TestSchema::new();
-    let migrate = || {
-        // The URL from the environment, as an operator would pass it.
-        let output = spawn::command()
-            .args(["store", "migrate"])
-            .env("TOOLGATE_STORE", &schema.url)
-            .output()
-            .expect("run toolgate");
-        (
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
-    };
+    let store = Some(schema.url.as_str());
+    let migrate = || toolgate(&["store", "migrate"], store);
     let shown = schema.target.to_string();
     // serve creates no tables unless asked: a replica of another version
     // never changes the schema under the others.
-    let unasked = || {
-        spawn::command()
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env("TOOLGATE_STORE", &schema.url)
-            .output()
-            .expect("run toolgate")
-    };
-    let refused = unasked();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    let (code, _, stderr) = toolgate(&["serve", "--listen", "127.0.0.1:0"], store);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "the PostgreSQL store at {shown} has no toolgate tables in schema {}; this \
@@ -250,42 +247,28 @@ fn store_migrate_creates_the_tables_then_finds_them_current() {
     assert_eq!(code, Some(0));
     assert!(stdout.ends_with("done    current\n"), "{stdout}");
     // `store check` is the SQLite store's: refused, saying so.
-    let check = spawn::command()
-        .args(["store", "check", "--store", &schema.url])
-        .output()
-        .expect("run toolgate");
-    let stderr = String::from_utf8_lossy(&check.stderr);
-    assert_eq!(check.status.code(), Some(2), "{stderr}");
+    let (code, _, stderr) = toolgate(&["store", "check", "--store", &schema.url], None);
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("`toolgate store check` works on the SQLite store only"),
         "{stderr}"
     );
     // --migrate is a postgres store's.
-    let serve = spawn::command()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            "memory",
-            "--migrate",
-        ])
-        .output()
-        .expect("run toolgate");
-    let stderr = String::from_utf8_lossy(&serve.stderr);
-    assert_eq!(serve.status.code(), Some(1), "{stderr}");
+    let serve = ["serve", "--listen", "127.0.0.1:0", "--store"];
+    let (code, _, stderr) = toolgate(&[&serve[..], &["memory", "--migrate"]].concat(), None);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("--migrate is for a postgres:// store"),
         "{stderr}"
     );
     // serve refuses --data-dir with a postgres store.
-    let serve = spawn::command()
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", &schema.url])
-        .args(["--data-dir", "/nonexistent"])
-        .output()
-        .expect("run toolgate");
-    let stderr = String::from_utf8_lossy(&serve.stderr);
-    assert_eq!(serve.status.code(), Some(1), "{stderr}");
+    let with_data_dir = [
+        &serve[..],
+        &[schema.url.as_str(), "--data-dir", "/nonexistent"],
+    ]
+    .concat();
+    let (code, _, stderr) = toolgate(&with_data_dir, None);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("--data-dir /nonexistent has no effect with a postgres:// store"),
         "{stderr}"
