@@ -79,22 +79,29 @@ fn git_commit() -> Option<String> {
     git(&["rev-parse", "--short=12", "HEAD"])
 }
 
+fn cargo_metadata(offline: bool) -> Result<std::process::Output, Box<dyn std::error::Error>> {
+    let cargo = std::env::var("CARGO")?;
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("Cargo.toml");
+    let mut command = std::process::Command::new(cargo);
+    command.args(["metadata", "--format-version", "1", "--locked"]);
+    if offline {
+        command.arg("--offline");
+    }
+    Ok(command.arg("--manifest-path").arg(&manifest).output()?)
+}
+
 /// The include roots of the Envoy protos that the envoy-types crate ships
 /// (`proto/data-plane-api`, `proto/xds`, …), in the source directory cargo
 /// unpacked it to.
 fn envoy_proto_roots() -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
-    let cargo = std::env::var("CARGO")?;
-    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("Cargo.toml");
-    let output = std::process::Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--manifest-path",
-        ])
-        .arg(&manifest)
-        .output()?;
+    // Offline first: a build never goes to the network for what it has.
+    // On a fresh machine `cargo build` has fetched only what it builds, and
+    // `cargo metadata` wants every package of the lock file (the dev- and
+    // bench-only ones too): then it fetches them, as `cargo fetch` would.
+    let output = match cargo_metadata(true)? {
+        output if output.status.success() => output,
+        _ => cargo_metadata(false)?,
+    };
     if !output.status.success() {
         return Err(format!(
             "cargo metadata failed: {}",
