@@ -79,6 +79,8 @@ fn git_commit() -> Option<String> {
     git(&["rev-parse", "--short=12", "HEAD"])
 }
 
+/// `cargo metadata` of this package, `--locked` (it never rewrites the
+/// lock file in the middle of a build), and `--offline` when asked.
 fn cargo_metadata(offline: bool) -> Result<std::process::Output, Box<dyn std::error::Error>> {
     let cargo = std::env::var("CARGO")?;
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("Cargo.toml");
