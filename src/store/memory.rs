@@ -75,6 +75,10 @@ impl Store for MemoryStore {
     fn size_bytes(&self) -> u64 {
         self.records().map_or(0, |tables| tables.bytes as u64)
     }
+
+    fn commits_in_place(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -65,6 +65,15 @@ pub trait Store: Send + 'static {
     /// Bytes the store holds (on disk, for a durable store).
     fn size_bytes(&self) -> u64;
 
+    /// Whether a commit is a copy in this process, durable as soon as
+    /// [`Store::commit`] returns and too cheap to batch (the memory store):
+    /// then the writer commits each operation's changes in place, under
+    /// the state lock, instead of handing them to its thread, whose wake-up
+    /// and thread switch would cost more than the commit itself.
+    fn commits_in_place(&self) -> bool {
+        false
+    }
+
     /// After [`Store::commit`] failed: tries to bring the store back and
     /// says what became of that commit. A store that cannot tell (the
     /// default) makes every failed commit final.

@@ -16,6 +16,12 @@
 //!
 //! What is pending is bounded by what is in flight: each call appends the
 //! changes of one operation, and the server bounds the calls in flight.
+//! A store whose commit is a copy in this process ([`Store::commits_in_place`]:
+//! the memory store) has no thread: each append is committed at once, under
+//! the state lock, and is durable when `append` returns, so its answer never
+//! waits. The thread's wake-up and switch would cost more than such a
+//! commit, and batching would save nothing.
+//!
 //! A failed commit stops the writer for good: the state in memory is then
 //! ahead of the store, so every later operation is refused
 //! ([`Writer::failure`]) until the process is restarted and recovers from
@@ -240,12 +246,25 @@ impl Gate {
     }
 }
 
-/// The group-commit writer: a thread that owns the store.
-#[derive(Debug)]
+/// The group-commit writer: a thread that owns the store, or the store
+/// itself when it commits in place.
 pub struct Writer {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The store, when it commits in place ([`Store::commits_in_place`]):
+    /// then there is no thread.
+    in_place: Option<Mutex<Box<dyn Store>>>,
     store_name: &'static str,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("store", &self.store_name)
+            .field("in_place", &self.in_place.is_some())
+            .field("shared", &self.shared)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Writer {
@@ -273,6 +292,14 @@ impl Writer {
             on_batch: OnceLock::new(),
             gate: host.is_some().then(Gate::new),
         });
+        if host.is_none() && store.commits_in_place() {
+            return Ok(Writer {
+                shared,
+                thread: Mutex::new(None),
+                in_place: Some(Mutex::new(store)),
+                store_name,
+            });
+        }
         let thread = std::thread::Builder::new()
             .name("toolgate-store".into())
             .spawn({
@@ -282,6 +309,7 @@ impl Writer {
         Ok(Writer {
             shared,
             thread: Mutex::new(Some(thread)),
+            in_place: None,
             store_name,
         })
     }
@@ -305,6 +333,13 @@ impl Writer {
         if changes.is_empty() {
             return pending.last;
         }
+        if let Some(store) = &self.in_place {
+            pending.last += 1;
+            let number = pending.last;
+            drop(pending);
+            self.commit_in_place(store, number, &changes);
+            return number;
+        }
         if pending.changes.is_empty() {
             pending.changes = changes;
         } else {
@@ -316,6 +351,36 @@ impl Writer {
         drop(pending);
         self.shared.wake.notify_one();
         number
+    }
+
+    /// Commits operation `number`'s `changes` to a store that commits in
+    /// place (under the state lock, so in commit order): durable once this
+    /// returns, unless the writer stopped (closed, or an earlier commit
+    /// failed), when it is refused; a failed commit stops the writer.
+    fn commit_in_place(&self, store: &Mutex<Box<dyn Store>>, number: u64, changes: &[Change]) {
+        if self.shared.stopped.get().is_some() {
+            return;
+        }
+        let mut store = lock(store);
+        let started = Instant::now();
+        if let Err(error) = store.commit(changes) {
+            drop(store);
+            tracing::error!(
+                store = self.store_name,
+                %error,
+                "the store refused a commit; every call is refused from now on"
+            );
+            self.shared.stop(error);
+            return;
+        }
+        report(
+            &self.shared,
+            store.as_ref(),
+            1,
+            changes.len(),
+            started.elapsed(),
+        );
+        self.shared.pending().durable = number;
     }
 
     /// The turns' gate, when the store is shared: an operation runs only
@@ -400,6 +465,9 @@ impl Writer {
     /// Commits what is pending, stops the thread and waits for it. Later
     /// appends are refused (their [`Writer::durable`] fails).
     pub fn close(&self) {
+        if self.in_place.is_some() {
+            self.shared.stop(StoreError("the store is closed".into()));
+        }
         self.shared.pending().closing = true;
         self.shared.wake.notify_one();
         let thread = lock(&self.thread).take();
@@ -477,17 +545,23 @@ fn take_batch(pending: &mut Pending, spare: &mut Vec<Change>, compact: bool) -> 
     }
 }
 
-/// Marks `batch` durable and releases its answers (metrics first, so that
-/// an answer released finds its batch counted).
-fn release(shared: &Shared, store: &dyn Store, batch: &Batch, sync: Duration) {
+/// Tells [`Writer::on_batch`] of a batch committed: its `operations`, the
+/// `changes` written, in `sync`.
+fn report(shared: &Shared, store: &dyn Store, operations: usize, changes: usize, sync: Duration) {
     if let Some(on_batch) = shared.on_batch.get() {
         on_batch(&BatchReport {
-            operations: batch.operations,
-            changes: batch.changes.len(),
+            operations,
+            changes,
             sync,
             store_bytes: store.size_bytes(),
         });
     }
+}
+
+/// Marks `batch` durable and releases its answers (metrics first, so that
+/// an answer released finds its batch counted).
+fn release(shared: &Shared, store: &dyn Store, batch: &Batch, sync: Duration) {
+    report(shared, store, batch.operations, batch.changes.len(), sync);
     let released = {
         let mut pending = shared.pending();
         pending.durable = batch.last;
@@ -765,7 +839,8 @@ fn latest_only(changes: Vec<Change>) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::records::Kind;
+    use crate::domain::records::{Kind, Record};
+    use crate::store::StoreResult;
     use crate::store::memory::MemoryStore;
 
     fn put(key: &[u8], value: &[u8]) -> Change {
@@ -782,22 +857,113 @@ mod tests {
         assert_eq!(latest_only(changes), vec![put(b"b", b"1"), put(b"a", b"2")]);
     }
 
-    #[tokio::test]
-    async fn answers_wait_for_their_batch_and_see_it_stored() {
-        let store = MemoryStore::new();
-        let writer = Writer::start(Box::new(store.clone()), None).unwrap();
+    /// The memory store as a store that does not commit in place, so that
+    /// the writer's thread is tested on it.
+    #[derive(Debug, Clone)]
+    struct Threaded(MemoryStore);
+
+    impl Store for Threaded {
+        fn name(&self) -> &'static str {
+            "threaded memory"
+        }
+        fn load(&mut self) -> StoreResult<Vec<Record>> {
+            self.0.load()
+        }
+        fn commit(&mut self, changes: &[Change]) -> StoreResult<()> {
+            self.0.commit(changes)
+        }
+        fn size_bytes(&self) -> u64 {
+            self.0.size_bytes()
+        }
+    }
+
+    /// A store that commits in place and refuses every commit.
+    struct Refusing;
+
+    impl Store for Refusing {
+        fn name(&self) -> &'static str {
+            "refusing"
+        }
+        fn load(&mut self) -> StoreResult<Vec<Record>> {
+            Ok(Vec::new())
+        }
+        fn commit(&mut self, _changes: &[Change]) -> StoreResult<()> {
+            Err(StoreError("the disk is gone".into()))
+        }
+        fn size_bytes(&self) -> u64 {
+            0
+        }
+        fn commits_in_place(&self) -> bool {
+            true
+        }
+    }
+
+    /// Appends, waits, loads what `store` kept, closes: the same on either
+    /// writer.
+    async fn answers_wait_for_their_batch_and_see_it_stored(
+        writer: Writer,
+        mut stored: impl FnMut() -> usize,
+    ) {
         assert_eq!(writer.append(Vec::new()), 0);
         let first = writer.append(vec![put(b"a", b"1")]);
         let second = writer.append(vec![put(b"b", b"2")]);
         assert_eq!((first, second), (1, 2));
         assert_eq!(writer.append(Vec::new()), 2);
         writer.durable(second).await.unwrap();
-        let mut loaded = store.clone();
-        assert_eq!(Store::load(&mut loaded).unwrap().len(), 2);
+        assert_eq!(stored(), 2);
         writer.close();
         // What is appended after the close is refused, never waited for.
         let late = writer.append(vec![put(b"c", b"3")]);
         assert!(writer.durable(late).await.is_err());
         assert!(writer.durable(second).await.is_ok());
+        assert_eq!(stored(), 2, "nothing is stored after the close");
+    }
+
+    #[tokio::test]
+    async fn the_thread_releases_answers_once_their_batch_is_stored() {
+        let store = MemoryStore::new();
+        let writer = Writer::start(Box::new(Threaded(store.clone())), None).unwrap();
+        assert!(lock(&writer.thread).is_some(), "a thread commits");
+        answers_wait_for_their_batch_and_see_it_stored(writer, || {
+            Store::load(&mut store.clone()).unwrap().len()
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_store_that_commits_in_place_has_it_stored_before_append_returns() {
+        let store = MemoryStore::new();
+        let writer = Writer::start(Box::new(store.clone()), None).unwrap();
+        assert!(lock(&writer.thread).is_none(), "no thread");
+        let reports = Arc::new(Mutex::new(Vec::new()));
+        writer.on_batch(Box::new({
+            let reports = Arc::clone(&reports);
+            move |report| lock(&reports).push((report.operations, report.changes))
+        }));
+        let number = writer.append(vec![put(b"x", b"1"), put(b"y", b"1")]);
+        assert_eq!(Store::load(&mut store.clone()).unwrap().len(), 2);
+        assert_eq!(lock(&writer.shared.pending).durable, number);
+        assert_eq!(*lock(&reports), vec![(1, 2)], "each append is a batch");
+
+        let store = MemoryStore::new();
+        let writer = Writer::start(Box::new(store.clone()), None).unwrap();
+        answers_wait_for_their_batch_and_see_it_stored(writer, || {
+            Store::load(&mut store.clone()).unwrap().len()
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_refused_commit_in_place_refuses_its_answer_and_every_later_one() {
+        let writer = Writer::start(Box::new(Refusing), None).unwrap();
+        let refused = writer.append(vec![put(b"a", b"1")]);
+        let error = writer.durable(refused).await.unwrap_err();
+        assert_eq!(error.0, "the disk is gone");
+        assert_eq!(writer.failure(), Some(error.clone()));
+        // A call that changed nothing could have observed the refused change.
+        let observed = writer.append(Vec::new());
+        assert_eq!(writer.durable(observed).await, Err(error.clone()));
+        let later = writer.append(vec![put(b"b", b"1")]);
+        assert_eq!(writer.durable(later).await, Err(error));
     }
 }
