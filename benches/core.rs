@@ -66,11 +66,20 @@ fn canonical_benches(criterion: &mut Criterion) {
             black_box(manifest.fingerprint())
         })
     });
+    // The fingerprint alone: streamed from the manifest (what AssessManifest
+    // does), and through the canonical tree it used to build first.
+    let manifest = Manifest::from_json(manifest_json.as_bytes()).expect("valid");
+    criterion.bench_function("manifest/fingerprint_10KB", |bench| {
+        bench.iter(|| black_box(black_box(&manifest).fingerprint()))
+    });
+    criterion.bench_function("manifest/fingerprint_via_tree_10KB", |bench| {
+        bench.iter(|| black_box(canonical::fingerprint(&black_box(&manifest).to_value())))
+    });
 }
 
 /// Runs an engine operation to its answer on this thread. The engine's
-/// operations wait for the store's writer (here the memory store's), so
-/// each measurement includes that hand-off, as a server's calls do.
+/// operations commit to the memory store in place (no writer thread), as a
+/// `--store memory` server's calls do.
 fn run<F: std::future::Future>(operation: F) -> F::Output {
     thread_local! {
         static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()

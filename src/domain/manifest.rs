@@ -269,8 +269,14 @@ impl Manifest {
         Value::Object(object)
     }
 
+    /// The fingerprint of [`Manifest::to_value`], streamed from the
+    /// manifest into the hasher without building that tree.
     pub fn fingerprint(&self) -> Fingerprint {
-        canonical::fingerprint(&self.to_value())
+        canonical::fingerprint_object(|manifest| {
+            manifest.member_str("revision", &self.revision);
+            manifest.member_str("server", &self.server_id);
+            manifest.member_objects("tools", &self.tools, |members, tool| tool.hash(members));
+        })
     }
 
     /// The tool of that name; only meaningful for a manifest without problems.
@@ -428,6 +434,26 @@ impl ManifestTool {
             output_schema: optional_object(object, "outputSchema", path)?,
             annotations,
         })
+    }
+
+    /// Its members in [`ManifestTool::to_value`], in key order.
+    fn hash(&self, members: &mut canonical::Members<'_>) {
+        let optional = |members: &mut canonical::Members<'_>, key, value: &Option<Value>| {
+            if let Some(value) = value {
+                members.member(key, value);
+            }
+        };
+        optional(members, "annotations", &self.annotations);
+        members.member_str("description", &self.description);
+        optional(members, "inputSchema", &self.input_schema);
+        optional(members, "outputSchema", &self.output_schema);
+        members.member_strs("parameters", &self.parameters);
+        members.member_bool("read_only", self.read_only);
+        members.member_strs("scopes", &self.scopes);
+        if let Some(title) = &self.title {
+            members.member_str("title", title);
+        }
+        members.member_str("tool", &self.name);
     }
 
     fn to_value(&self) -> Value {
@@ -913,6 +939,37 @@ mod tests {
         for variant in variants {
             assert_ne!(variant.fingerprint(), base.fingerprint(), "{variant:?}");
             assert!(seen.insert(variant.fingerprint().to_hex()), "{variant:?}");
+        }
+    }
+
+    #[test]
+    fn the_streamed_fingerprint_is_that_of_the_canonical_record() {
+        let tools_list = r#"{"tools":[
+            {"name":"zoek in één","title":"Zoek \"x\"","description":"line\nbreak \u0001",
+             "inputSchema":{"type":"object","properties":{"q":{"type":"string"},"é":{"type":"number","maximum":1.5e300}},"required":["q"]},
+             "outputSchema":{"type":"object"},"annotations":{"readOnlyHint":true,"destructiveHint":false}},
+            {"name":"a","inputSchema":{"type":"object"}},
+            {"name":"a","description":""},
+            {"name":"","annotations":{"readOnlyHint":null}}]}"#;
+        let manifests = [
+            Manifest::from_json(WORKED_EXAMPLE.as_bytes()).unwrap(),
+            Manifest::from_mcp_tools_list(tools_list.as_bytes(), "srv 🦀".into(), "r\t".into())
+                .unwrap(),
+            Manifest::new(String::new(), String::new(), Vec::new()).unwrap(),
+            Manifest::new(
+                "s".into(),
+                "1".into(),
+                vec![tool("a", &[]), tool("b", &["x"])],
+            )
+            .unwrap(),
+        ];
+        for manifest in manifests {
+            assert_eq!(
+                manifest.fingerprint(),
+                canonical::fingerprint(&manifest.to_value()),
+                "{}",
+                canonical::to_canonical(&manifest.to_value())
+            );
         }
     }
 

@@ -7,7 +7,7 @@
 //! No Envoy or gRPC type appears here: the edge hands the request in
 //! through [`HttpRequest`]. Every refusal changes no state.
 
-use crate::domain::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
+use crate::domain::canonical::{self, Fingerprint, Object, Value};
 use crate::domain::error::Error;
 use crate::domain::ids::check_identifier;
 use crate::domain::policy::{ActorSource, ExtAuthzSettings, WorkspaceSource};
@@ -438,11 +438,12 @@ fn call_id_of(
     if let Some(key) = request.header(IDEMPOTENCY_KEY_HEADER) {
         return as_identifier("k-", key);
     }
-    let mut action = ObjectHasher::new();
-    action.member_object("arguments", arguments);
-    action.member_str("name", name);
-    action.member_str("session_id", session_id);
-    format!("mcp-{}", hex32(&action.finish()))
+    let action = canonical::fingerprint_object(|action| {
+        action.member_object("arguments", arguments);
+        action.member_str("name", name);
+        action.member_str("session_id", session_id);
+    });
+    format!("mcp-{}", hex32(&action))
 }
 
 /// `text` when it is an identifier; otherwise `prefix` and 32 hex digits of

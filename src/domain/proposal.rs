@@ -3,7 +3,7 @@
 
 use jsonschema::error::ValidationErrorKind;
 
-use crate::domain::canonical::{self, Fingerprint, Object, ObjectHasher, Value};
+use crate::domain::canonical::{self, Fingerprint, Object, Value};
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::check_identifier;
 use crate::domain::manifest::ManifestStatus;
@@ -110,13 +110,13 @@ impl Proposal {
             ));
         }
         // Exactly the five keys, in sorted order, hashed as they are written.
-        let mut envelope = ObjectHasher::new();
-        envelope.member_str("actor", &actor);
-        envelope.member_object("arguments", &arguments);
-        envelope.member_str("call_id", &call_id);
-        envelope.member_str("name", &name);
-        envelope.member_u64("version", version);
-        let fingerprint = envelope.finish();
+        let fingerprint = canonical::fingerprint_object(|envelope| {
+            envelope.member_str("actor", &actor);
+            envelope.member_object("arguments", &arguments);
+            envelope.member_str("call_id", &call_id);
+            envelope.member_str("name", &name);
+            envelope.member_u64("version", version);
+        });
         Ok(Proposal {
             call_id,
             actor,

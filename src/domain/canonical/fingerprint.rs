@@ -60,74 +60,109 @@ impl fmt::Display for Fingerprint {
     }
 }
 
-/// Fingerprints an object whose members the caller supplies one by one, in
+/// Fingerprints an object whose members `write` supplies one by one, in
 /// sorted key order, without building it: the canonical text goes straight
-/// into the hasher. Used for the proposal envelope on every call.
-pub struct ObjectHasher {
-    sink: HashSink,
-    members: usize,
+/// into the hasher. Used for the proposal envelope on every call, and for
+/// manifests, whose tools are objects written the same way.
+pub fn fingerprint_object(write: impl FnOnce(&mut Members<'_>)) -> Fingerprint {
+    let mut sink = HashSink::new();
+    Members::write(&mut sink, write);
+    sink.finish()
+}
+
+/// The members of one object being hashed ([`fingerprint_object`]), in
+/// sorted key order (checked in debug builds).
+pub struct Members<'s> {
+    sink: &'s mut HashSink,
+    count: usize,
     #[cfg(debug_assertions)]
     last_key: String,
 }
 
-impl Default for ObjectHasher {
-    fn default() -> Self {
-        ObjectHasher::new()
-    }
-}
-
-impl ObjectHasher {
-    pub fn new() -> Self {
-        let mut sink = HashSink::new();
+impl Members<'_> {
+    /// `{`, the members `write` supplies, `}`.
+    fn write(sink: &mut HashSink, write: impl FnOnce(&mut Members<'_>)) {
         sink.put_ascii(b'{');
-        ObjectHasher {
+        let mut members = Members {
             sink,
-            members: 0,
+            count: 0,
             #[cfg(debug_assertions)]
             last_key: String::new(),
-        }
+        };
+        write(&mut members);
+        members.sink.put_ascii(b'}');
     }
 
     fn key(&mut self, key: &str) {
         #[cfg(debug_assertions)]
         {
             debug_assert!(
-                self.members == 0 || self.last_key.as_str() < key,
+                self.count == 0 || self.last_key.as_str() < key,
                 "members must come in sorted key order"
             );
             self.last_key = key.to_string();
         }
-        if self.members > 0 {
+        if self.count > 0 {
             self.sink.put_ascii(b',');
         }
-        self.members += 1;
-        write_string(key, &mut self.sink);
+        self.count += 1;
+        write_string(key, self.sink);
         self.sink.put_ascii(b':');
     }
 
     pub fn member(&mut self, key: &str, value: &Value) {
         self.key(key);
-        write_value(value, &mut self.sink);
+        write_value(value, self.sink);
     }
 
     pub fn member_object(&mut self, key: &str, object: &Object) {
         self.key(key);
-        write_object(object, &mut self.sink);
+        write_object(object, self.sink);
     }
 
     pub fn member_str(&mut self, key: &str, text: &str) {
         self.key(key);
-        write_string(text, &mut self.sink);
+        write_string(text, self.sink);
     }
 
     pub fn member_u64(&mut self, key: &str, number: u64) {
         self.key(key);
-        write_number(&Number::Int(i128::from(number)), &mut self.sink);
+        write_number(&Number::Int(i128::from(number)), self.sink);
     }
 
-    pub fn finish(mut self) -> Fingerprint {
-        self.sink.put_ascii(b'}');
-        self.sink.finish()
+    pub fn member_bool(&mut self, key: &str, flag: bool) {
+        self.key(key);
+        self.sink.put(if flag { "true" } else { "false" });
+    }
+
+    /// An array of strings.
+    pub fn member_strs(&mut self, key: &str, items: &[String]) {
+        self.key(key);
+        self.array(items, |item, sink| write_string(item, sink));
+    }
+
+    /// An array of objects, each `item`'s members written by `write`.
+    pub fn member_objects<T>(
+        &mut self,
+        key: &str,
+        items: &[T],
+        mut write: impl FnMut(&mut Members<'_>, &T),
+    ) {
+        self.key(key);
+        self.array(items, |item, sink| {
+            Members::write(sink, |members| write(members, item));
+        });
+    }
+
+    fn array<T>(&mut self, items: &[T], mut write: impl FnMut(&T, &mut HashSink)) {
+        self.sink.put_ascii(b'[');
+        for (index, item) in items.iter().enumerate() {
+            if index > 0 {
+                self.sink.put_ascii(b',');
+            }
+            write(item, self.sink);
+        }
+        self.sink.put_ascii(b']');
     }
 }
 

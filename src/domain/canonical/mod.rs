@@ -180,7 +180,7 @@ mod fingerprint;
 mod parse;
 mod print;
 
-pub use fingerprint::{Fingerprint, ObjectHasher, fingerprint};
+pub use fingerprint::{Fingerprint, Members, fingerprint, fingerprint_object};
 pub use parse::{canonicalize, parse, parse_str};
 pub use print::{to_canonical, write_canonical};
 
