@@ -496,13 +496,20 @@ pub async fn closed_loop(
     concurrency: usize,
     window: Window,
 ) -> RoundStats {
+    // Every caller's stats are made before the round starts: a histogram
+    // is a few hundred kilobytes to allocate and zero, which, made by the
+    // callers themselves, a round without warm-up (a commit round) would
+    // count as load; made while callers already run, it would delay the
+    // window's start.
+    let concurrency = concurrency.max(1);
+    let caller_stats: Vec<RoundStats> = (0..concurrency).map(|_| RoundStats::empty()).collect();
     let start = Instant::now();
     let measure_from = start + window.warmup;
     let end = measure_from + window.duration;
     let next_index = Arc::new(AtomicU64::new(0));
     let exhausted = Arc::new(AtomicUsize::new(0));
     let mut callers = Vec::with_capacity(concurrency);
-    for caller in 0..concurrency.max(1) {
+    for (caller, mut stats) in caller_stats.into_iter().enumerate() {
         let connection = &target.connections[caller % target.connections.len()];
         let mut client = Caller::new(connection, &target.token);
         let generator = Arc::clone(&generator);
@@ -510,7 +517,6 @@ pub async fn closed_loop(
         let exhausted = Arc::clone(&exhausted);
         let check = target.check;
         callers.push(tokio::spawn(async move {
-            let mut stats = RoundStats::empty();
             // Reused for every request: its frame is sent (and dropped)
             // before the next one is encoded.
             let mut buffer = BytesMut::new();
@@ -540,22 +546,30 @@ pub async fn closed_loop(
     let database_cpu_start = server.database_cpu_time();
     let client_cpu_start = own_cpu_time();
     let busy_start = machine_busy();
-    let mut total = RoundStats::empty();
+    let mut finished_callers = Vec::with_capacity(callers.len());
     for caller in callers {
         if let Ok(stats) = caller.await {
-            total.merge(&stats);
+            finished_callers.push(stats);
         }
     }
+    // The window ends with the last answer; merging the callers' stats
+    // (hundreds of histograms) is bookkeeping, not load, and comes after.
     let finished = Instant::now();
-    total.elapsed = finished.min(end).saturating_duration_since(measure_from);
-    total.server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
-    total.database_cpu = server
+    let server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
+    let database_cpu = server
         .database_cpu_time()
         .saturating_sub(database_cpu_start);
-    total.client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
-    total.foreign_cpu = machine_busy()
-        .saturating_sub(busy_start)
-        .saturating_sub(total.server_cpu + total.database_cpu + total.client_cpu);
+    let client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
+    let busy = machine_busy().saturating_sub(busy_start);
+    let mut total = RoundStats::empty();
+    for stats in &finished_callers {
+        total.merge(stats);
+    }
+    total.elapsed = finished.min(end).saturating_duration_since(measure_from);
+    total.server_cpu = server_cpu;
+    total.database_cpu = database_cpu;
+    total.client_cpu = client_cpu;
+    total.foreign_cpu = busy.saturating_sub(server_cpu + database_cpu + client_cpu);
     total.exhausted = exhausted.load(Ordering::Relaxed) > 0;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
@@ -632,28 +646,33 @@ pub async fn open_loop(
         Ok(Ok(exhausted)) => exhausted,
         _ => true,
     };
-    let mut total = RoundStats::empty();
-    total.send_lag = Some(new_histogram());
+    let mut finished_drivers = Vec::with_capacity(drivers.len());
     for driver in drivers {
         if let Ok(stats) = driver.await {
-            total.merge(&stats);
+            finished_drivers.push(stats);
         }
     }
+    // As in the closed loop: the counters are read at the last answer,
+    // before the drivers' stats are merged.
     let drained = Instant::now();
     let server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
     let database_cpu = server
         .database_cpu_time()
         .saturating_sub(database_cpu_start);
     let client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
+    let busy = machine_busy().saturating_sub(busy_start);
+    let mut total = RoundStats::empty();
+    total.send_lag = Some(new_histogram());
+    for stats in &finished_drivers {
+        total.merge(stats);
+    }
     // Until the last answer: a server that falls behind the schedule shows
     // a lower achieved rate than the one offered.
     total.elapsed = drained.saturating_duration_since(measure_from);
     total.server_cpu = server_cpu;
     total.database_cpu = database_cpu;
     total.client_cpu = client_cpu;
-    total.foreign_cpu = machine_busy()
-        .saturating_sub(busy_start)
-        .saturating_sub(server_cpu + database_cpu + client_cpu);
+    total.foreign_cpu = busy.saturating_sub(server_cpu + database_cpu + client_cpu);
     total.exhausted = exhausted;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
