@@ -9,45 +9,32 @@
 //!   or every in-flight slot was taken) counts its wait: no coordinated
 //!   omission.
 //!
-//! Requests are spread over several HTTP/2 connections (tonic `Channel`s).
+//! Requests are spread over several HTTP/2 connections, and each call goes
+//! through the lean client of `grpc` (straight on h2), so that the load
+//! generator costs less CPU per call than the server it measures.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use hdrhistogram::Histogram;
+use http::HeaderValue;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 
-use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
 use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse};
 use toolgate::pb;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
+use crate::grpc::{self, Caller, Connection, Method};
 use crate::servers::{DatabaseCounters, ServerProcess, StoreCounters, machine_busy, own_cpu_time};
 
+/// toolgate's host API through tonic, for the setup calls (not measured).
 pub type PdpClient = PolicyDecisionPointClient<Channel>;
-pub type AuthzClient = AuthorizationClient<Channel>;
-
-/// The clients of one connection: toolgate's host API and Envoy's
-/// Authorization (the ext-authz scenario).
-#[derive(Debug, Clone)]
-pub struct Clients {
-    pdp: PdpClient,
-    authz: AuthzClient,
-}
-
-impl Clients {
-    pub fn new(channel: &Channel) -> Self {
-        Clients {
-            pdp: PdpClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024),
-            authz: AuthzClient::new(channel.clone()),
-        }
-    }
-}
 
 /// How long one call may take before the load generator gives up on it.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -99,6 +86,40 @@ pub enum Call {
 /// Makes request `index` of a round; `None` ends the round (a finite pool).
 pub type Generator = Arc<dyn Fn(u64) -> Option<Call> + Send + Sync>;
 
+/// A call ready for the wire: its method, its request as one gRPC frame,
+/// and what its answer is checked against.
+struct Encoded {
+    method: Method,
+    frame: Bytes,
+    expect: Expect,
+}
+
+impl Encoded {
+    /// Encodes `call`'s request straight from the generator's message
+    /// into `buffer` (no copy of the message).
+    fn new(call: Call, buffer: &mut BytesMut) -> Encoded {
+        let (method, frame, expect) = match call {
+            Call::Decide(request, expect) => {
+                (Method::Decide, grpc::frame(&request, buffer), expect)
+            }
+            Call::Dispatch(request, expect) => {
+                (Method::Dispatch, grpc::frame(&request, buffer), expect)
+            }
+            Call::Assess(request, expect) => (
+                Method::AssessManifest,
+                grpc::frame(&request, buffer),
+                expect,
+            ),
+            Call::Check(request, expect) => (Method::Check, grpc::frame(&*request, buffer), expect),
+        };
+        Encoded {
+            method,
+            frame,
+            expect,
+        }
+    }
+}
+
 /// How one call ended.
 enum Answer {
     Ok,
@@ -118,44 +139,31 @@ pub fn with_token<T>(
     request
 }
 
-async fn execute(
-    clients: &mut Clients,
-    call: Call,
-    token: &MetadataValue<tonic::metadata::Ascii>,
-    check: bool,
-) -> Answer {
+/// Makes one measured call and checks its answer (when `check`).
+async fn execute(caller: &mut Caller, call: Encoded, check: bool) -> Answer {
+    let Encoded {
+        method,
+        frame,
+        expect,
+    } = call;
     let answered = tokio::time::timeout(CALL_TIMEOUT, async {
-        match call {
-            Call::Decide(request, expect) => {
-                let answer = clients
-                    .pdp
-                    .decide(with_token(request, token))
-                    .await?
-                    .into_inner();
+        match method {
+            Method::Decide => {
+                let answer = caller.unary::<pb::DecideResponse>(method, frame).await?;
                 Ok(check.then(|| check_decide(&answer, &expect)).flatten())
             }
-            Call::Dispatch(request, expect) => {
-                let answer = clients
-                    .pdp
-                    .dispatch(with_token(request, token))
-                    .await?
-                    .into_inner();
+            Method::Dispatch => {
+                let answer = caller.unary::<pb::DispatchResponse>(method, frame).await?;
                 Ok(check.then(|| check_dispatch(&answer, &expect)).flatten())
             }
-            Call::Assess(request, expect) => {
-                let answer = clients
-                    .pdp
-                    .assess_manifest(with_token(request, token))
-                    .await?
-                    .into_inner();
+            Method::AssessManifest => {
+                let answer = caller
+                    .unary::<pb::AssessManifestResponse>(method, frame)
+                    .await?;
                 Ok(check.then(|| check_assess(&answer, &expect)).flatten())
             }
-            Call::Check(request, expect) => {
-                let answer = clients
-                    .authz
-                    .check(with_token(*request, token))
-                    .await?
-                    .into_inner();
+            Method::Check => {
+                let answer = caller.unary::<CheckResponse>(method, frame).await?;
                 Ok(check.then(|| check_authz(&answer, &expect)).flatten())
             }
         }
@@ -466,8 +474,10 @@ impl RoundStats {
 /// The server a round runs against, with its connections.
 pub struct Target<'a> {
     pub server: &'a ServerProcess,
-    pub channels: &'a [Channel],
-    pub token: MetadataValue<tonic::metadata::Ascii>,
+    /// The measured calls' connections (`grpc`'s, not tonic's).
+    pub connections: &'a [Connection],
+    /// The `authorization` header of every call.
+    pub token: HeaderValue,
     /// Check every answer (toolgate) or not (the baseline's fixed answer).
     pub check: bool,
 }
@@ -486,21 +496,30 @@ pub async fn closed_loop(
     concurrency: usize,
     window: Window,
 ) -> RoundStats {
+    // Every caller's stats are made before the round starts: a histogram
+    // is a few hundred kilobytes to allocate and zero, which, made by the
+    // callers themselves, a round without warm-up (a commit round) would
+    // count as load; made while callers already run, it would delay the
+    // window's start.
+    let concurrency = concurrency.max(1);
+    let caller_stats: Vec<RoundStats> = (0..concurrency).map(|_| RoundStats::empty()).collect();
     let start = Instant::now();
     let measure_from = start + window.warmup;
     let end = measure_from + window.duration;
     let next_index = Arc::new(AtomicU64::new(0));
     let exhausted = Arc::new(AtomicUsize::new(0));
     let mut callers = Vec::with_capacity(concurrency);
-    for caller in 0..concurrency.max(1) {
-        let mut client = Clients::new(&target.channels[caller % target.channels.len()]);
+    for (caller, mut stats) in caller_stats.into_iter().enumerate() {
+        let connection = &target.connections[caller % target.connections.len()];
+        let mut client = Caller::new(connection, &target.token);
         let generator = Arc::clone(&generator);
         let next_index = Arc::clone(&next_index);
         let exhausted = Arc::clone(&exhausted);
-        let token = target.token.clone();
         let check = target.check;
         callers.push(tokio::spawn(async move {
-            let mut stats = RoundStats::empty();
+            // Reused for every request: its frame is sent (and dropped)
+            // before the next one is encoded.
+            let mut buffer = BytesMut::new();
             loop {
                 let sent = Instant::now();
                 if sent >= end {
@@ -511,7 +530,8 @@ pub async fn closed_loop(
                     exhausted.fetch_add(1, Ordering::Relaxed);
                     break;
                 };
-                let answer = execute(&mut client, call, &token, check).await;
+                let call = Encoded::new(call, &mut buffer);
+                let answer = execute(&mut client, call, check).await;
                 if sent >= measure_from {
                     stats.record(sent.elapsed(), answer);
                 }
@@ -526,22 +546,30 @@ pub async fn closed_loop(
     let database_cpu_start = server.database_cpu_time();
     let client_cpu_start = own_cpu_time();
     let busy_start = machine_busy();
-    let mut total = RoundStats::empty();
+    let mut finished_callers = Vec::with_capacity(callers.len());
     for caller in callers {
         if let Ok(stats) = caller.await {
-            total.merge(&stats);
+            finished_callers.push(stats);
         }
     }
+    // The window ends with the last answer; merging the callers' stats
+    // (hundreds of histograms) is bookkeeping, not load, and comes after.
     let finished = Instant::now();
-    total.elapsed = finished.min(end).saturating_duration_since(measure_from);
-    total.server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
-    total.database_cpu = server
+    let server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
+    let database_cpu = server
         .database_cpu_time()
         .saturating_sub(database_cpu_start);
-    total.client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
-    total.foreign_cpu = machine_busy()
-        .saturating_sub(busy_start)
-        .saturating_sub(total.server_cpu + total.database_cpu + total.client_cpu);
+    let client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
+    let busy = machine_busy().saturating_sub(busy_start);
+    let mut total = RoundStats::empty();
+    for stats in &finished_callers {
+        total.merge(stats);
+    }
+    total.elapsed = finished.min(end).saturating_duration_since(measure_from);
+    total.server_cpu = server_cpu;
+    total.database_cpu = database_cpu;
+    total.client_cpu = client_cpu;
+    total.foreign_cpu = busy.saturating_sub(server_cpu + database_cpu + client_cpu);
     total.exhausted = exhausted.load(Ordering::Relaxed) > 0;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
@@ -573,19 +601,18 @@ pub async fn open_loop(
     let interval = Duration::from_secs_f64(1.0 / rate);
     let total_requests = ((window.warmup + window.duration).as_secs_f64() * rate).ceil() as u64;
     let warmup_requests = (window.warmup.as_secs_f64() * rate).ceil() as u64;
-    let connections = target.channels.len().max(1);
+    let connections = target.connections.len().max(1);
     let in_flight_per_driver = (OPEN_LOOP_MAX_IN_FLIGHT / connections).max(1);
     let mut senders = Vec::with_capacity(connections);
     let mut drivers = Vec::with_capacity(connections);
-    for channel in target.channels {
+    for connection in target.connections {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<Scheduled>();
         senders.push(sender);
-        let client = Clients::new(channel);
+        let client = Caller::new(connection, &target.token);
         drivers.push(tokio::spawn(drive(
             client,
             receiver,
             warmup_requests,
-            target.token.clone(),
             target.check,
             in_flight_per_driver,
         )));
@@ -619,28 +646,33 @@ pub async fn open_loop(
         Ok(Ok(exhausted)) => exhausted,
         _ => true,
     };
-    let mut total = RoundStats::empty();
-    total.send_lag = Some(new_histogram());
+    let mut finished_drivers = Vec::with_capacity(drivers.len());
     for driver in drivers {
         if let Ok(stats) = driver.await {
-            total.merge(&stats);
+            finished_drivers.push(stats);
         }
     }
+    // As in the closed loop: the counters are read at the last answer,
+    // before the drivers' stats are merged.
     let drained = Instant::now();
     let server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
     let database_cpu = server
         .database_cpu_time()
         .saturating_sub(database_cpu_start);
     let client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
+    let busy = machine_busy().saturating_sub(busy_start);
+    let mut total = RoundStats::empty();
+    total.send_lag = Some(new_histogram());
+    for stats in &finished_drivers {
+        total.merge(stats);
+    }
     // Until the last answer: a server that falls behind the schedule shows
     // a lower achieved rate than the one offered.
     total.elapsed = drained.saturating_duration_since(measure_from);
     total.server_cpu = server_cpu;
     total.database_cpu = database_cpu;
     total.client_cpu = client_cpu;
-    total.foreign_cpu = machine_busy()
-        .saturating_sub(busy_start)
-        .saturating_sub(server_cpu + database_cpu + client_cpu);
+    total.foreign_cpu = busy.saturating_sub(server_cpu + database_cpu + client_cpu);
     total.exhausted = exhausted;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
@@ -650,10 +682,9 @@ pub async fn open_loop(
 /// A connection's driver: sends what the scheduler hands it, at most
 /// `max_in_flight` at once, and records each answer.
 async fn drive(
-    client: Clients,
+    client: Caller,
     mut receiver: tokio::sync::mpsc::UnboundedReceiver<Scheduled>,
     warmup_requests: u64,
-    token: MetadataValue<tonic::metadata::Ascii>,
     check: bool,
     max_in_flight: usize,
 ) -> RoundStats {
@@ -662,15 +693,20 @@ async fn drive(
     let mut waiting = std::collections::VecDeque::new();
     let mut in_flight = FuturesUnordered::new();
     let mut open = true;
+    // The frames of the calls in flight are split off it; its space is
+    // reused as they are sent and dropped.
+    let mut buffer = BytesMut::new();
     loop {
         while in_flight.len() < max_in_flight
             && let Some(Scheduled { index, at, call }) = waiting.pop_front()
         {
+            // A clone per call in flight: h2's sender is a handle on the
+            // connection, and the request heads are shared.
             let mut client = client.clone();
-            let token = token.clone();
+            let call = Encoded::new(call, &mut buffer);
             in_flight.push(async move {
                 let sent = Instant::now();
-                let answer = execute(&mut client, call, &token, check).await;
+                let answer = execute(&mut client, call, check).await;
                 (index, at, sent, Instant::now(), answer)
             });
         }

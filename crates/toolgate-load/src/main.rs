@@ -20,6 +20,7 @@
 //! - `policies`: the generated policy files and the 20-tool manifest.
 //! - `servers`: child processes, their ports, RSS and CPU time.
 //! - `baseline`: the no-op server.
+//! - `grpc`: the lean gRPC client (on h2) the measured calls go through.
 //! - `load`: closed and open loop, and what a round measures.
 //! - `scenarios`: each scenario's requests and setup.
 //! - `run`: the throughput scenarios, alternating toolgate and baseline.
@@ -35,6 +36,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 mod baseline;
+mod grpc;
 mod load;
 mod policies;
 mod recovery;
@@ -112,7 +114,8 @@ pub struct RunArgs {
     /// Rounds per server and load model, alternating toolgate and baseline.
     #[arg(long, default_value_t = 3)]
     pub alternations: usize,
-    /// HTTP/2 connections (tonic Channels) per server.
+    /// HTTP/2 connections per server that the measured calls are spread
+    /// over (and as many tonic Channels for the setup calls).
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
     /// Closed-loop concurrent callers.

@@ -10,14 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tonic::transport::Channel;
-
 use toolgate::pb;
 
+use crate::grpc::Connection;
 use crate::load::{Call, Expect, Generator, RoundStats, Target, Window, closed_loop};
 use crate::policies::{ACTOR, Workdir, recovery_policy};
 use crate::report;
-use crate::scenarios::{CommitPool, direct_request, host_token, session};
+use crate::scenarios::{CommitPool, direct_request, host_header, session};
 use crate::servers::{Kind, Launcher, Recovered, ServerProcess, Start, Store, StoreCounters};
 use crate::{BoxResult, RunArgs};
 
@@ -119,7 +118,7 @@ async fn start(
     policy: &Path,
     dir: Option<PathBuf>,
     connections: usize,
-) -> BoxResult<(ServerProcess, Vec<Channel>, Recovered)> {
+) -> BoxResult<(ServerProcess, Vec<Connection>, Recovered)> {
     let server = launcher.start_with(Start {
         policy: Some(policy),
         data_dir: dir,
@@ -127,8 +126,8 @@ async fn start(
         ..Start::new(Kind::Toolgate(Store::Durable), label)
     })?;
     let recovered = server.recovered()?;
-    let channels = server.connect(connections).await?;
-    Ok((server, channels, recovered))
+    let connections = server.open_connections(connections).await?;
+    Ok((server, connections, recovered))
 }
 
 /// What one fill did.
@@ -143,15 +142,15 @@ struct Filled {
 async fn fill(
     args: &RunArgs,
     server: &ServerProcess,
-    channels: &[Channel],
+    connections: &[Connection],
     fill: Fill,
     pool: &CommitPool,
 ) -> BoxResult<Filled> {
     let count = args.recovery_count as u64;
     let target = Target {
         server,
-        channels,
-        token: host_token(),
+        connections,
+        token: host_header(),
         check: true,
     };
     eprintln!("   filling {count} {}", fill.name());
@@ -189,8 +188,11 @@ async fn fill(
 
 /// Stops a server (SIGTERM) and returns its data directory, its size after
 /// the clean stop and how long the stop took.
-fn stop(server: ServerProcess, channels: Vec<Channel>) -> BoxResult<(PathBuf, u64, Duration)> {
-    drop(channels);
+fn stop(
+    server: ServerProcess,
+    connections: Vec<Connection>,
+) -> BoxResult<(PathBuf, u64, Duration)> {
+    drop(connections);
     let dir = server
         .data_dir
         .clone()
@@ -219,10 +221,10 @@ async fn restarts(
     label: &str,
     times: usize,
     keep_last: bool,
-) -> BoxResult<(Vec<Restart>, Option<(ServerProcess, Vec<Channel>)>)> {
+) -> BoxResult<(Vec<Restart>, Option<(ServerProcess, Vec<Connection>)>)> {
     let mut done = Vec::new();
     for time in 0..times.max(1) {
-        let (server, channels, recovered) = start(
+        let (server, connections, recovered) = start(
             launcher,
             label,
             policy,
@@ -245,13 +247,13 @@ async fn restarts(
                 wall,
                 stop: Duration::ZERO,
             });
-            return Ok((done, Some((server, channels))));
+            return Ok((done, Some((server, connections))));
         }
         // toolgate installs its SIGTERM handler once it serves, just after
         // it prints `toolgate listening on`; a SIGTERM sent at once can
         // beat it (and kill the process uncleanly).
         tokio::time::sleep(SETTLE).await;
-        let (_, _, stop) = stop(server, channels)?;
+        let (_, _, stop) = stop(server, connections)?;
         done.push(Restart {
             recovered,
             wall,
@@ -342,52 +344,53 @@ pub async fn recovery(args: &RunArgs, launcher: &Launcher, workdir: &Workdir) ->
 
     // An empty store: its size, and the restart time of a store with
     // nothing to recover (process start, policy, opening SQLite).
-    let (server, channels, _) = start(launcher, "empty", &policy, None, args.connections).await?;
+    let (server, connections, _) =
+        start(launcher, "empty", &policy, None, args.connections).await?;
     tokio::time::sleep(SETTLE).await;
-    let (empty_dir, empty_bytes, _) = stop(server, channels)?;
+    let (empty_dir, empty_bytes, _) = stop(server, connections)?;
     let (empty_restarts, _) =
         restarts(args, launcher, &policy, &empty_dir, "empty", times, false).await?;
 
     // Decisions only: the decided-call record every approval and receipt
     // of the fills below also makes, to subtract.
-    let (server, channels, _) =
+    let (server, connections, _) =
         start(launcher, "decisions", &policy, None, args.connections).await?;
     let decisions = fill(
         args,
         &server,
-        &channels,
+        &connections,
         Fill::Decisions,
         &CommitPool::new(0),
     )
     .await?;
-    let (_, decision_bytes, _) = stop(server, channels)?;
+    let (_, decision_bytes, _) = stop(server, connections)?;
 
     // Approvals, then receipts, in one store.
-    let (server, channels, _) =
+    let (server, connections, _) =
         start(launcher, "approvals", &policy, None, args.connections).await?;
     let approvals = fill(
         args,
         &server,
-        &channels,
+        &connections,
         Fill::Approvals,
         &CommitPool::new(0),
     )
     .await?;
-    let (dir, approval_bytes, _) = stop(server, channels)?;
+    let (dir, approval_bytes, _) = stop(server, connections)?;
     let (approval_restarts, running) =
         restarts(args, launcher, &policy, &dir, "approvals", times, true).await?;
-    let Some((server, channels)) = running else {
+    let Some((server, connections)) = running else {
         return Err("the approvals store is not running".into());
     };
     let receipts = fill(
         args,
         &server,
-        &channels,
+        &connections,
         Fill::Receipts,
         &CommitPool::new(resources),
     )
     .await?;
-    let (dir, both_bytes, _) = stop(server, channels)?;
+    let (dir, both_bytes, _) = stop(server, connections)?;
     let (both_restarts, _) = restarts(
         args,
         launcher,

@@ -13,7 +13,7 @@ use crate::policies::{Workdir, manifest_json, throughput_policy};
 use crate::recovery;
 use crate::report;
 use crate::scaling;
-use crate::scenarios::{self, CommitPool, Scenario, host_token, setup_fixtures};
+use crate::scenarios::{self, CommitPool, Scenario, host_header, setup_fixtures};
 use crate::servers::{Kind, Launcher, Postgres, ServerProcess, Store};
 use crate::{BoxResult, RunArgs};
 
@@ -262,10 +262,12 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
     Ok(())
 }
 
-/// A server with its connections.
+/// A server with its connections: tonic's for the setup calls, the lean
+/// client's for the measured ones (as many of each).
 pub struct Connected {
     pub server: ServerProcess,
     pub channels: Vec<tonic::transport::Channel>,
+    pub connections: Vec<crate::grpc::Connection>,
     /// RSS once listening and connected, before any request.
     pub rss_at_start: u64,
 }
@@ -286,10 +288,12 @@ impl Connected {
     /// Connects to a server already started.
     pub async fn on(server: ServerProcess, connections: usize) -> BoxResult<Connected> {
         let channels = server.connect(connections).await?;
+        let connections = server.open_connections(connections).await?;
         let rss_at_start = server.rss_bytes();
         Ok(Connected {
             server,
             channels,
+            connections,
             rss_at_start,
         })
     }
@@ -297,8 +301,8 @@ impl Connected {
     pub fn target(&self) -> Target<'_> {
         Target {
             server: &self.server,
-            channels: &self.channels,
-            token: host_token(),
+            connections: &self.connections,
+            token: host_header(),
             check: self.server.kind.is_toolgate(),
         }
     }

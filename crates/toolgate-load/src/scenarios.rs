@@ -113,6 +113,14 @@ pub fn host_token() -> MetadataValue<tonic::metadata::Ascii> {
     bearer(HOST_TOKEN)
 }
 
+/// The host's `authorization` header for the measured calls (`grpc`).
+pub fn host_header() -> http::HeaderValue {
+    match http::HeaderValue::try_from(format!("Bearer {HOST_TOKEN}")) {
+        Ok(value) => value,
+        Err(error) => unreachable!("a constant ASCII token: {error}"),
+    }
+}
+
 fn bearer(token: &str) -> MetadataValue<tonic::metadata::Ascii> {
     match format!("Bearer {token}").parse() {
         Ok(value) => value,

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::BoxResult;
+use crate::grpc::Connection;
 
 /// Where toolgate keeps its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -641,20 +642,13 @@ impl ServerProcess {
         Ok(took)
     }
 
-    /// `connections` HTTP/2 connections (one tonic `Channel` each); with
-    /// replicas, rounded up to a multiple of them and spread round-robin
-    /// (connection `i` to replica `i % replicas`), so that the callers and
-    /// the open loop's requests, which take the connections in turn, are
-    /// spread so too.
+    /// `connections` HTTP/2 connections (one tonic `Channel` each) for the
+    /// setup calls; with replicas, rounded up to a multiple of them and
+    /// spread round-robin (connection `i` to replica `i % replicas`).
     pub async fn connect(&self, connections: usize) -> BoxResult<Vec<Channel>> {
-        let addresses: Vec<&str> = self
-            .processes()
-            .map(|process| process.address.as_str())
-            .collect();
-        let connections = connections.max(1).div_ceil(addresses.len()) * addresses.len();
-        let mut channels = Vec::with_capacity(connections);
-        for index in 0..connections {
-            let address = addresses[index % addresses.len()];
+        let addresses = self.spread(connections);
+        let mut channels = Vec::with_capacity(addresses.len());
+        for address in addresses {
             let channel = Endpoint::from_shared(format!("http://{address}"))?
                 .tcp_nodelay(true)
                 .connect()
@@ -662,6 +656,32 @@ impl ServerProcess {
             channels.push(channel);
         }
         Ok(channels)
+    }
+
+    /// `connections` HTTP/2 connections of the lean client (`grpc`) that
+    /// the measured calls go through, spread over the replicas as
+    /// `connect`'s are, so that the callers and the open loop's requests,
+    /// which take the connections in turn, are spread so too.
+    pub async fn open_connections(&self, connections: usize) -> BoxResult<Vec<Connection>> {
+        let addresses = self.spread(connections);
+        let mut opened = Vec::with_capacity(addresses.len());
+        for address in addresses {
+            opened.push(Connection::open(address).await?);
+        }
+        Ok(opened)
+    }
+
+    /// The address of each of `connections` connections: rounded up to a
+    /// multiple of the processes, connection `i` to process `i % processes`.
+    fn spread(&self, connections: usize) -> Vec<&str> {
+        let addresses: Vec<&str> = self
+            .processes()
+            .map(|process| process.address.as_str())
+            .collect();
+        let connections = connections.max(1).div_ceil(addresses.len()) * addresses.len();
+        (0..connections)
+            .map(|index| addresses[index % addresses.len()])
+            .collect()
     }
 }
 
