@@ -111,8 +111,38 @@ impl Connection {
         tokio::spawn(async move {
             let _ = connection.await;
         });
+        let mut sender = sender;
+        first_request(&mut sender, address).await?;
         Ok(Connection { sender, uris })
     }
+}
+
+/// One health check on a new connection: toolgate closes a connection that
+/// has made no request within its handshake timeout (5 s by default), and
+/// a round may begin long after its connections were opened (a commit
+/// round grants its whole pool first). The answer itself does not matter
+/// (the baseline serves no health service).
+async fn first_request(sender: &mut SendRequest<Bytes>, address: &str) -> BoxResult<()> {
+    let uri: Uri = format!("http://{address}/grpc.health.v1.Health/Check").parse()?;
+    let mut request = Request::new(());
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    request
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    request
+        .headers_mut()
+        .insert(TE, HeaderValue::from_static("trailers"));
+    poll_fn(|context| sender.poll_ready(context)).await?;
+    let (response, mut body) = sender.send_request(request, false)?;
+    // An empty HealthCheckRequest: a gRPC frame of no bytes.
+    body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    let mut answer = response.await?.into_body();
+    while let Some(chunk) = answer.data().await {
+        let chunk = chunk?;
+        answer.flow_control().release_capacity(chunk.len())?;
+    }
+    Ok(())
 }
 
 /// The request head of each method for one connection and token, made once
