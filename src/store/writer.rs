@@ -112,6 +112,10 @@ struct Pending {
     in_flight_waiters: Vec<Waiter>,
     pending_waiters: Vec<Waiter>,
     closing: bool,
+    /// The batch writer sleeps until something is appended: only then
+    /// does an append wake it (a futex call). While it commits it looks at
+    /// what is pending again before it sleeps, so an append then need not.
+    writer_sleeping: bool,
     /// Turns: callers waiting for the next one, callers the open one was
     /// begun for, and callers that ran in it.
     wanting: usize,
@@ -348,8 +352,11 @@ impl Writer {
         pending.operations += 1;
         pending.last += 1;
         let number = pending.last;
+        let sleeping = std::mem::take(&mut pending.writer_sleeping);
         drop(pending);
-        self.shared.wake.notify_one();
+        if sleeping {
+            self.shared.wake.notify_one();
+        }
         number
     }
 
@@ -580,11 +587,13 @@ fn run_batches(shared: &Shared, store: &mut dyn Store) {
         let batch = {
             let mut pending = shared.pending();
             while pending.changes.is_empty() && !pending.closing {
+                pending.writer_sleeping = true;
                 pending = shared
                     .wake
                     .wait(pending)
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
+            pending.writer_sleeping = false;
             if pending.changes.is_empty() {
                 return;
             }
