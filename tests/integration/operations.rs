@@ -187,6 +187,22 @@ async fn an_oversize_message_is_refused_and_the_server_stays_up() {
     server.stop().await;
 }
 
+/// SIGTERM's handler is installed before the address is announced: one
+/// sent the moment `listening on` is read stops the process cleanly (it
+/// was installed only once the server first polled its shutdown, and a
+/// SIGTERM before that killed it: exit by signal, no clean store close).
+#[test]
+fn a_sigterm_right_after_listening_on_stops_cleanly() {
+    for _ in 0..5 {
+        let server = Serve::new(&portable(DECIDE)).start();
+        assert_eq!(
+            server.stop(),
+            Some(0),
+            "exit code (None: killed by the signal)"
+        );
+    }
+}
+
 #[tokio::test]
 async fn sigterm_lets_in_flight_calls_finish_refuses_new_ones_and_exits_zero() {
     let server = Serve::new(&portable(DECIDE)).start();

@@ -164,6 +164,11 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         {
             tracing::error!(%error, "cannot listen for SIGHUP; policy and TLS reload are off");
         }
+        // SIGTERM too: its handler is installed here, not when the server
+        // first polls its shutdown future, so that a SIGTERM sent right
+        // after `listening on` stops the process cleanly instead of
+        // killing it (seen in CI: answered calls, then killed by it).
+        let shutdown = shutdown_signal();
         if args.config.is_none()
             && let Some(token) = bootstrap::reviewer_token(&engine)
         {
@@ -208,7 +213,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             listeners,
             engine.clone(),
             options,
-            shutdown_signal(),
+            shutdown,
         )
         .await;
         // Every answer given was durable already; this only ends the writer.
@@ -366,22 +371,27 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
     Ok(engine)
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let terminate = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                terminate.recv().await;
+/// Catches SIGTERM and Ctrl-C from now on (the handlers are installed
+/// before this returns); the future resolves on either.
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    let terminate = signal(SignalKind::terminate());
+    let interrupt = signal(SignalKind::interrupt());
+    async move {
+        let next = |caught: std::io::Result<tokio::signal::unix::Signal>, name: &'static str| async move {
+            match caught {
+                Ok(mut caught) => {
+                    caught.recv().await;
+                }
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for {name}");
+                    std::future::pending::<()>().await;
+                }
             }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+        };
+        tokio::select! {
+            () = next(terminate, "SIGTERM") => {}
+            () = next(interrupt, "SIGINT") => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+        tracing::info!("shutting down");
     }
-    tracing::info!("shutting down");
 }
