@@ -123,16 +123,7 @@ impl Connection {
 /// round grants its whole pool first). The answer itself does not matter
 /// (the baseline serves no health service).
 async fn first_request(sender: &mut SendRequest<Bytes>, address: &str) -> BoxResult<()> {
-    let uri: Uri = format!("http://{address}/grpc.health.v1.Health/Check").parse()?;
-    let mut request = Request::new(());
-    *request.method_mut() = http::Method::POST;
-    *request.uri_mut() = uri;
-    request
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    request
-        .headers_mut()
-        .insert(TE, HeaderValue::from_static("trailers"));
+    let request = grpc_post(format!("http://{address}/grpc.health.v1.Health/Check").parse()?);
     poll_fn(|context| sender.poll_ready(context)).await?;
     let (response, mut body) = sender.send_request(request, false)?;
     // An empty HealthCheckRequest: a gRPC frame of no bytes.
@@ -143,6 +134,18 @@ async fn first_request(sender: &mut SendRequest<Bytes>, address: &str) -> BoxRes
         answer.flow_control().release_capacity(chunk.len())?;
     }
     Ok(())
+}
+
+/// The head of a gRPC request to `uri`: POST, `application/grpc`,
+/// `te: trailers`.
+fn grpc_post(uri: Uri) -> Request<()> {
+    let mut request = Request::new(());
+    *request.method_mut() = http::Method::POST;
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(TE, HeaderValue::from_static("trailers"));
+    request
 }
 
 /// The request head of each method for one connection and token, made once
@@ -158,13 +161,8 @@ struct Heads {
 impl Heads {
     fn new(uris: &Uris, token: &HeaderValue) -> Heads {
         let head = |uri: &Uri| {
-            let mut request = Request::new(());
-            *request.method_mut() = http::Method::POST;
-            *request.uri_mut() = uri.clone();
-            let headers = request.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            headers.insert(TE, HeaderValue::from_static("trailers"));
-            headers.insert(AUTHORIZATION, token.clone());
+            let mut request = grpc_post(uri.clone());
+            request.headers_mut().insert(AUTHORIZATION, token.clone());
             request
         };
         Heads {
