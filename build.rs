@@ -30,6 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec with buffers sized for toolgate's messages (src/codec.rs).
+        .codec_path("crate::codec::ProtoCodec")
         .compile_fds(descriptors)?;
     commit();
     Ok(())

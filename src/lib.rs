@@ -23,7 +23,8 @@
 //!   accept loop and [`serve`](server::serve); [`in_process`]: the same
 //!   handlers called in this process, with no listener (`toolgate eval`,
 //!   `toolgate test`).
-//! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`).
+//! - [`pb`]: generated protobuf and gRPC code (`toolgate.v1`), with
+//!   [`codec`], prost's codec with buffers sized for toolgate's messages.
 //! - `fuzzing` (feature `fuzzing`): the fuzz harnesses shared by `tests/fuzz/`
 //!   and the regression test.
 #![forbid(unsafe_code)]
@@ -32,6 +33,7 @@
 // Server code never unwraps what a client can influence; tests may.
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod codec;
 pub mod domain;
 mod edge;
 pub mod engine;
