@@ -6,7 +6,10 @@
 //! it as one transaction with one sync ([`Store::commit`]), and then marks
 //! every operation of the batch durable at once: their answers are released
 //! together. While one batch syncs the next one gathers, so the rate of
-//! commits is the rate of syncs times the operations that arrive during one.
+//! commits is the rate of syncs times the operations that arrive during one;
+//! while callers keep the writer busy it also waits `GATHER_FOR` before it
+//! takes a batch, so that a fast sync does not leave it committing batches
+//! of a few operations, each paying a transaction and a sync.
 //!
 //! Every operation has a sequence number: the number of the batch of
 //! changes it appended, or, when it changed nothing, the number of the last
@@ -72,6 +75,12 @@ pub const CATCH_UP_EVERY: Duration = Duration::from_millis(50);
 /// How long a turn stays open for the callers that asked for it; one that
 /// has not come by then (gone, or slow) takes the next.
 pub const TURN_WINDOW: Duration = Duration::from_millis(5);
+
+/// How long the writer waits before it takes a batch while callers keep
+/// it busy (its last batch held more than one operation), so that one
+/// sync serves more of them: PostgreSQL's `commit_delay`. A lone caller
+/// (batches of one) never waits.
+const GATHER_FOR: Duration = Duration::from_micros(250);
 
 /// What one batch did, for metrics.
 #[derive(Debug, Clone, Copy)]
@@ -583,6 +592,9 @@ fn release(shared: &Shared, store: &dyn Store, batch: &Batch, sync: Duration) {
 /// repeats. A failed commit stops the writer.
 fn run_batches(shared: &Shared, store: &mut dyn Store) {
     let mut spare = Vec::new();
+    // Operations in the last batch: more than one, and the next batch is
+    // gathered for GATHER_FOR first.
+    let mut last_operations = 0;
     loop {
         let batch = {
             let mut pending = shared.pending();
@@ -597,8 +609,14 @@ fn run_batches(shared: &Shared, store: &mut dyn Store) {
             if pending.changes.is_empty() {
                 return;
             }
+            if last_operations > 1 && !pending.closing {
+                drop(pending);
+                std::thread::sleep(GATHER_FOR);
+                pending = shared.pending();
+            }
             take_batch(&mut pending, &mut spare, true)
         };
+        last_operations = batch.operations;
         let started = Instant::now();
         if let Err(error) = commit_or_resume(shared, store, &batch.changes, false) {
             tracing::error!(
