@@ -488,13 +488,18 @@ impl ManifestTool {
 }
 
 fn check_len(field: &str, text: &str, max: usize) -> Result<()> {
-    if text.chars().count() > max {
-        return Err(Error::invalid(
-            field,
-            format!("must be at most {max} characters"),
-        ));
+    match too_long(text, max) {
+        true => Err(too_long_error(field, max)),
+        false => Ok(()),
     }
-    Ok(())
+}
+
+fn too_long(text: &str, max: usize) -> bool {
+    text.chars().count() > max
+}
+
+fn too_long_error(field: &str, max: usize) -> Error {
+    Error::invalid(field, format!("must be at most {max} characters"))
 }
 
 /// A JSON field of a tool: an object, at most [`MAX_INPUT_SCHEMA_LEN`]
@@ -503,7 +508,7 @@ fn check_json_field(field: &str, value: &Value) -> Result<()> {
     if !matches!(value, Value::Object(_)) {
         return Err(Error::invalid(field, "must be a JSON object"));
     }
-    if canonical::to_canonical(value).len() > MAX_INPUT_SCHEMA_LEN {
+    if canonical::canonical_len(value) > MAX_INPUT_SCHEMA_LEN {
         return Err(Error::invalid(
             field,
             format!("must be at most {MAX_INPUT_SCHEMA_LEN} bytes"),
@@ -519,10 +524,11 @@ fn check_list(field: &str, items: &[String]) -> Result<()> {
             format!("at most {MAX_LIST_ITEMS} items, got {}", items.len()),
         ));
     }
-    for (index, item) in items.iter().enumerate() {
-        check_len(&format!("{field}[{index}]"), item, MAX_ITEM_LEN)?;
+    // The field's name is made only for an item that fails.
+    match items.iter().position(|item| too_long(item, MAX_ITEM_LEN)) {
+        Some(index) => Err(too_long_error(&format!("{field}[{index}]"), MAX_ITEM_LEN)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 fn reject_unknown_keys(object: &Object, known: &[&str], path: &str) -> Result<()> {

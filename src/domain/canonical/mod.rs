@@ -182,7 +182,7 @@ mod print;
 
 pub use fingerprint::{Fingerprint, Members, fingerprint, fingerprint_object};
 pub use parse::{canonicalize, parse, parse_str};
-pub use print::{to_canonical, write_canonical};
+pub use print::{canonical_len, to_canonical, write_canonical};
 
 // ---------------------------------------------------------------------------
 // Conveniences
@@ -682,5 +682,18 @@ mod tests {
         assert_ne!(value, Value::Null);
         let text = to_canonical(&value);
         assert_eq!(fingerprint(&value), Fingerprint::of_bytes(text.as_bytes()));
+    }
+
+    #[test]
+    fn canonical_len_is_the_length_of_the_canonical_text() {
+        for text in [
+            r#"{"z":[1,2.5,-0.0,1e300,null,true],"a":{"é":"\u0000\n\"","😀":"x"}}"#,
+            "[]",
+            r#""""#,
+            "-9223372036854775808",
+        ] {
+            let value = parse_str(text).unwrap();
+            assert_eq!(canonical_len(&value), to_canonical(&value).len(), "{text}");
+        }
     }
 }

@@ -121,6 +121,28 @@ impl Sink for HashSink {
     }
 }
 
+/// Counts the bytes of canonical output, for a size check that needs no text.
+struct LenSink(usize);
+
+impl Sink for LenSink {
+    #[inline]
+    fn put(&mut self, s: &str) {
+        self.0 += s.len();
+    }
+
+    #[inline]
+    fn put_ascii(&mut self, _: u8) {
+        self.0 += 1;
+    }
+}
+
+/// The length in bytes of the canonical form of `value`, without making it.
+pub fn canonical_len(value: &Value) -> usize {
+    let mut len = LenSink(0);
+    write_value(value, &mut len);
+    len.0
+}
+
 /// Appends the canonical form of `value` to `out`.
 pub fn write_canonical(value: &Value, out: &mut String) {
     write_value(value, out);

@@ -244,7 +244,7 @@ pub(super) fn check_answer_size(carried: Option<&Value>, limit: usize) -> Result
     let Some(value) = carried else {
         return Ok(());
     };
-    let value_json = canonical::to_canonical(value).len();
+    let value_json = canonical::canonical_len(value);
     let answer = value_json.saturating_add(decision::ANSWER_OVERHEAD_BYTES);
     if answer > limit {
         return Err(Error::invalid(
