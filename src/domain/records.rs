@@ -123,10 +123,28 @@ pub struct Journal {
     /// Set when a value could not be encoded: the journal then refuses to
     /// hand out its changes, and the engine fails closed.
     failed: Option<String>,
+    /// Set by [`Journal::stop`]: nothing is journaled any more.
+    stopped: bool,
 }
 
 impl Journal {
+    /// Journals nothing from now on, and drops what was journaled and not
+    /// taken ([`State::stop_journaling`](crate::domain::state::State::stop_journaling)).
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        self.changes = Vec::new();
+    }
+
+    /// Whether changes are journaled (not [`Journal::stop`]ped): lets a
+    /// caller skip building a record nobody will keep.
+    pub fn is_on(&self) -> bool {
+        !self.stopped
+    }
+
     pub fn put(&mut self, kind: Kind, key: Vec<u8>, value: &impl Serialize) {
+        if self.stopped {
+            return;
+        }
         match serde_json::to_vec(value) {
             Ok(value) => self.changes.push(Change {
                 kind,
@@ -141,6 +159,9 @@ impl Journal {
     }
 
     pub fn delete(&mut self, kind: Kind, key: Vec<u8>) {
+        if self.stopped {
+            return;
+        }
         self.changes.push(Change {
             kind,
             key,

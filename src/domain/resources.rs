@@ -236,7 +236,7 @@ impl Resources {
     /// Journals a resource's record, and every item of a list when
     /// `with_items`.
     fn journal_resource(&mut self, name: &str, with_items: bool) {
-        let Some(resource) = self.resources.get(name) else {
+        let Some(resource) = self.resources.get(name).filter(|_| self.journal.is_on()) else {
             return;
         };
         let record = ResourceRecord {
@@ -487,6 +487,11 @@ impl Resources {
     }
 
     /// The resources written since the last call, in order.
+    /// Journals nothing from now on ([`Journal::stop`]).
+    pub fn stop_journaling(&mut self) {
+        self.journal.stop();
+    }
+
     pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
         self.journal.take_into(out)
     }

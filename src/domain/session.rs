@@ -466,8 +466,10 @@ impl Sessions {
 
     /// The session to change (written when the changes are taken).
     pub fn get_mut(&mut self, host: &str, session_id: &str) -> Option<&mut Session> {
-        self.changed
-            .push((host.to_string(), session_id.to_string()));
+        if self.journal.is_on() {
+            self.changed
+                .push((host.to_string(), session_id.to_string()));
+        }
         let hash = self.hash(host, session_id);
         self.sessions
             .find_mut(hash, |session| {
@@ -530,8 +532,10 @@ impl Sessions {
                 .insert_unique(hash, Box::new(Session::new(session, now)));
             *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
         }
-        self.changed
-            .push((session.host.clone(), session.session_id.clone()));
+        if self.journal.is_on() {
+            self.changed
+                .push((session.host.clone(), session.session_id.clone()));
+        }
         let entry = self
             .sessions
             .find_mut(hash, |existing| existing.is(session))
@@ -723,6 +727,13 @@ impl Sessions {
     /// The records written or dropped since the last call, in order: call
     /// ids and dropped sessions as they happened, then every session
     /// changed since, whole.
+    /// Journals nothing from now on ([`Journal::stop`]), and stops noting
+    /// which sessions changed.
+    pub fn stop_journaling(&mut self) {
+        self.journal.stop();
+        self.changed = Vec::new();
+    }
+
     pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
         self.journal.take_into(out)?;
         let mut changed = std::mem::take(&mut self.changed);

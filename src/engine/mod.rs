@@ -132,6 +132,9 @@ impl Engine {
         let mut state = State::restore(&policy, records)?;
         let expired = state.sweep(&policy, now);
         store.commit(&state.take_changes()?).map_err(unavailable)?;
+        if !store.keeps_records() {
+            state.stop_journaling();
+        }
         let policy = Arc::new(policy);
         let shared_policy = Arc::new(RwLock::new(Arc::clone(&policy)));
         let state = Arc::new(Mutex::new(state));

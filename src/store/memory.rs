@@ -1,6 +1,8 @@
-//! The memory store: records kept in this process, gone at exit. For tests
-//! and benchmarks (`serve --store memory`); a clone shares the records, so a
-//! test can stop an engine and start another on what the first one kept.
+//! The memory stores. [`MemoryStore`]: records kept in this process, gone
+//! at exit, for tests; a clone shares the records, so a test can stop an
+//! engine and start another on what the first one kept. [`Volatile`]: no
+//! records at all (`serve --store memory`): the engine's state is all there
+//! is, so nothing is encoded or copied on the way.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -78,6 +80,38 @@ impl Store for MemoryStore {
 
     fn commits_in_place(&self) -> bool {
         true
+    }
+}
+
+/// The store of `serve --store memory`: it keeps nothing, and says so
+/// ([`Store::keeps_records`]), so the state journals no changes for it.
+/// What a process knew is gone when it exits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Volatile;
+
+impl Store for Volatile {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn load(&mut self) -> StoreResult<Vec<Record>> {
+        Ok(Vec::new())
+    }
+
+    fn commit(&mut self, _changes: &[Change]) -> StoreResult<()> {
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        0
+    }
+
+    fn commits_in_place(&self) -> bool {
+        true
+    }
+
+    fn keeps_records(&self) -> bool {
+        false
     }
 }
 

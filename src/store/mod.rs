@@ -10,7 +10,8 @@
 //! (memory, SQLite, and a server that is not in this process) keeps the
 //! same records.
 //!
-//! - [`memory`]: records in this process only; gone at exit (`--store memory`).
+//! - [`memory`]: records in this process only, gone at exit (tests); and
+//!   none at all (`--store memory`): the state then journals no changes.
 //! - [`sqlite`]: the durable default: SQLite in WAL mode, synced on every
 //!   commit, in a data directory one process owns.
 //! - [`postgres`]: a schema of a PostgreSQL database that several toolgate
@@ -72,6 +73,13 @@ pub trait Store: Send + 'static {
     /// and thread switch would cost more than the commit itself.
     fn commits_in_place(&self) -> bool {
         false
+    }
+
+    /// Whether the store keeps what it is given. One that keeps nothing
+    /// (`serve --store memory`: the state in the engine is all there is)
+    /// is handed no changes: the state stops journaling them.
+    fn keeps_records(&self) -> bool {
+        true
     }
 
     /// After [`Store::commit`] failed: tries to bring the store back and

@@ -22,7 +22,7 @@ pub enum Store {
     /// The default: SQLite in a data directory of its own (`--data-dir`),
     /// every answer released after its batch is synced.
     Durable,
-    /// `--store memory`: the same group commit into a map in the process.
+    /// `--store memory`: no records kept, no group commit.
     Memory,
     /// `--store postgres://…?schema=bench_…`: one replica on a fresh schema
     /// of the PostgreSQL server of `--postgres`.

@@ -26,7 +26,7 @@ use toolgate::ops::logwriter::{self, LogGuard, RotatingFile, SinkStatus};
 use toolgate::ops::tls::ServerTls;
 
 use toolgate::store::Store;
-use toolgate::store::memory::MemoryStore;
+use toolgate::store::memory::Volatile;
 use toolgate::store::postgres::PostgresStore;
 use toolgate::store::sqlite::SqliteStore;
 
@@ -320,7 +320,7 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
                 "--store memory: the state (approvals, receipts, sessions, pins, resources) \
                  is forgotten when this process exits"
             );
-            Box::new(MemoryStore::new())
+            Box::new(Volatile)
         }
         StoreKind::Sqlite => {
             let dir = args

@@ -146,6 +146,18 @@ impl State {
 
     /// Every record written or dropped since the last call, in the order
     /// the operations made them: what the store must keep.
+    /// Journals nothing from now on, and drops what was journaled and not
+    /// taken: for a store that keeps no records
+    /// ([`Store::keeps_records`](crate::store::Store::keeps_records)),
+    /// where encoding every change would be work for nothing.
+    pub fn stop_journaling(&mut self) {
+        self.ledger.stop_journaling();
+        self.sessions.stop_journaling();
+        self.resources.stop_journaling();
+        self.receipts.stop_journaling();
+        self.journal.stop();
+    }
+
     pub fn take_changes(&mut self) -> Result<Vec<Change>> {
         let mut changes = Vec::new();
         self.ledger.take_changes(&mut changes)?;

@@ -511,6 +511,42 @@ fn a_replica_applying_the_changes_is_the_writer_and_its_restore() {
     }
 }
 
+/// A state that stopped journaling (its store keeps no records: `serve
+/// --store memory`) runs the mixed run all the same, replays what it
+/// committed, and hands out no change; the same run on a journaling state
+/// hands out changes all along.
+#[test]
+fn a_state_that_stopped_journaling_runs_alike_and_hands_out_no_change() {
+    for stopped in [false, true] {
+        let mut rng = Rng(7);
+        let mut replicas = Replicas::new();
+        if stopped {
+            replicas.a.stop_journaling();
+        }
+        let mut handed_out = 0;
+        for _ in 0..600 {
+            replicas.step(&mut rng);
+            handed_out += replicas.a.take_changes().unwrap().len();
+        }
+        assert_eq!(handed_out == 0, stopped, "{handed_out} changes");
+        assert!(replicas.committed.len() > 10);
+        let stats = replicas.a.stats();
+        assert!(stats.approvals > 0 && stats.receipts > 0 && stats.sessions > 0);
+        let (now, policy) = (replicas.now, &replicas.policy);
+        let replayed = replicas
+            .committed
+            .iter()
+            .filter_map(|(call, receipt)| {
+                let (answer, _) = dispatch_on(&mut replicas.a, policy, now, call)?;
+                answer
+                    .replayed
+                    .then(|| assert_eq!(answer.receipt_id, Some(*receipt)))
+            })
+            .count();
+        assert!(replayed > 0, "no commit replayed");
+    }
+}
+
 /// The run's events cover every transition, evictions happen and queues
 /// are replaced: what the comparison above is worth.
 #[test]
