@@ -686,12 +686,12 @@ impl Ledger {
         }
     }
 
-    /// The records written or dropped since the last call, in order.
     /// Journals nothing from now on ([`Journal::stop`]).
     pub fn stop_journaling(&mut self) {
         self.journal.stop();
     }
 
+    /// The records written or dropped since the last call, in order.
     pub fn take_changes(&mut self, out: &mut Vec<records::Change>) -> Result<()> {
         self.journal.take_into(out)
     }

@@ -380,12 +380,12 @@ impl ReceiptLog {
         }
     }
 
-    /// The receipts stored and evicted since the last call, in order.
     /// Journals nothing from now on ([`Journal::stop`]).
     pub fn stop_journaling(&mut self) {
         self.journal.stop();
     }
 
+    /// The receipts stored and evicted since the last call, in order.
     pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
         self.journal.take_into(out)
     }

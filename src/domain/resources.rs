@@ -486,12 +486,12 @@ impl Resources {
         record.key == GLOBAL_VERSION_KEY
     }
 
-    /// The resources written since the last call, in order.
     /// Journals nothing from now on ([`Journal::stop`]).
     pub fn stop_journaling(&mut self) {
         self.journal.stop();
     }
 
+    /// The resources written since the last call, in order.
     pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
         self.journal.take_into(out)
     }

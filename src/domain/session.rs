@@ -724,9 +724,6 @@ impl Sessions {
         }
     }
 
-    /// The records written or dropped since the last call, in order: call
-    /// ids and dropped sessions as they happened, then every session
-    /// changed since, whole.
     /// Journals nothing from now on ([`Journal::stop`]), and stops noting
     /// which sessions changed.
     pub fn stop_journaling(&mut self) {
@@ -734,6 +731,9 @@ impl Sessions {
         self.changed = Vec::new();
     }
 
+    /// The records written or dropped since the last call, in order: call
+    /// ids and dropped sessions as they happened, then every session
+    /// changed since, whole.
     pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
         self.journal.take_into(out)?;
         let mut changed = std::mem::take(&mut self.changed);

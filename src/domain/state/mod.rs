@@ -144,8 +144,6 @@ impl State {
         self.ledger.changed_in(&later.ledger)
     }
 
-    /// Every record written or dropped since the last call, in the order
-    /// the operations made them: what the store must keep.
     /// Journals nothing from now on, and drops what was journaled and not
     /// taken: for a store that keeps no records
     /// ([`Store::keeps_records`](crate::store::Store::keeps_records)),
@@ -158,6 +156,8 @@ impl State {
         self.journal.stop();
     }
 
+    /// Every record written or dropped since the last call, in the order
+    /// the operations made them: what the store must keep.
     pub fn take_changes(&mut self) -> Result<Vec<Change>> {
         let mut changes = Vec::new();
         self.ledger.take_changes(&mut changes)?;
