@@ -488,10 +488,10 @@ impl ManifestTool {
 }
 
 fn check_len(field: &str, text: &str, max: usize) -> Result<()> {
-    match too_long(text, max) {
-        true => Err(too_long_error(field, max)),
-        false => Ok(()),
+    if too_long(text, max) {
+        return Err(too_long_error(field, max));
     }
+    Ok(())
 }
 
 fn too_long(text: &str, max: usize) -> bool {

@@ -236,7 +236,10 @@ impl Resources {
     /// Journals a resource's record, and every item of a list when
     /// `with_items`.
     fn journal_resource(&mut self, name: &str, with_items: bool) {
-        let Some(resource) = self.resources.get(name).filter(|_| self.journal.is_on()) else {
+        if !self.journal.is_on() {
+            return;
+        }
+        let Some(resource) = self.resources.get(name) else {
             return;
         };
         let record = ResourceRecord {

@@ -466,10 +466,7 @@ impl Sessions {
 
     /// The session to change (written when the changes are taken).
     pub fn get_mut(&mut self, host: &str, session_id: &str) -> Option<&mut Session> {
-        if self.journal.is_on() {
-            self.changed
-                .push((host.to_string(), session_id.to_string()));
-        }
+        self.note_changed(host, session_id);
         let hash = self.hash(host, session_id);
         self.sessions
             .find_mut(hash, |session| {
@@ -532,10 +529,7 @@ impl Sessions {
                 .insert_unique(hash, Box::new(Session::new(session, now)));
             *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
         }
-        if self.journal.is_on() {
-            self.changed
-                .push((session.host.clone(), session.session_id.clone()));
-        }
+        self.note_changed(&session.host, &session.session_id);
         let entry = self
             .sessions
             .find_mut(hash, |existing| existing.is(session))
@@ -721,6 +715,15 @@ impl Sessions {
         }) {
             let freed = session.decided.remove(call_id);
             self.decided_bytes = self.decided_bytes.saturating_sub(freed);
+        }
+    }
+
+    /// Notes a session to be written whole when the changes are taken
+    /// (nothing, once journaling stopped).
+    fn note_changed(&mut self, host: &str, session_id: &str) {
+        if self.journal.is_on() {
+            self.changed
+                .push((host.to_string(), session_id.to_string()));
         }
     }
 
