@@ -2,7 +2,9 @@
 //! `protoc`) and generates the tonic services plus the descriptor set that
 //! server reflection serves; compiles Envoy's `external_auth.proto`
 //! from the envoy-types crate's own copy of Envoy's protos (found through
-//! `cargo metadata`), for reflection to list `envoy.service.auth.v3`; and
+//! `cargo metadata`), for reflection to list `envoy.service.auth.v3`;
+//! generates the server of Envoy's `Authorization` service over the
+//! envoy-types messages with toolgate's codec; and
 //! sets `TOOLGATE_COMMIT`, the commit the binary is built from
 //! (`--version`, `toolgate_build_info`).
 
@@ -33,6 +35,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // prost's codec with buffers sized for toolgate's messages (src/codec.rs).
         .codec_path("crate::codec::ProtoCodec")
         .compile_fds(descriptors)?;
+    // Envoy's Authorization service over envoy-types' messages, with the
+    // same codec (tonic's manual builder: the service is one method, and
+    // its messages stay envoy-types' own).
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .compile(&[tonic_build::manual::Service::builder()
+            .name("Authorization")
+            .package("envoy.service.auth.v3")
+            .method(
+                tonic_build::manual::Method::builder()
+                    .name("check")
+                    .route_name("Check")
+                    .input_type("::envoy_types::pb::envoy::service::auth::v3::CheckRequest")
+                    .output_type("::envoy_types::pb::envoy::service::auth::v3::CheckResponse")
+                    .codec_path("crate::codec::ProtoCodec")
+                    .build(),
+            )
+            .build()]);
     commit();
     Ok(())
 }

@@ -63,4 +63,15 @@ pub mod pb {
     /// reflection.
     pub const ENVOY_AUTH_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/envoy_auth_descriptor.bin"));
+
+    /// The server of Envoy's `envoy.service.auth.v3.Authorization` over
+    /// envoy-types' messages, with toolgate's codec ([`crate::codec`]):
+    /// envoy-types' own server has tonic's default codec, whose two 8 KiB
+    /// buffers per call cost what they cost toolgate's own services.
+    pub mod envoy_auth {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/envoy.service.auth.v3.Authorization.rs"
+        ));
+    }
 }

@@ -12,7 +12,6 @@ use envoy_types::pb::envoy::config::core::v3::{
     HeaderValue, HeaderValueOption, header_value_option::HeaderAppendAction,
 };
 use envoy_types::pb::envoy::service::auth::v3::attribute_context;
-use envoy_types::pb::envoy::service::auth::v3::authorization_server::Authorization;
 use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
 use envoy_types::pb::envoy::service::auth::v3::{
     CheckRequest, CheckResponse, DeniedHttpResponse, OkHttpResponse,
@@ -31,6 +30,7 @@ use crate::edge::auth::{Caller, Reach};
 use crate::edge::status::{audit_rejected, note_session};
 use crate::edge::unary::unary;
 use crate::engine::Engine;
+use crate::pb::envoy_auth::authorization_server::Authorization;
 
 /// The metadata namespace of Envoy's JWT filter, where `actor_claim` is read.
 const JWT_AUTHN: &str = "envoy.filters.http.jwt_authn";

@@ -32,10 +32,10 @@ use crate::ops::metrics::Metrics;
 use crate::ops::tls::ServerTls;
 use crate::pb;
 use crate::pb::approvals_server::ApprovalsServer;
+use crate::pb::envoy_auth::authorization_server::AuthorizationServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
 use crate::pb::policy_decision_point_server::PolicyDecisionPointServer;
 use crate::pb::resources_server::ResourcesServer;
-use envoy_types::pb::envoy::service::auth::v3::authorization_server::AuthorizationServer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -15,11 +15,9 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
-use envoy_types::pb::envoy::service::auth::v3::authorization_server::{
-    Authorization, AuthorizationServer,
-};
 use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse};
 use toolgate::pb;
+use toolgate::pb::envoy_auth::authorization_server::{Authorization, AuthorizationServer};
 use toolgate::pb::policy_decision_point_server::{PolicyDecisionPoint, PolicyDecisionPointServer};
 
 use crate::BoxResult;
