@@ -35,6 +35,7 @@ use tokio_stream::StreamExt;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 use toolgate::domain::pins::MAX_API_PINS;
+use toolgate::domain::policy::ServerSettings;
 use toolgate::engine::WATCH_BUFFER;
 
 use support::pb::policy_decision_point_client::PolicyDecisionPointClient;
@@ -1291,7 +1292,7 @@ async fn stalled_request_bodies_are_bounded_in_memory_and_hold_no_permit() {
     // call. (While the stalled bytes still arrive, a small call may find
     // the buffer full for a moment and be told to retry: that is the
     // bound at work, not what this test is about.)
-    let fit = 64 * 1024 * 1024 / (SENT + 5);
+    let fit = ServerSettings::default().max_buffered_request_bytes / (SENT + 5);
     until("the request buffer fills and settles", || async {
         metric(
             &server,

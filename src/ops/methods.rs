@@ -9,9 +9,9 @@ pub const POLICY_DECISION_POINT: &str = pb::policy_decision_point_server::SERVIC
 pub const APPROVALS: &str = pb::approvals_server::SERVICE_NAME;
 pub const MANIFEST_PINS: &str = pb::manifest_pins_server::SERVICE_NAME;
 pub const RESOURCES: &str = pb::resources_server::SERVICE_NAME;
-/// Envoy's external authorization (issue 17), from envoy-types.
-pub const AUTHORIZATION: &str =
-    envoy_types::pb::envoy::service::auth::v3::authorization_server::SERVICE_NAME;
+/// Envoy's external authorization (issue 17), from the server toolgate
+/// generates for it (`pb::envoy_auth`).
+pub const AUTHORIZATION: &str = pb::envoy_auth::authorization_server::SERVICE_NAME;
 pub const HEALTH: &str = tonic_health::pb::health_server::SERVICE_NAME;
 pub const REFLECTION_V1: &str = tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME;
 pub const REFLECTION_V1ALPHA: &str =
