@@ -2,9 +2,27 @@
 //! libraries export), read from `/proc/self` at scrape time: CPU seconds,
 //! resident and virtual memory, open and maximum file descriptors, threads
 //! and the start time. Off Linux, or when `/proc` cannot be read, the
-//! figures that could not be read are left out.
+//! figures that could not be read are left out. And the one process-wide
+//! memory setting `serve` makes: [`disable_transparent_huge_pages`].
 
 use std::fmt::Write as _;
+
+/// Turns transparent huge pages off for this process (Linux's
+/// `PR_SET_THP_DISABLE`, which overrides the allocator's `MADV_HUGEPAGE` and
+/// the system's `always`), before the state is loaded.
+///
+/// The first touch of a huge page makes the kernel zero 2 MiB at once, on the
+/// thread that touched it: while the state grows (a receipt per Dispatch,
+/// the allocator asking the OS for fresh pages) a worker stalled for
+/// milliseconds at a time, with the state lock held, and those stalls were
+/// the p99 of Dispatch at a light load (BENCHMARKS.md, "Latency at light
+/// load"). With 4 KiB pages the same zeroing comes in pieces too small to
+/// show in any percentile. Elsewhere than Linux there is nothing to do.
+pub fn disable_transparent_huge_pages() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    rustix::thread::disable_transparent_huge_pages(true)?;
+    Ok(())
+}
 
 /// Clock ticks per second of `/proc/self/stat`'s times: `USER_HZ`, which
 /// Linux reports as 100 on every architecture (Prometheus's own procfs

@@ -187,6 +187,22 @@ async fn an_oversize_message_is_refused_and_the_server_stays_up() {
     server.stop().await;
 }
 
+/// `serve` runs on small pages: a transparent huge page's first touch
+/// zeroes 2 MiB on a worker and stalled calls for milliseconds.
+#[cfg(target_os = "linux")]
+#[test]
+fn serve_runs_with_transparent_huge_pages_off() {
+    let server = Serve::new(&portable(DECIDE)).start();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .expect("the server's /proc status");
+    let thp = status
+        .lines()
+        .find_map(|line| line.strip_prefix("THP_enabled:"))
+        .map(str::trim);
+    assert_eq!(thp, Some("0"), "THP_enabled of toolgate serve");
+    assert_eq!(server.stop(), Some(0));
+}
+
 /// SIGTERM's handler is installed before the address is announced: one
 /// sent the moment `listening on` is read stops the process cleanly (it
 /// was installed only once the server first polled its shutdown, and a

@@ -3,7 +3,8 @@
 //! ext-authz scenario) whose handlers return a fixed answer.
 //! Same transport settings as `toolgate serve` (HTTP/2 keepalive, streams
 //! per connection, TCP_NODELAY) and the same runtime (tokio's default multi-thread
-//! runtime, whose worker count `TOKIO_WORKER_THREADS` sets). It decodes each
+//! runtime, whose worker count `TOKIO_WORKER_THREADS` sets; transparent
+//! huge pages off). It decodes each
 //! request and encodes a response of about the size toolgate sends, and
 //! does nothing else: it is the ceiling for any gRPC PDP on the machine.
 
@@ -176,6 +177,8 @@ impl Authorization for NoopAuthorization {
 /// Runs the baseline on `listen` until killed; prints
 /// `toolgate listening on ADDR` like `toolgate serve`.
 pub fn run(listen: SocketAddr, workers: Option<usize>) -> BoxResult<()> {
+    // As `toolgate serve` does.
+    toolgate::ops::process::disable_transparent_huge_pages()?;
     // Without `--workers`: tokio's default multi-thread runtime, exactly as
     // `toolgate serve` builds it (so `TOKIO_WORKER_THREADS` applies to both).
     let runtime = match workers {

@@ -93,6 +93,10 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Before the state is loaded: all of it on small pages.
+    if let Err(error) = toolgate::ops::process::disable_transparent_huge_pages() {
+        tracing::warn!(%error, "cannot turn transparent huge pages off: first touches of fresh memory may stall calls for milliseconds");
+    }
     let policy = match &args.config {
         Some(path) => Policy::load(path),
         None => Policy::embedded_default(),
