@@ -177,8 +177,10 @@ impl Authorization for NoopAuthorization {
 /// Runs the baseline on `listen` until killed; prints
 /// `toolgate listening on ADDR` like `toolgate serve`.
 pub fn run(listen: SocketAddr, workers: Option<usize>) -> BoxResult<()> {
-    // As `toolgate serve` does.
-    toolgate::ops::process::disable_transparent_huge_pages()?;
+    // As `toolgate serve` does, and like it serving anyway when refused.
+    if let Err(error) = toolgate::ops::process::disable_transparent_huge_pages() {
+        eprintln!("toolgate-load: cannot turn transparent huge pages off: {error}");
+    }
     // Without `--workers`: tokio's default multi-thread runtime, exactly as
     // `toolgate serve` builds it (so `TOKIO_WORKER_THREADS` applies to both).
     let runtime = match workers {
