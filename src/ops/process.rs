@@ -14,10 +14,11 @@ use std::fmt::Write as _;
 /// The first touch of a huge page makes the kernel zero 2 MiB at once, on the
 /// thread that touched it: while the state grows (a receipt per Dispatch,
 /// the allocator asking the OS for fresh pages) a worker stalled for
-/// milliseconds at a time, with the state lock held, and those stalls were
-/// the p99 of Dispatch at a light load (BENCHMARKS.md, "Latency at light
-/// load"). With 4 KiB pages the same zeroing comes in pieces too small to
-/// show in any percentile. Elsewhere than Linux there is nothing to do.
+/// milliseconds at a time, at times with the state lock held, and those
+/// stalls were the p99 of Dispatch in open loop (BENCHMARKS.md, "Huge pages
+/// off; where a Decide's CPU goes"). With 4 KiB pages the same zeroing comes
+/// in pieces too small to show in any percentile. Elsewhere than Linux there
+/// is nothing to do.
 pub fn disable_transparent_huge_pages() -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     rustix::thread::disable_transparent_huge_pages(true)?;
