@@ -14,6 +14,7 @@ pub(crate) mod overload;
 pub(crate) mod pdp;
 pub(crate) mod pins;
 pub(crate) mod resources;
+pub(crate) mod router;
 pub mod server;
 pub(crate) mod status;
 pub(crate) mod unary;

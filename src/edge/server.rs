@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
@@ -25,6 +26,7 @@ use crate::edge::overload::{OverloadLayer, OverloadSettings};
 use crate::edge::pdp::PdpService;
 use crate::edge::pins::PinsService;
 use crate::edge::resources::ResourcesService;
+use crate::edge::router::Router;
 use crate::engine::Engine;
 use crate::ops::logwriter::SinkStatus;
 use crate::ops::methods;
@@ -307,15 +309,10 @@ impl Grpc<'_> {
         stopped: impl Future<Output = ()> + Send + 'static,
     ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
         let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
-        let (mut server, connections) = self.transport(AuthLayer::new);
-        Ok(server
-            .add_service(health)
+        let (server, connections) = self.transport(AuthLayer::new);
+        let others = Routes::new(health)
             .add_service(reflection()?.build_v1()?)
             .add_service(reflection()?.build_v1alpha()?)
-            .add_service(
-                PolicyDecisionPointServer::new(PdpService::new(engine.clone()))
-                    .max_decoding_message_size(limit),
-            )
             .add_service(
                 ManifestPinsServer::new(PinsService::new(engine.clone()))
                     .max_decoding_message_size(limit),
@@ -327,12 +324,16 @@ impl Grpc<'_> {
             .add_service(
                 ResourcesServer::new(ResourcesService::new(engine.clone()))
                     .max_decoding_message_size(limit),
-            )
-            .add_service(
-                AuthorizationServer::new(ExtAuthzService::new(engine))
+            );
+        let router = Router::new(
+            Some(
+                PolicyDecisionPointServer::new(PdpService::new(engine.clone()))
                     .max_decoding_message_size(limit),
-            )
-            .serve_with_incoming_shutdown(connections.incoming(listener), stopped))
+            ),
+            AuthorizationServer::new(ExtAuthzService::new(engine)).max_decoding_message_size(limit),
+            others,
+        );
+        Ok(server.serve_with_incoming_shutdown(router, connections.incoming(listener), stopped))
     }
 
     /// `--ext-authz-listen`: Envoy's `Authorization` alone, behind the
@@ -343,13 +344,13 @@ impl Grpc<'_> {
         stopped: impl Future<Output = ()> + Send + 'static,
     ) -> impl Future<Output = Result<(), tonic::transport::Error>> {
         let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
-        let (mut server, connections) = self.transport(AuthLayer::ext_authz_listener);
-        server
-            .add_service(
-                AuthorizationServer::new(ExtAuthzService::new(engine))
-                    .max_decoding_message_size(limit),
-            )
-            .serve_with_incoming_shutdown(connections.incoming(listener), stopped)
+        let (server, connections) = self.transport(AuthLayer::ext_authz_listener);
+        let router = Router::new(
+            None,
+            AuthorizationServer::new(ExtAuthzService::new(engine)).max_decoding_message_size(limit),
+            Routes::default(),
+        );
+        server.serve_with_incoming_shutdown(router, connections.incoming(listener), stopped)
     }
 }
 

@@ -80,3 +80,49 @@ async fn reflection_lists_every_service() {
     }
     server.stop().await;
 }
+
+/// toolgate routes its per-call services itself and the others through
+/// tonic's router (`edge::router`); both answer a method or a service the
+/// server does not have with UNIMPLEMENTED, and still route what it has.
+#[tokio::test]
+async fn an_unknown_method_or_service_is_unimplemented_on_every_route() {
+    use crate::support::authed;
+    use crate::support::policies::decide_text;
+    use crate::support::tokens::{ALICE, HOST};
+
+    let server = TestServer::start(&decide_text("")).await;
+    let call = |token: &'static str, path: &'static str| {
+        let channel = server.channel.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(channel);
+            grpc.ready().await.expect("channel ready");
+            grpc.unary(
+                authed((), token),
+                http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::<(), ()>::default(),
+            )
+            .await
+            .map(tonic::Response::into_inner)
+        }
+    };
+    for (token, path) in [
+        (HOST, "/toolgate.v1.PolicyDecisionPoint/Nope"),
+        (HOST, "/envoy.service.auth.v3.Authorization/Nope"),
+        (ALICE, "/toolgate.v1.Approvals/Nope"),
+        (HOST, "/toolgate.v1.Nope/Decide"),
+        (HOST, "/toolgate.v1.PolicyDecisionPoint/Decide/"),
+    ] {
+        let refused = call(token, path).await.expect_err(path);
+        assert_eq!(refused.code(), Code::Unimplemented, "{path}: {refused:?}");
+    }
+    // The same routes reach their services: an empty Decide is the PDP's
+    // refusal, an empty ListApprovals the approvals' answer.
+    let empty = call(HOST, "/toolgate.v1.PolicyDecisionPoint/Decide")
+        .await
+        .expect_err("an empty Decide");
+    assert_eq!(empty.code(), Code::InvalidArgument, "{empty:?}");
+    call(ALICE, "/toolgate.v1.Approvals/ListApprovals")
+        .await
+        .expect("an empty ListApprovals lists");
+    server.stop().await;
+}
