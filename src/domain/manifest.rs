@@ -279,6 +279,51 @@ impl Manifest {
         })
     }
 
+    /// Whether the two print the same canonical JSON ([`Manifest::to_value`]),
+    /// and so have the same fingerprint: a comparison, much cheaper than
+    /// the fingerprint's canonical text and SHA-256.
+    pub fn identical(&self, other: &Manifest) -> bool {
+        let optional = |left: &Option<Value>, right: &Option<Value>| match (left, right) {
+            (Some(left), Some(right)) => left.identical(right),
+            (left, right) => left.is_none() && right.is_none(),
+        };
+        // Every field named, so that a new one cannot be left out.
+        let tool = |left: &ManifestTool, right: &ManifestTool| {
+            let ManifestTool {
+                name,
+                description,
+                parameters,
+                read_only,
+                scopes,
+                title,
+                input_schema,
+                output_schema,
+                annotations,
+            } = left;
+            *name == right.name
+                && *description == right.description
+                && *parameters == right.parameters
+                && *read_only == right.read_only
+                && *scopes == right.scopes
+                && *title == right.title
+                && optional(input_schema, &right.input_schema)
+                && optional(output_schema, &right.output_schema)
+                && optional(annotations, &right.annotations)
+        };
+        let Manifest {
+            server_id,
+            revision,
+            tools,
+        } = self;
+        *server_id == other.server_id
+            && *revision == other.revision
+            && tools.len() == other.tools.len()
+            && tools
+                .iter()
+                .zip(&other.tools)
+                .all(|(left, right)| tool(left, right))
+    }
+
     /// The tool of that name; only meaningful for a manifest without problems.
     fn tool(&self, name: &str) -> Option<&ManifestTool> {
         self.tools
@@ -761,14 +806,24 @@ pub struct Assessment {
 /// What a pin holds: the trusted fingerprint and, when known, the reviewed
 /// manifest itself (for diffs).
 pub trait PinReference {
+    /// Computed by toolgate, never taken from a caller; when there is a
+    /// pinned manifest, its fingerprint (checked when the pin is made, read
+    /// from the policy and loaded from the store).
     fn pinned_fingerprint(&self) -> Fingerprint;
     fn pinned_manifest(&self) -> Option<&Manifest>;
 }
 
 /// Compares a manifest with its pin. A hash inside the manifest is never
-/// trusted: the fingerprint is always computed here.
+/// trusted: the fingerprint is computed here, or, for a manifest identical
+/// to the pinned one (a server that did not change: the common case), it
+/// is the pin's.
 pub fn assess(manifest: &Manifest, pin: Option<&dyn PinReference>) -> Assessment {
-    let fingerprint = manifest.fingerprint();
+    let unchanged = pin.and_then(|pin| {
+        pin.pinned_manifest()
+            .filter(|reference| manifest.identical(reference))
+            .map(|_| pin.pinned_fingerprint())
+    });
+    let fingerprint = unchanged.unwrap_or_else(|| manifest.fingerprint());
     let problems = manifest.problems();
     let Some(pin) = pin else {
         return Assessment {
@@ -786,8 +841,10 @@ pub fn assess(manifest: &Manifest, pin: Option<&dyn PinReference>) -> Assessment
     let matched = pinned_fingerprint == fingerprint;
     let reference = pin.pinned_manifest();
     let diffs = match reference {
-        Some(reference) => diff(reference, manifest),
-        None => problem_diffs(problems.clone()).collect(),
+        // Identical: no tool changed, only its problems are listed (as
+        // `diff` would, in the tools' order).
+        Some(reference) if unchanged.is_none() => diff(reference, manifest),
+        _ => problem_diffs(problems.clone()).collect(),
     };
     Assessment {
         accepted: matched && problems.is_empty(),
@@ -870,6 +927,76 @@ mod tests {
         }
     }
 
+    /// A pin of `manifest` with its computed fingerprint, as every pin is.
+    struct Pinned(Manifest, Fingerprint);
+
+    impl PinReference for Pinned {
+        fn pinned_fingerprint(&self) -> Fingerprint {
+            self.1
+        }
+        fn pinned_manifest(&self) -> Option<&Manifest> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_manifest_identical_to_its_pin_is_assessed_as_when_hashed_and_diffed() {
+        let schema = |zero: &str| {
+            Some(canonical::parse_str(&format!(r#"{{"type":"number","minimum":{zero}}}"#)).unwrap())
+        };
+        let with_schema = |zero: &str| ManifestTool {
+            input_schema: schema(zero),
+            ..tool("s", &["x"])
+        };
+        let manifest =
+            |tools: Vec<ManifestTool>| Manifest::new("srv".into(), "1".into(), tools).unwrap();
+        let cases = [
+            (
+                vec![tool("a", &["x"]), with_schema("0.0")],
+                vec![tool("a", &["x"]), with_schema("0.0")],
+            ),
+            // Problems (a duplicate name, an empty one) are listed as before.
+            (
+                vec![
+                    tool("b", &[]),
+                    tool("b", &[]),
+                    tool("", &[]),
+                    tool("a", &[]),
+                ],
+                vec![
+                    tool("a", &[]),
+                    tool("b", &[]),
+                    tool("", &[]),
+                    tool("b", &[]),
+                ],
+            ),
+            // `==` holds, the canonical texts (and fingerprints) differ.
+            (vec![with_schema("-0.0")], vec![with_schema("0.0")]),
+            (vec![tool("a", &["x"])], vec![tool("a", &["y"])]),
+        ];
+        for (pinned, current) in cases {
+            let (pinned, current) = (manifest(pinned), manifest(current));
+            let pin = Pinned(pinned.clone(), pinned.fingerprint());
+            let assessment = assess(&current, Some(&pin));
+            assert_eq!(
+                current.identical(&pinned),
+                current.fingerprint() == pinned.fingerprint(),
+                "{current:?}"
+            );
+            assert_eq!(assessment.fingerprint, current.fingerprint(), "{current:?}");
+            assert_eq!(
+                assessment.reason,
+                if current.identical(&pinned) {
+                    AssessReason::Matched
+                } else {
+                    AssessReason::Changed
+                }
+            );
+            assert_eq!(assessment.diffs, diff(&pinned, &current), "{current:?}");
+            assert_eq!(assessment.problems, current.problems());
+        }
+    }
+
     #[test]
     fn worked_example_has_the_reference_canonical_form_and_fingerprint() {
         let manifest = Manifest::from_json(WORKED_EXAMPLE.as_bytes()).unwrap();
@@ -909,6 +1036,7 @@ mod tests {
     #[test]
     fn fingerprint_covers_every_field() {
         let base = Manifest::new("srv".into(), "1".into(), vec![tool("a", &["x"])]).unwrap();
+        assert!(base.identical(&base.clone()));
         let mut variants = Vec::new();
         let mut changed = base.clone();
         changed.revision = "2".into();
@@ -944,6 +1072,7 @@ mod tests {
         let mut seen = BTreeSet::new();
         for variant in variants {
             assert_ne!(variant.fingerprint(), base.fingerprint(), "{variant:?}");
+            assert!(!variant.identical(&base), "{variant:?}");
             assert!(seen.insert(variant.fingerprint().to_hex()), "{variant:?}");
         }
     }

@@ -189,6 +189,33 @@ pub use print::{canonical_len, to_canonical, write_canonical};
 // ---------------------------------------------------------------------------
 
 impl Value {
+    /// Whether the two print the same canonical JSON, and so have the same
+    /// fingerprint. Stricter than `==`, for which `0.0` and `-0.0` are equal
+    /// though canonical JSON writes them apart.
+    pub fn identical(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::Number(Number::Float(left)), Value::Number(Number::Float(right))) => {
+                left.to_bits() == right.to_bits()
+            }
+            (Value::Array(left), Value::Array(right)) => {
+                left.len() == right.len()
+                    && left
+                        .iter()
+                        .zip(right)
+                        .all(|(left, right)| left.identical(right))
+            }
+            (Value::Object(left), Value::Object(right)) => {
+                left.members.len() == right.members.len()
+                    && left.members.iter().zip(&right.members).all(
+                        |((left_key, left), (right_key, right))| {
+                            left_key == right_key && left.identical(right)
+                        },
+                    )
+            }
+            (left, right) => left == right,
+        }
+    }
+
     pub fn as_str(&self) -> Option<&str> {
         match self {
             Value::String(s) => Some(s),
@@ -341,6 +368,43 @@ mod tests {
             Ok(c) => c,
             Err(e) => panic!("{s:?} rejected: {e}"),
         }
+    }
+
+    #[test]
+    fn identical_values_are_those_with_one_canonical_text() {
+        let texts = [
+            "0.0",
+            "-0.0",
+            "0",
+            "1",
+            "1.0",
+            "1e0",
+            "\"a\"",
+            "null",
+            "[0.0,1]",
+            "[-0.0,1]",
+            "[0.0]",
+            r#"{"a":{"b":[-0.0]}}"#,
+            r#"{"a":{"b":[0.0]}}"#,
+            r#"{"a":1,"b":2}"#,
+            r#"{"b":2,"a":1}"#,
+            r#"{"a":1}"#,
+            r#"{"c":1,"b":2}"#,
+        ];
+        for left in texts {
+            for right in texts {
+                let (Ok(left_value), Ok(right_value)) = (parse_str(left), parse_str(right)) else {
+                    panic!("{left} or {right} does not parse");
+                };
+                assert_eq!(
+                    left_value.identical(&right_value),
+                    canon(left) == canon(right),
+                    "{left} and {right}"
+                );
+            }
+        }
+        // `==` says 0.0 and -0.0 are equal; their texts differ.
+        assert_eq!(parse_str("-0.0").ok(), parse_str("0.0").ok());
     }
 
     fn err(s: &[u8]) -> (ErrorKind, usize) {
