@@ -759,6 +759,42 @@ fn canonical_of(state: &State, name: &str) -> String {
     crate::domain::canonical::to_canonical(&state.resource(name).unwrap().0)
 }
 
+/// An assessment is written when it is not the server's latest one: the
+/// same manifest asked again changes nothing.
+#[test]
+fn only_a_new_assessment_is_written() {
+    let policy = policy();
+    let mut state = State::restore(&policy, Vec::new()).unwrap();
+    let manifest = Manifest::from_json(MANIFEST.as_bytes()).unwrap();
+    let assessments = |state: &mut State| {
+        state
+            .take_changes()
+            .unwrap()
+            .into_iter()
+            .filter(|change| change.kind == Kind::Assessment)
+            .count()
+    };
+    // Unpinned: nothing is remembered.
+    state.assess_manifest(&policy, &manifest);
+    assert_eq!(assessments(&mut state), 0);
+    state
+        .pin_manifest(Timestamp(1), REVIEWER, manifest.clone(), None)
+        .unwrap();
+    state.take_changes().unwrap();
+    state.assess_manifest(&policy, &manifest);
+    assert_eq!(assessments(&mut state), 1);
+    state.assess_manifest(&policy, &manifest);
+    state.assess_manifest(&policy, &manifest);
+    assert_eq!(assessments(&mut state), 0);
+    let changed = Manifest::from_json(MANIFEST.replace("\"1\"", "\"2\"").as_bytes()).unwrap();
+    state.assess_manifest(&policy, &changed);
+    assert_eq!(assessments(&mut state), 1);
+    assert!(!state.manifest_verified(&policy, "docs"));
+    state.assess_manifest(&policy, &manifest);
+    assert_eq!(assessments(&mut state), 1);
+    assert!(state.manifest_verified(&policy, "docs"));
+}
+
 /// Deleting what is not held changes nothing and is no error.
 #[test]
 fn deleting_what_is_not_held_is_no_error() {
