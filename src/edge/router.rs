@@ -23,6 +23,7 @@ use tower::Service;
 
 use crate::edge::ext_authz::ExtAuthzService;
 use crate::edge::pdp::PdpService;
+use crate::engine::Engine;
 use crate::pb::envoy_auth::authorization_server::AuthorizationServer;
 use crate::pb::policy_decision_point_server::PolicyDecisionPointServer;
 
@@ -39,12 +40,23 @@ pub(crate) struct Router {
 }
 
 impl Router {
-    /// `others` holds every service but the two named here.
-    pub(crate) fn new(pdp: Option<Pdp>, authorization: Authorization, others: Routes) -> Self {
+    /// The decision point and `Authorization` on `engine`, decoding messages
+    /// of up to `limit` bytes, and `others`: every other service.
+    pub(crate) fn new(engine: &Engine, limit: usize, others: Routes) -> Self {
         Router {
-            pdp,
-            authorization,
+            pdp: Some(Pdp::new(PdpService::new(engine.clone())).max_decoding_message_size(limit)),
             others: others.prepare(),
+            ..Router::ext_authz(engine, limit)
+        }
+    }
+
+    /// `Authorization` alone, for `--ext-authz-listen`.
+    pub(crate) fn ext_authz(engine: &Engine, limit: usize) -> Self {
+        Router {
+            pdp: None,
+            authorization: Authorization::new(ExtAuthzService::new(engine.clone()))
+                .max_decoding_message_size(limit),
+            others: Routes::default().prepare(),
         }
     }
 }

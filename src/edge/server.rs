@@ -20,10 +20,8 @@ use crate::domain::policy::ServerSettings;
 use crate::edge::approvals::ApprovalsService;
 use crate::edge::auth::AuthLayer;
 use crate::edge::connections::{ConnectionSettings, Connections};
-use crate::edge::ext_authz::ExtAuthzService;
 use crate::edge::metrics_layer::{MetricsLayer, serve_metrics};
 use crate::edge::overload::{OverloadLayer, OverloadSettings};
-use crate::edge::pdp::PdpService;
 use crate::edge::pins::PinsService;
 use crate::edge::resources::ResourcesService;
 use crate::edge::router::Router;
@@ -34,9 +32,7 @@ use crate::ops::metrics::Metrics;
 use crate::ops::tls::ServerTls;
 use crate::pb;
 use crate::pb::approvals_server::ApprovalsServer;
-use crate::pb::envoy_auth::authorization_server::AuthorizationServer;
 use crate::pb::manifest_pins_server::ManifestPinsServer;
-use crate::pb::policy_decision_point_server::PolicyDecisionPointServer;
 use crate::pb::resources_server::ResourcesServer;
 
 #[derive(Debug, thiserror::Error)]
@@ -325,14 +321,7 @@ impl Grpc<'_> {
                 ResourcesServer::new(ResourcesService::new(engine.clone()))
                     .max_decoding_message_size(limit),
             );
-        let router = Router::new(
-            Some(
-                PolicyDecisionPointServer::new(PdpService::new(engine.clone()))
-                    .max_decoding_message_size(limit),
-            ),
-            AuthorizationServer::new(ExtAuthzService::new(engine)).max_decoding_message_size(limit),
-            others,
-        );
+        let router = Router::new(&engine, limit, others);
         Ok(server.serve_with_incoming_shutdown(router, connections.incoming(listener), stopped))
     }
 
@@ -345,11 +334,7 @@ impl Grpc<'_> {
     ) -> impl Future<Output = Result<(), tonic::transport::Error>> {
         let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
         let (server, connections) = self.transport(AuthLayer::ext_authz_listener);
-        let router = Router::new(
-            None,
-            AuthorizationServer::new(ExtAuthzService::new(engine)).max_decoding_message_size(limit),
-            Routes::default(),
-        );
+        let router = Router::ext_authz(&engine, limit);
         server.serve_with_incoming_shutdown(router, connections.incoming(listener), stopped)
     }
 }
