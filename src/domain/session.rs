@@ -145,6 +145,36 @@ pub struct Session {
     pub executed_cost: u64,
     /// The first budget that refused a call of this session.
     pub stopped_reason: Option<Reason>,
+    /// What the store holds of this session (as written, loaded or applied
+    /// from another replica's record); none until it is first written.
+    #[serde(skip)]
+    stored: Option<Written>,
+}
+
+/// What a session record holds that can change: its counters and its last
+/// activity. A session whose counters are as written is written again only
+/// once its last activity is [`touch_every`] past the written one, so that calls that change nothing else (a re-evaluated call id, a
+/// host polling a pending approval) neither write nor wait for a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Written {
+    last_seen: Timestamp,
+    decisions: u64,
+    tool_attempts: u64,
+    executed_tools: u64,
+    executed_cost: u64,
+    stopped_reason: Option<Reason>,
+}
+
+/// The most a crash can take back of a session's last activity (less when
+/// the policy's idle time is short: [`touch_every`]).
+pub const TOUCH_EVERY_MILLIS: u64 = 1_000;
+
+/// How stale the stored last activity of a session may get under `limits`:
+/// [`TOUCH_EVERY_MILLIS`], or a tenth of the idle time that evicts a
+/// session when that is shorter.
+fn touch_every(limits: &Limits) -> u64 {
+    let idle_millis = u64::try_from(limits.session_idle_ttl.as_millis()).unwrap_or(u64::MAX);
+    TOUCH_EVERY_MILLIS.min(idle_millis / 10)
 }
 
 impl Session {
@@ -163,7 +193,36 @@ impl Session {
             executed_tools: 0,
             executed_cost: 0,
             stopped_reason: None,
+            stored: None,
         }
+    }
+
+    fn written(&self) -> Written {
+        Written {
+            last_seen: self.last_seen,
+            decisions: self.decisions,
+            tool_attempts: self.tool_attempts,
+            executed_tools: self.executed_tools,
+            executed_cost: self.executed_cost,
+            stopped_reason: self.stopped_reason,
+        }
+    }
+
+    /// Whether the store must be told of this session now: it was never
+    /// written, a counter changed, or its last activity is `touch_every`
+    /// milliseconds past the stored one (0: whenever it changed).
+    fn to_write(&self, touch_every: u64) -> bool {
+        let Some(stored) = self.stored else {
+            return true;
+        };
+        let now = self.written();
+        let counted = Written {
+            last_seen: stored.last_seen,
+            ..now
+        } != stored;
+        let touched = now.last_seen != stored.last_seen
+            && now.last_seen.millis_since(stored.last_seen) >= touch_every;
+        counted || touched
     }
 
     pub fn work_units(&self, decision_cost: u64) -> u64 {
@@ -353,8 +412,12 @@ pub struct Sessions {
     /// the changes.
     journal: Journal,
     /// Sessions opened or changed since then (written whole when the
-    /// changes are taken, so that a session changed twice is written once).
+    /// changes are taken, so that a session changed twice is written once;
+    /// one whose only change is its last activity, only when
+    /// [`Session::to_write`] says).
     changed: Vec<(String, String)>,
+    /// [`touch_every`] of the policy the last session was opened under.
+    touch_every: u64,
 }
 
 fn session_key(host: &str, session_id: &str) -> Vec<u8> {
@@ -530,6 +593,7 @@ impl Sessions {
             *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
         }
         self.note_changed(&session.host, &session.session_id);
+        self.touch_every = touch_every(limits);
         let entry = self
             .sessions
             .find_mut(hash, |existing| existing.is(session))
@@ -653,6 +717,7 @@ impl Sessions {
     /// whole, keeping the call ids it decided (records of their own).
     /// Nothing is journaled.
     pub fn put_session(&mut self, mut session: Session) {
+        session.stored = Some(session.written());
         let hash = self.hash(&session.host, &session.session_id);
         let found = self.sessions.find_mut(hash, |held| {
             held.host == session.host && held.session_id == session.session_id
@@ -742,17 +807,35 @@ impl Sessions {
         let mut changed = std::mem::take(&mut self.changed);
         changed.sort_unstable();
         changed.dedup();
+        let touch_every = self.touch_every;
         for (host, session_id) in changed {
             let hash = self.hash(&host, &session_id);
-            let found = self.sessions.find(hash, |session| {
+            let found = self.sessions.find_mut(hash, |session| {
                 session.host == host && session.session_id == session_id
             });
-            if let Some(session) = found {
+            if let Some(session) = found.filter(|session| session.to_write(touch_every)) {
+                session.stored = Some(session.written());
                 let key = session_key(&host, &session_id);
                 self.journal.put(Kind::Session, key, &**session);
             }
         }
         self.journal.take_into(out)
+    }
+
+    /// Notes every session whose last activity is not stored yet, so that
+    /// the next [`Sessions::take_changes`] writes it (a clean shutdown loses
+    /// none of it).
+    pub fn note_every_touch(&mut self) {
+        if !self.journal.is_on() {
+            return;
+        }
+        self.touch_every = 0;
+        for session in self.sessions.iter() {
+            if session.to_write(0) {
+                self.changed
+                    .push((session.host.clone(), session.session_id.clone()));
+            }
+        }
     }
 }
 
@@ -779,7 +862,10 @@ impl Sessions {
                     session.actor,
                     session.workspace,
                     session.started_at,
-                    session.last_seen,
+                    // What the store holds: the last activity it was told.
+                    session
+                        .stored
+                        .map_or(session.last_seen, |stored| stored.last_seen),
                     session.decisions,
                     session.tool_attempts,
                     session.executed_tools,

@@ -177,6 +177,15 @@ impl Engine {
     /// Commits what is pending and stops the store's writer: the last step
     /// of a shutdown. Every call after it is refused.
     pub fn close_store(&self) {
+        // Sessions' last activity, written at most once a second while
+        // nothing else of them changes. (A shared store is written only in
+        // turns; there it stays at most that late.)
+        if self.shared.writer.gate().is_none()
+            && let Ok(mut state) = self.state()
+        {
+            state.note_every_touch();
+            let _ = self.hand_to_writer(&mut state);
+        }
         let _ = self
             .shared
             .broken

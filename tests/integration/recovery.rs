@@ -324,3 +324,56 @@ async fn a_failed_commit_withholds_its_answer_and_refuses_everything_after() {
     assert_eq!(restarted.health().await, ServingStatus::Serving);
     restarted.stop().await;
 }
+
+/// One session at most, evicted after ten idle seconds.
+const IDLE_POLICY: &str = r#"
+[limits]
+max_sessions = 1
+session_idle_seconds = 10
+
+[profiles.agent]
+roles = ["agent"]
+
+[actors.agent]
+profile = "agent"
+
+[tools.look]
+mode = "read"
+roles = ["agent"]
+
+[server]
+open_host_api = true
+"#;
+
+/// A call that changes nothing of its session but its last activity (here
+/// a re-evaluated call id) does not write the session until a second has
+/// passed; a clean shutdown writes it, so that the idle time that evicts
+/// the session still counts from its last call after a restart.
+#[tokio::test]
+async fn a_clean_shutdown_keeps_every_sessions_last_activity() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data = directory.path().join("data");
+    let policy = || Policy::parse(IDLE_POLICY, "idle.toml", None).expect("idle policy");
+    let store = || Box::new(SqliteStore::open(&data).expect("open the store"));
+    let look = proposal("c1", "agent", "look", 0, "{}");
+    let clock = ManualClock::starting_at(EPOCH);
+    let first = TestServer::start_on(policy(), store(), clock.clone()).await;
+    let s1 = session("agent", "s1", "w");
+    assert_eq!(first.decide_ok("", &s1, &look).await.reason, "allowed");
+    clock.advance(Duration::from_millis(900));
+    assert_eq!(first.decide_ok("", &s1, &look).await.reason, "allowed");
+    first.engine.close_store();
+    first.stop().await;
+    // Ten idle seconds since the first call, not since the last one.
+    clock.advance(Duration::from_millis(9_500));
+    let second = TestServer::start_on(policy(), store(), clock.clone()).await;
+    let s2 = session("agent", "s2", "w");
+    let full = second
+        .decide("", &s2, &look)
+        .await
+        .expect_err("s1 is not idle");
+    assert_eq!(full.code(), tonic::Code::ResourceExhausted, "{full:?}");
+    clock.advance(Duration::from_millis(600));
+    assert_eq!(second.decide_ok("", &s2, &look).await.reason, "allowed");
+    second.stop().await;
+}

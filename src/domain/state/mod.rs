@@ -156,6 +156,13 @@ impl State {
         self.journal.stop();
     }
 
+    /// Notes the last activity of every session that the store does not
+    /// hold yet (see [`Sessions::take_changes`]), for the next
+    /// [`State::take_changes`]: the last batch of a clean shutdown.
+    pub fn note_every_touch(&mut self) {
+        self.sessions.note_every_touch();
+    }
+
     /// Every record written or dropped since the last call, in the order
     /// the operations made them: what the store must keep.
     pub fn take_changes(&mut self) -> Result<Vec<Change>> {

@@ -1041,3 +1041,68 @@ fn a_gap_in_a_queue_is_refused_whole() {
         }
     }
 }
+
+/// A call that changes nothing of its session but its last activity (a
+/// re-evaluated call id, a poll of a pending approval) writes the session
+/// only once that is a second past the stored one, so that it waits for no
+/// sync; a call that counts writes it at once; and a clean shutdown
+/// ([`State::note_every_touch`]) writes what is left.
+#[test]
+fn a_session_is_rewritten_for_its_last_activity_once_a_second() {
+    let mut replicas = Replicas::new();
+    let session = replicas.sessions[0].clone();
+    let proposal = |call_id: &str| {
+        let arguments = r#"{"name":"lamp","value":"on"}"#;
+        Proposal::new(
+            call_id.into(),
+            session.actor.clone(),
+            "reset".into(),
+            0,
+            arguments,
+        )
+        .unwrap()
+    };
+    let decide_at = |replicas: &mut Replicas, millis: u64, call_id: &str| {
+        replicas.now = Timestamp(1_000_000 + millis);
+        let call = Call {
+            session: session.clone(),
+            proposal: proposal(call_id),
+        };
+        assert_eq!(replicas.decide(&call, Grants::Keep), Some(Outcome::Allow));
+        let changes = replicas.a.take_changes().unwrap();
+        replicas.store.commit(&changes).unwrap();
+        changes
+            .iter()
+            .filter(|change| change.kind == Kind::Session)
+            .count()
+    };
+    // New: written; the same call id again, under a second later: not.
+    assert_eq!(decide_at(&mut replicas, 0, "c1"), 1);
+    assert_eq!(decide_at(&mut replicas, 400, "c1"), 0);
+    assert_eq!(decide_at(&mut replicas, 999, "c1"), 0);
+    // A second past the stored activity: written, and counted from there.
+    assert_eq!(decide_at(&mut replicas, 1_000, "c1"), 1);
+    assert_eq!(decide_at(&mut replicas, 1_500, "c1"), 0);
+    // A new call id counts a decision: written at once.
+    assert_eq!(decide_at(&mut replicas, 1_600, "c2"), 1);
+    assert_eq!(decide_at(&mut replicas, 1_700, "c2"), 0);
+    let stored = |replicas: &mut Replicas| {
+        let restored = State::restore(&replicas.policy, replicas.store.load().unwrap()).unwrap();
+        let held = restored.sessions.get(&session.host, &session.session_id);
+        held.map(|held| held.last_seen)
+    };
+    // The last activity the store holds is 1,600, not 1,700, until a clean
+    // shutdown notes it.
+    let all = |replicas: &mut Replicas| {
+        let changes = replicas.a.take_changes().unwrap();
+        replicas.store.commit(&changes).unwrap();
+        changes.len()
+    };
+    assert_eq!(all(&mut replicas), 0);
+    assert_eq!(stored(&mut replicas), Some(Timestamp(1_001_600)));
+    replicas.a.note_every_touch();
+    assert_eq!(all(&mut replicas), 1);
+    assert_eq!(stored(&mut replicas), Some(Timestamp(1_001_700)));
+    replicas.a.note_every_touch();
+    assert_eq!(all(&mut replicas), 0);
+}
