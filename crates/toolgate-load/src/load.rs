@@ -587,14 +587,22 @@ struct Scheduled {
 ///
 /// An OS thread keeps the schedule (tokio's timer has millisecond
 /// granularity, `thread::sleep` wakes within tens of microseconds) and
-/// hands each request, on time, to the driver task of one connection; the
-/// driver sends it at once (or, past its share of
+/// hands each request, when it is due, to the driver task of one
+/// connection; the driver sends it at once (or, past its share of
 /// `OPEN_LOOP_MAX_IN_FLIGHT`, as soon as a slot frees) and records its
-/// latency from the scheduled time.
+/// latency from the scheduled time. Each wake-up of the thread hands
+/// everything then due to one connection (which sends it in one write),
+/// the next wake-up's to the next. With a `tick` the thread sleeps at least
+/// that long between two wake-ups (`--open-tick`): a sleep, a wake-up and
+/// a driver's wake-up per request cost the load generator more CPU than
+/// the server it measures, on the cores they share. A request handed over
+/// late is measured from its scheduled time, so the tick shows in the
+/// latencies (up to its length), never hides.
 pub async fn open_loop(
     target: &Target<'_>,
     generator: Generator,
     rate: f64,
+    tick: Duration,
     window: Window,
 ) -> RoundStats {
     let rate = rate.max(1.0);
@@ -621,19 +629,29 @@ pub async fn open_loop(
     let start = Instant::now() + Duration::from_millis(5);
     let measure_from = start + interval.mul_f64(warmup_requests as f64);
     let scheduler = std::thread::spawn(move || {
-        for index in 0..total_requests {
-            let at = start + interval.mul_f64(index as f64);
+        let mut index = 0;
+        let mut wake_ups = 0usize;
+        while index < total_requests {
             let now = Instant::now();
-            if at > now {
-                std::thread::sleep(at - now);
+            let mut at = start + interval.mul_f64(index as f64);
+            // Everything due goes to one connection, which sends it in one
+            // write; the next wake-up's to the next connection.
+            let driver = wake_ups % senders.len();
+            wake_ups = wake_ups.wrapping_add(1);
+            while at <= now {
+                let Some(call) = generator(index) else {
+                    return true;
+                };
+                if senders[driver].send(Scheduled { index, at, call }).is_err() {
+                    return true;
+                }
+                index += 1;
+                if index == total_requests {
+                    return false;
+                }
+                at = start + interval.mul_f64(index as f64);
             }
-            let Some(call) = generator(index) else {
-                return true;
-            };
-            let driver = usize::try_from(index).unwrap_or(0) % senders.len();
-            if senders[driver].send(Scheduled { index, at, call }).is_err() {
-                return true;
-            }
+            std::thread::sleep((at - now).max(tick));
         }
         false
     });

@@ -132,6 +132,12 @@ pub struct RunArgs {
     /// The open-loop rate as a fraction of toolgate's closed-loop throughput.
     #[arg(long, default_value_t = 0.5)]
     pub open_fraction: f64,
+    /// The open loop's scheduler sleeps at least this many microseconds
+    /// between two wake-ups and sends what fell due meanwhile together: a
+    /// cheaper load generator, at the price of up to this much lag, which
+    /// the latencies include (0: each request on its own time).
+    #[arg(long, default_value_t = 0)]
+    pub open_tick: u64,
     /// Tokio worker threads of both servers (TOKIO_WORKER_THREADS; default:
     /// tokio's, one per CPU).
     #[arg(long)]

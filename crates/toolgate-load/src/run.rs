@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::load::{RoundStats, Target, Window, closed_loop, open_loop, wait_for_quiet};
 use crate::policies::{Workdir, manifest_json, throughput_policy};
@@ -560,7 +560,7 @@ async fn one_round(
             // A closed-loop commit round runs until its pool is used up.
             Model::Closed => {
                 window = Window {
-                    warmup: std::time::Duration::ZERO,
+                    warmup: Duration::ZERO,
                     duration: window.duration * 20,
                 };
                 args.commit_pool
@@ -598,7 +598,10 @@ async fn one_round(
     let statements_before = connected.server.database_statements();
     let mut stats = match model {
         Model::Closed => closed_loop(&target, generator, args.concurrency, window).await,
-        Model::Open(rate) => open_loop(&target, generator, rate, window).await,
+        Model::Open(rate) => {
+            let tick = Duration::from_micros(args.open_tick);
+            open_loop(&target, generator, rate, tick, window).await
+        }
     };
     stats.store = connected.server.store_counters().since(&counters_before);
     stats.database = statements_before
