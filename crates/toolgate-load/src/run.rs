@@ -971,14 +971,17 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
                 verdict(ratio >= 0.8)
             );
         }
-        if let (Some(memory), Some(result)) = (memory, find(Scenario::DecideSessions)) {
-            let ratio =
-                result.closed[durable].throughput() / result.closed[memory].throughput().max(1e-9);
-            let _ = writeln!(
-                text,
-                "- decide-1000-sessions (Decide ALLOW of a new call id: a write): durable / memory {ratio:.2}× (against the 0.8× of Decide ALLOW — {})",
-                verdict(ratio >= 0.8)
-            );
+        for scenario in [Scenario::DecideSessions, Scenario::DecideFewSessions] {
+            if let (Some(memory), Some(result)) = (memory, find(scenario)) {
+                let ratio = result.closed[durable].throughput()
+                    / result.closed[memory].throughput().max(1e-9);
+                let _ = writeln!(
+                    text,
+                    "- {} (Decide ALLOW of a new call id: a write): durable / memory {ratio:.2}× (against the 0.8× of Decide ALLOW — {})",
+                    scenario.name(),
+                    verdict(ratio >= 0.8)
+                );
+            }
         }
         for result in results {
             let p99 = result.open[durable].percentile(0.99);

@@ -24,6 +24,7 @@ pub enum Scenario {
     DecideAllow,
     DecidePending,
     DecideSessions,
+    DecideFewSessions,
     DispatchReplay,
     DispatchCommit,
     DispatchContended,
@@ -33,10 +34,11 @@ pub enum Scenario {
     ExtAuthzCheck,
 }
 
-pub const ALL: [Scenario; 10] = [
+pub const ALL: [Scenario; 11] = [
     Scenario::DecideAllow,
     Scenario::DecidePending,
     Scenario::DecideSessions,
+    Scenario::DecideFewSessions,
     Scenario::DispatchReplay,
     Scenario::DispatchCommit,
     Scenario::DispatchContended,
@@ -52,6 +54,9 @@ pub const RACERS: u64 = 8;
 
 /// Sessions the `decide-1000-sessions` scenario (and the mixed one) spread over.
 pub const DISTINCT_SESSIONS: u64 = 1000;
+/// Sessions the `decide-10-sessions` scenario spreads over (new ones each
+/// round, so that none reaches its cap of call ids).
+pub const FEW_SESSIONS: u64 = 10;
 
 impl Scenario {
     pub fn name(self) -> &'static str {
@@ -59,6 +64,7 @@ impl Scenario {
             Scenario::DecideAllow => "decide-allow",
             Scenario::DecidePending => "decide-pending",
             Scenario::DecideSessions => "decide-1000-sessions",
+            Scenario::DecideFewSessions => "decide-10-sessions",
             Scenario::DispatchReplay => "dispatch-replay",
             Scenario::DispatchCommit => "dispatch-commit",
             Scenario::DispatchContended => "dispatch-contended",
@@ -79,6 +85,9 @@ impl Scenario {
             }
             Scenario::DecideSessions => {
                 "Decide, read tool, request i in session i mod 1000 with a new call id each time (a new decision charged to the session) → ALLOW"
+            }
+            Scenario::DecideFewSessions => {
+                "Decide, read tool, request i in session i mod 10 (new sessions each round) with a new call id each time → ALLOW"
             }
             Scenario::DispatchReplay => {
                 "Dispatch of a proposal committed at setup → OK, `replayed`"
@@ -395,6 +404,13 @@ pub fn generator(
             Arc::new(move |_| Some(Call::Decide(request.clone(), PENDING)))
         }
         Scenario::DecideSessions => Arc::new(move |index| Some(sessions_call(&tag, index))),
+        Scenario::DecideFewSessions => Arc::new(move |index| {
+            let session = format!("few-{tag}-{}", index % FEW_SESSIONS);
+            Some(Call::Decide(
+                read_request(session, format!("{tag}-{index}")),
+                ALLOWED,
+            ))
+        }),
         Scenario::DispatchReplay => {
             let request = replay_request();
             Arc::new(move |_| Some(Call::Dispatch(request.clone(), Expect::Replayed)))
