@@ -153,8 +153,9 @@ pub struct Session {
 
 /// What a session record holds that can change: its counters and its last
 /// activity. A session whose counters are as written is written again only
-/// once its last activity is [`touch_every`] past the written one, so that calls that change nothing else (a re-evaluated call id, a
-/// host polling a pending approval) neither write nor wait for a sync.
+/// once its last activity is [`touch_every`] past the written one, so that
+/// calls that change nothing else (a re-evaluated call id, a host polling a
+/// pending approval) neither write nor wait for a sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Written {
     last_seen: Timestamp,
@@ -167,7 +168,7 @@ struct Written {
 
 /// The most a crash can take back of a session's last activity (less when
 /// the policy's idle time is short: [`touch_every`]).
-pub const TOUCH_EVERY_MILLIS: u64 = 1_000;
+const TOUCH_EVERY_MILLIS: u64 = 1_000;
 
 /// How stale the stored last activity of a session may get under `limits`:
 /// [`TOUCH_EVERY_MILLIS`], or a tenth of the idle time that evicts a
