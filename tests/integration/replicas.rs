@@ -6,7 +6,7 @@
 //! transitions in commit order; a replica killed under load loses nothing
 //! that was acknowledged.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use tokio_stream::StreamExt;
@@ -69,11 +69,16 @@ async fn approval(server: &Spawned, approval_id: &str) -> pb::Approval {
 }
 
 async fn resource(server: &Spawned, name: &str) -> pb::Resource {
+    resource_page(server, name, String::new()).await
+}
+
+/// The page of resource `name` that `page_token` names (the first: empty).
+async fn resource_page(server: &Spawned, name: &str, page_token: String) -> pb::Resource {
     pb::resources_client::ResourcesClient::new(server.channel().await)
         .get_resource(authed(
             pb::GetResourceRequest {
                 name: name.to_string(),
-                page_token: String::new(),
+                page_token,
                 page_size: 0,
             },
             EXAMPLE_REVIEWER,
@@ -265,8 +270,12 @@ async fn post_until(
 }
 
 /// Every acknowledged post replays on `server` with its receipt, and no two
-/// made the same version: each committed once, in one order.
-async fn every_post_committed_once(server: &Spawned, acknowledged: &Acknowledged) {
+/// made the same version: each committed once, in one order. The queue
+/// holds each poster's acknowledged posts and nothing else, but for one
+/// more of each poster in `killed`: a post that committed while its
+/// replica was killed, whose answer never left it (its poster, gone with
+/// the replica, had one post in flight at most).
+async fn every_post_committed_once(server: &Spawned, acknowledged: &Acknowledged, killed: &[&str]) {
     let mut client = server.pdp().await;
     let mut versions = HashSet::new();
     for (session_id, call_id, version, receipt_id) in acknowledged {
@@ -280,8 +289,37 @@ async fn every_post_committed_once(server: &Spawned, acknowledged: &Acknowledged
         assert_eq!(&answer.receipt_id, receipt_id, "{call_id}");
         assert!(versions.insert(answer.version), "{call_id}: {answer:?}");
     }
-    let queue = resource(server, "queue").await;
-    assert_eq!(queue.item_count, Some(acknowledged.len() as u64));
+    let mut told: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, call_id, _, _) in acknowledged {
+        let poster = call_id.split('-').next().unwrap_or_default();
+        *told.entry(poster.to_string()).or_default() += 1;
+    }
+    let mut held: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut items, mut page_token) = (0, String::new());
+    let count = loop {
+        let page = resource_page(server, "queue", page_token).await;
+        let posts: Vec<serde_json::Value> =
+            serde_json::from_str(&page.value_json).expect("the queue's items");
+        for post in &posts {
+            let poster = post["text"].as_str().expect("a post's text");
+            *held.entry(poster.to_string()).or_default() += 1;
+        }
+        items += posts.len() as u64;
+        if page.next_page_token.is_empty() {
+            break page.item_count;
+        }
+        page_token = page.next_page_token;
+    };
+    assert_eq!(count, Some(items));
+    for (poster, &count) in &held {
+        let acknowledged = told.get(poster).copied().unwrap_or(0);
+        let unanswered = u64::from(killed.contains(&poster.as_str()));
+        assert!(
+            (acknowledged..=acknowledged + unanswered).contains(&count),
+            "{poster}: {count} posts in the queue, {acknowledged} acknowledged"
+        );
+    }
+    assert!(told.keys().all(|poster| held.contains_key(poster)));
 }
 
 /// Runs one poster per replica for `load`, doing `fault` in the middle;
@@ -327,7 +365,7 @@ async fn a_replica_killed_under_load_loses_nothing_acknowledged() {
     })
     .await;
     assert!(acknowledged.len() >= 30, "{}", acknowledged.len());
-    every_post_committed_once(&c, &acknowledged).await;
+    every_post_committed_once(&c, &acknowledged, &["kr0"]).await;
     for server in [b, c] {
         assert_eq!(server.stop(), Some(0));
     }
@@ -366,7 +404,7 @@ async fn postgresql_restarted_and_cut_under_load_loses_no_grant_and_commits_noth
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    every_post_committed_once(c, &acknowledged).await;
+    every_post_committed_once(c, &acknowledged, &[]).await;
     // The grant is still there, and commits once.
     let committed = dispatch(c, &call).await.expect("Dispatch");
     assert_eq!(
