@@ -37,11 +37,14 @@ impl State {
     pub fn assess_manifest(&mut self, policy: &Policy, manifest: &Manifest) -> Assessment {
         let pin = self.pin(policy, &manifest.server_id);
         let assessment = manifest::assess(manifest, pin);
-        let last = LastAssessment::from(&assessment);
+        if pin.is_none() {
+            return assessment;
+        }
         // The same assessment again (a server asked again, unchanged)
         // changes nothing, so nothing is written: its answer waits for no
         // sync of its own.
-        if pin.is_some() && self.last_assessed.get(&manifest.server_id) != Some(&last) {
+        let last = LastAssessment::from(&assessment);
+        if self.last_assessed.get(&manifest.server_id) != Some(&last) {
             let key = manifest.server_id.as_bytes().to_vec();
             self.journal.put(Kind::Assessment, key, &last);
             self.last_assessed.insert(manifest.server_id.clone(), last);
