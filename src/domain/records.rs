@@ -6,8 +6,8 @@
 //!
 //! Values are JSON (serde), so that an operator can read a store with the
 //! engine's own tools; keys are binary and ordered so that new records of a
-//! growing kind land at the end of the engine's tree (approvals and receipts
-//! by time first).
+//! growing kind land at the end of the engine's tree (approvals, decided
+//! call ids and receipts by time first).
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -27,7 +27,8 @@ pub enum Kind {
     Approval,
     /// One session's counters by (host, session id).
     Session,
-    /// One call id a session decided, by (host, session id, call id).
+    /// One call id a session decided, by (decided at, host, session id, call
+    /// id).
     DecidedCall,
     /// One resource's version and (for a value that is not a queue) value.
     Resource,

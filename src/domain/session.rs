@@ -41,6 +41,11 @@ struct DecidedCall {
     /// Stored in the record's key, not its value.
     #[serde(skip)]
     call_id: Box<str>,
+    /// When it was decided: the first part of its record's key, so that the
+    /// call ids of every session append to the end of the store's tree
+    /// instead of landing each in its session's leaf ([`decided_key`]).
+    #[serde(skip)]
+    decided_at: Timestamp,
     fingerprint: Fingerprint,
     refused: Option<Reason>,
 }
@@ -77,21 +82,13 @@ impl DecidedCalls {
         self.find(call_id).map(|call| call.fingerprint)
     }
 
-    /// Records a call id the first time it is charged; returns the bytes it
-    /// added under the byte budget (none when it was already remembered).
-    fn insert(
-        &mut self,
-        call_id: &str,
-        fingerprint: Fingerprint,
-        refused: Option<Reason>,
-    ) -> usize {
+    /// Records a call id the first time it is charged (or replaces it, from
+    /// a stored record); returns the bytes it added under the byte budget
+    /// (none when it was already remembered).
+    fn insert(&mut self, call: DecidedCall) -> usize {
+        let call_id = &*call.call_id;
         let hash = self.calls.hash(call_id);
-        let call = DecidedCall {
-            call_id: call_id.into(),
-            fingerprint,
-            refused,
-        };
-        match self.calls.find_mut(hash, |call| &*call.call_id == call_id) {
+        match self.calls.find_mut(hash, |held| &*held.call_id == call_id) {
             Some(existing) => {
                 *existing = call;
                 0
@@ -425,8 +422,25 @@ fn session_key(host: &str, session_id: &str) -> Vec<u8> {
     records::key(&[host.as_bytes(), session_id.as_bytes()])
 }
 
-fn decided_key(host: &str, session_id: &str, call_id: &str) -> Vec<u8> {
-    records::key(&[host.as_bytes(), session_id.as_bytes(), call_id.as_bytes()])
+/// A decided call id's key: (decided at, host, session id, call id). By time
+/// first, so that a batch of new call ids of many sessions writes the last
+/// leaf or two of the store's tree, not a leaf per call id (a session's
+/// call ids are found in memory, never by key).
+fn decided_key(host: &str, session_id: &str, call: &DecidedCall) -> Vec<u8> {
+    records::key(&[
+        &records::time_part(call.decided_at),
+        host.as_bytes(),
+        session_id.as_bytes(),
+        call.call_id.as_bytes(),
+    ])
+}
+
+/// What a decided call id's key of the first schema, (host, session id,
+/// call id), is prefixed with to become a [`decided_key`]: a decided-at of
+/// 0, for the call ids decided before their keys had a time. The stores'
+/// migrations use it, so that every store rewrites those keys alike.
+pub fn undated_call_key_prefix() -> Vec<u8> {
+    records::key(&[&records::time_part(Timestamp(0))])
 }
 
 /// A decided call id as it is stored: its record's key and value.
@@ -447,9 +461,9 @@ impl StoredCall {
 /// A stored decided call id of this key and value.
 pub fn decode_call(key: &[u8], value: &[u8]) -> Result<StoredCall> {
     let mut call: DecidedCall = records::decode_value(Kind::DecidedCall, value)?;
-    let [host, session_id, call_id] =
-        key_parts::<3>(key).ok_or_else(|| records::corrupt_key(Kind::DecidedCall))?;
+    let (decided_at, [host, session_id, call_id]) = split_call_key(key)?;
     call.call_id = call_id.into();
+    call.decided_at = decided_at;
     Ok(StoredCall {
         host,
         session_id,
@@ -459,7 +473,21 @@ pub fn decode_call(key: &[u8], value: &[u8]) -> Result<StoredCall> {
 
 /// The (host, session id, call id) of a decided call id's key.
 pub fn decode_call_key(key: &[u8]) -> Result<[String; 3]> {
-    key_parts::<3>(key).ok_or_else(|| records::corrupt_key(Kind::DecidedCall))
+    split_call_key(key).map(|(_, names)| names)
+}
+
+/// The parts of a decided call id's key ([`decided_key`]).
+fn split_call_key(key: &[u8]) -> Result<(Timestamp, [String; 3])> {
+    let corrupt = || records::corrupt_key(Kind::DecidedCall);
+    let parts = records::split_key(key).ok_or_else(corrupt)?;
+    let (at, names) = parts.split_first().ok_or_else(corrupt)?;
+    let at = <[u8; 8]>::try_from(*at).map_err(|_| corrupt())?;
+    let names: Vec<String> = names
+        .iter()
+        .map(|part| String::from_utf8(part.to_vec()).map_err(|_| corrupt()))
+        .collect::<Result<_>>()?;
+    let names = <[String; 3]>::try_from(names).map_err(|_| corrupt())?;
+    Ok((Timestamp(u64::from_be_bytes(at)), names))
 }
 
 /// The (host, session id) of a session's key.
@@ -617,9 +645,15 @@ impl Sessions {
         let entry = self.open(session, now, limits)?;
         let mut decided = None;
         if charge.decision {
-            let remembered = entry.decided.insert(call_id, fingerprint, charge.refused);
+            let call = DecidedCall {
+                call_id: call_id.into(),
+                decided_at: now,
+                fingerprint,
+                refused: charge.refused,
+            };
+            let remembered = entry.decided.insert(call.clone());
             entry.decisions += 1;
-            decided = Some(remembered);
+            decided = Some((remembered, call));
         }
         if charge.tool_attempt {
             entry.tool_attempts += 1;
@@ -629,14 +663,9 @@ impl Sessions {
         {
             entry.stopped_reason.get_or_insert(reason);
         }
-        if let Some(remembered) = decided {
+        if let Some((remembered, call)) = decided {
             self.count_decided_bytes(remembered);
-            let call = DecidedCall {
-                call_id: call_id.into(),
-                fingerprint,
-                refused: charge.refused,
-            };
-            let key = decided_key(&session.host, &session.session_id, call_id);
+            let key = decided_key(&session.host, &session.session_id, &call);
             self.journal.put(Kind::DecidedCall, key, &call);
         }
         Ok(())
@@ -683,7 +712,7 @@ impl Sessions {
                     session_key(&session.host, &session.session_id),
                 );
                 for call in session.decided.calls.iter() {
-                    let key = decided_key(&session.host, &session.session_id, &call.call_id);
+                    let key = decided_key(&session.host, &session.session_id, call);
                     journal.delete(Kind::DecidedCall, key);
                 }
                 freed = freed.saturating_add(session.decided.bytes());
@@ -764,10 +793,7 @@ impl Sessions {
         }) else {
             return Some(call);
         };
-        let added =
-            session
-                .decided
-                .insert(&call.call.call_id, call.call.fingerprint, call.call.refused);
+        let added = session.decided.insert(call.call);
         self.decided_bytes = self.decided_bytes.saturating_add(added);
         None
     }

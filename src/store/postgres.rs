@@ -99,6 +99,7 @@ use super::{Behind, Resume, Store, StoreError, StoreResult, Turn};
 use crate::domain::clock::Timestamp;
 use crate::domain::policy::PostgresSettings;
 use crate::domain::records::{Change, Kind, Record};
+use crate::domain::session;
 
 /// The schema the tables live in when the URL names none (`?schema=`).
 pub const DEFAULT_SCHEMA: &str = "toolgate";
@@ -118,8 +119,12 @@ pub type Migration = fn(&Connection<'_>, &str) -> Result<(), Error>;
 
 /// The schema's history, oldest first. Append only: a released migration is
 /// never changed, since schemas made with it exist.
-pub const MIGRATIONS: &[Migration] =
-    &[create_v1_tables, create_v2_commit_count, create_v3_replicas];
+pub const MIGRATIONS: &[Migration] = &[
+    create_v1_tables,
+    create_v2_commit_count,
+    create_v3_replicas,
+    key_v4_decided_calls_by_time,
+];
 
 /// The schema version this binary writes (and the newest it can open).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -196,6 +201,24 @@ pub(super) fn create_v3_replicas(transaction: &Connection<'_>, schema: &str) -> 
         tail = RECEIPT_KEY_TAIL,
         receipt = kind_code(Kind::Receipt),
     ))
+}
+
+/// Version 4: a decided call id's key starts with the time it was decided
+/// ([`session::undated_call_key_prefix`] for the ones already stored,
+/// tombstones included), so that new call ids append to the index instead
+/// of each landing in its session's leaf.
+pub(super) fn key_v4_decided_calls_by_time(
+    transaction: &Connection<'_>,
+    schema: &str,
+) -> Result<(), Error> {
+    transaction.execute(
+        &format!("UPDATE {schema}.records SET key = $1 || key WHERE kind = $2"),
+        &[
+            &session::undated_call_key_prefix(),
+            &kind_code(Kind::DecidedCall),
+        ],
+    )?;
+    Ok(())
 }
 
 /// Where the (host, actor, call id) part of a receipt's key begins (1-based,
@@ -569,8 +592,8 @@ pub(super) struct Statements {
     select: String,
     /// The records (tombstones included) committed after a count.
     since: String,
-    /// The count of commits, how far tombstones are purged, and the
-    /// server's clock in milliseconds.
+    /// The count of commits, how far tombstones are purged, the server's
+    /// clock in milliseconds and the schema's version.
     head: String,
     /// The count at which a commit's token was kept.
     token: String,
@@ -667,6 +690,9 @@ pub struct PostgresStore {
     bytes: u64,
     measured: Instant,
     opened: Opened,
+    /// Set once a turn or read found the schema migrated since it was
+    /// opened ([`PostgresStore::check_version`]): never back from that.
+    migrated: Option<StoreError>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -756,6 +782,7 @@ impl PostgresStore {
                 found: 0,
                 version: 0,
             },
+            migrated: None,
         };
         store.opened = store.session(|connection, _, target| {
             prepare_schema(connection, target, migrations, migrate)
@@ -874,26 +901,50 @@ impl PostgresStore {
 
     /// Takes the store's lock (in a transaction of its own), then reads the
     /// count of commits, how far tombstones are purged, and the clock.
+    /// Refuses to go on with a schema another toolgate migrated since this
+    /// one opened it: what it writes and reads is of its own version, and
+    /// the records of another version could be misread or written in a
+    /// form the new version cannot read. Checked in every turn and read, so
+    /// that a replica left running through `toolgate store migrate` stops
+    /// (its calls answer UNAVAILABLE) instead.
+    fn check_version(&mut self, version: i64) -> StoreResult<()> {
+        if version == i64::from(self.opened.version) {
+            return Ok(());
+        }
+        let error = StoreError(format!(
+            "the PostgreSQL store at {}: the schema is now version {version}, and this toolgate \
+             opened it at version {}: it was migrated under this replica; restart it with a \
+             toolgate of version {version}",
+            self.target, self.opened.version
+        ));
+        self.migrated = Some(error.clone());
+        Err(error)
+    }
+
     fn lock(&mut self) -> StoreResult<(i64, i64, Timestamp)> {
         let messages = self.run("taking the store's lock", |client, statements| {
             client.simple_query(&statements.begin)
         })?;
         let head = messages.iter().find_map(|message| match message {
-            SimpleQueryMessage::Row(row) if row.len() == 3 => {
+            SimpleQueryMessage::Row(row) if row.len() == 4 => {
                 let number = |index: usize| row.get(index)?.parse::<i64>().ok();
-                Some((number(0)?, number(1)?, number(2)?))
+                Some((number(0)?, number(1)?, number(2)?, number(3)?))
             }
             _ => None,
         });
-        let Some((count, purged, now)) = head else {
+        let Some((count, purged, now, version)) = head else {
             let _ = self.release();
             return Err(StoreError(format!(
                 "the PostgreSQL store at {}: reading {}.commits under the store's lock: \
-                 not one row of three numbers (damaged?)",
+                 not one row of four numbers (damaged?)",
                 self.target,
                 self.target.schema()
             )));
         };
+        if let Err(error) = self.check_version(version) {
+            let _ = self.release();
+            return Err(error);
+        }
         self.turn = Some(count);
         Ok((count, purged, Timestamp(now.unsigned_abs())))
     }
@@ -1235,7 +1286,8 @@ fn prepare_schema(
 /// The statements of a store on `schema` (a checked identifier).
 fn statements(schema: &str) -> Statements {
     let head = format!(
-        "SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8 \
+        "SELECT n, purged, (extract(epoch FROM clock_timestamp()) * 1000)::int8, \
+             (SELECT version FROM {schema}.schema_version) \
          FROM {schema}.commits"
     );
     let (namespace, key) = lock_keys(schema);
@@ -1322,10 +1374,15 @@ impl Store for PostgresStore {
         if self.turn.is_some() {
             return self.select_all();
         }
-        let count: i64 = self.run("reading the records", |client, statements| {
+        let (count, version): (i64, i32) = self.run("reading the records", |client, s| {
             client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
-            Ok(client.query_one(&statements.head, &[])?.get(0))
+            let row = client.query_one(&s.head, &[])?;
+            Ok((row.get(0), row.get(3)))
         })?;
+        if let Err(error) = self.check_version(version.into()) {
+            self.release()?;
+            return Err(error);
+        }
         let records = self.select_all()?;
         self.run("reading the records", |client, _| {
             client.batch_execute("COMMIT")
@@ -1361,6 +1418,9 @@ impl Store for PostgresStore {
     /// that did not take effect leaves the state in memory ahead of the
     /// store: the next turn loads everything.
     fn resume(&mut self) -> Resume {
+        if let Some(migrated) = &self.migrated {
+            return Resume::Final(Some(migrated.clone()));
+        }
         if let Some(held) = self.held.take() {
             drop(Object::take(held));
         }
@@ -1419,12 +1479,16 @@ impl Store for PostgresStore {
         if self.turn.is_some() {
             return Ok(None);
         }
-        let (count, purged): (i64, i64) =
+        let (count, purged, version): (i64, i64, i32) =
             self.run("reading the count of commits", |client, s| {
                 client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
                 let row = client.query_one(&s.head, &[])?;
-                Ok((row.get(0), row.get(1)))
+                Ok((row.get(0), row.get(1), row.get(3)))
             })?;
+        if let Err(error) = self.check_version(version.into()) {
+            self.release()?;
+            return Err(error);
+        }
         // Too far behind for the changes: everything is loaded in the next
         // turn instead, under the lock, so that what the state makes of it
         // (resources a policy declares that the store lacks) commits against

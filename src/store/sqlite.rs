@@ -51,6 +51,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavio
 
 use super::{Store, StoreError, StoreResult};
 use crate::domain::records::{Change, Kind, Record};
+use crate::domain::session;
 
 /// The database file's name in the data directory.
 pub const DB_FILE: &str = "toolgate.sqlite3";
@@ -63,7 +64,7 @@ pub type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
 
 /// The schema's history, oldest first. Append only: a released migration is
 /// never changed, since stores made with it exist.
-pub const MIGRATIONS: &[Migration] = &[create_v1_tables];
+pub const MIGRATIONS: &[Migration] = &[create_v1_tables, key_v2_decided_calls_by_time];
 
 /// The schema version this binary writes (and the newest it can open).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -90,6 +91,33 @@ pub(super) fn create_v1_tables(transaction: &Transaction<'_>) -> rusqlite::Resul
         ))?;
     }
     Ok(())
+}
+
+/// Version 2: a decided call id's key starts with the time it was decided
+/// ([`session::undated_call_key_prefix`] for the ones already stored), so
+/// that new call ids append to the table instead of each landing in its
+/// session's leaf. Copied into a new table, since SQL's `||` is text
+/// concatenation and keys are bytes.
+pub(super) fn key_v2_decided_calls_by_time(transaction: &Transaction<'_>) -> rusqlite::Result<()> {
+    transaction.execute_batch(
+        "CREATE TABLE decided_calls_v2 \
+         (k BLOB PRIMARY KEY NOT NULL, v BLOB NOT NULL) WITHOUT ROWID",
+    )?;
+    let prefix = session::undated_call_key_prefix();
+    {
+        let mut select = transaction.prepare("SELECT k, v FROM decided_calls")?;
+        let mut insert =
+            transaction.prepare("INSERT INTO decided_calls_v2 (k, v) VALUES (?1, ?2)")?;
+        let mut rows = select.query([])?;
+        while let Some(row) = rows.next()? {
+            let key: Vec<u8> = row.get(0)?;
+            let value: Vec<u8> = row.get(1)?;
+            insert.execute(rusqlite::params![[prefix.as_slice(), &key].concat(), value])?;
+        }
+    }
+    transaction.execute_batch(
+        "DROP TABLE decided_calls; ALTER TABLE decided_calls_v2 RENAME TO decided_calls",
+    )
 }
 
 /// How long a statement waits for another connection's lock (a backup's or

@@ -9,6 +9,8 @@
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
+use toolgate::store::postgres::SCHEMA_VERSION;
+
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::policies::portable;
@@ -63,7 +65,7 @@ async fn a_grant_made_before_a_restart_commits_once_after_it() {
     let shown = schema.target.to_string();
     assert!(
         start.iter().any(|line| line.contains(&format!(
-            "state kept in PostgreSQL at {shown}; created the tables (schema version 3)"
+            "state kept in PostgreSQL at {shown}; created the tables (schema version {SCHEMA_VERSION})"
         ))),
         "{start:#?}"
     );
@@ -92,7 +94,7 @@ async fn a_grant_made_before_a_restart_commits_once_after_it() {
     let start = lines_until(&stderr, "state recovered");
     assert!(
         start.iter().any(|line| line.contains(&format!(
-            "state kept in PostgreSQL at {shown} (schema version 3)"
+            "state kept in PostgreSQL at {shown} (schema version {SCHEMA_VERSION})"
         ))),
         "{start:#?}"
     );
@@ -232,7 +234,8 @@ fn store_migrate_creates_the_tables_then_finds_them_current() {
     assert!(
         stderr.contains(&format!(
             "the PostgreSQL store at {shown} has no toolgate tables in schema {}; this \
-             toolgate needs version 3: run `toolgate store migrate`, or serve with --migrate",
+             toolgate needs version {SCHEMA_VERSION}: run `toolgate store migrate`, or serve with \
+             --migrate",
             schema.name()
         )),
         "{stderr}"
@@ -241,7 +244,7 @@ fn store_migrate_creates_the_tables_then_finds_them_current() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         stdout,
-        format!("store   {shown}\nschema  3\ndone    created\n")
+        format!("store   {shown}\nschema  {SCHEMA_VERSION}\ndone    created\n")
     );
     let (code, stdout, _) = migrate();
     assert_eq!(code, Some(0));

@@ -106,7 +106,8 @@ fn store_check_and_backup_on_a_stopped_store() {
         run.field("store"),
         Some(dir.join(sqlite::DB_FILE).to_str().expect("utf-8"))
     );
-    assert_eq!(run.field("schema"), Some("1"));
+    let version = sqlite::SCHEMA_VERSION.to_string();
+    assert_eq!(run.field("schema"), Some(version.as_str()));
     assert_eq!(run.field("records"), Some("28"));
     let bytes: u64 = run
         .field("bytes")
@@ -127,7 +128,7 @@ fn store_check_and_backup_on_a_stopped_store() {
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(run.field("backup"), file.to_str());
     assert_eq!(run.field("records"), Some("28"));
-    assert_eq!(run.field("schema"), Some("1"));
+    assert_eq!(run.field("schema"), Some(version.as_str()));
     assert!(
         run.field("restore")
             .is_some_and(|restore| restore.starts_with("mkdir -m 700 NEW && cp ")),

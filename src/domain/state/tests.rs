@@ -12,7 +12,8 @@ use crate::domain::ledger::{ApprovalEvent, ApprovalStatus, EventKind, ListQuery,
 use crate::domain::manifest::Manifest;
 use crate::domain::policy::Policy;
 use crate::domain::proposal::{self, Proposal, SessionRef};
-use crate::domain::records::{Change, Kind};
+use crate::domain::records::{Change, Kind, key, time_part};
+use crate::domain::session;
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 
@@ -556,6 +557,7 @@ fn the_mixed_run_exercises_every_transition() {
     let mut kinds = Vec::new();
     let mut deletions = std::collections::BTreeSet::new();
     let (mut most_approvals, mut most_receipts, mut most_bytes) = (0, 0, 0);
+    let mut checked_calls = 0;
     for _ in 0..600 {
         replicas.step(&mut rng);
         let stats = replicas.a.stats();
@@ -575,6 +577,9 @@ fn the_mixed_run_exercises_every_transition() {
             .apply_changes(&replicas.policy, &changes)
             .unwrap();
         replicas.events.clear();
+        let stored = stored_call_bytes(&mut replicas.store, &replicas.a);
+        assert_eq!(stored, replicas.a.sessions.decided_bytes());
+        checked_calls += stored;
     }
     // Full, so that a new request or receipt has to evict to fit.
     let limits = &replicas.policy.limits;
@@ -601,6 +606,28 @@ fn the_mixed_run_exercises_every_transition() {
     ] {
         assert!(deletions.contains(&kind), "no {kind:?} dropped in the run");
     }
+    assert!(checked_calls > 0);
+}
+
+/// The bytes under the budget of the call ids `store` holds, each checked
+/// to be one `state` remembers: a call id is dropped under the key it was
+/// written with (its decided-at first), not one left behind under a key
+/// nothing deletes.
+fn stored_call_bytes(store: &mut MemoryStore, state: &State) -> usize {
+    let mut bytes = 0;
+    for record in store.load().unwrap() {
+        if record.kind != Kind::DecidedCall {
+            continue;
+        }
+        let [host, session_id, call_id] = session::decode_call_key(&record.key).unwrap();
+        let held = state.sessions.get(&host, &session_id);
+        assert!(
+            held.is_some_and(|held| held.decided.get(&call_id).is_some()),
+            "{call_id:?} of {session_id:?} is stored but not remembered"
+        );
+        bytes += session::decided_call_bytes(&call_id);
+    }
+    bytes
 }
 
 /// After applying, `b` takes over: a grant `a` made is consumed on `b`,
@@ -807,7 +834,10 @@ fn deleting_what_is_not_held_is_no_error() {
     let deletions = [
         (Kind::Approval, key(&[&time, Uuid::new_v4().as_bytes()])),
         (Kind::Session, key(&[b"host", b"session"])),
-        (Kind::DecidedCall, key(&[b"host", b"session", b"call"])),
+        (
+            Kind::DecidedCall,
+            key(&[&time, b"host", b"session", b"call"]),
+        ),
         (Kind::QueueItem, key(&[b"outbox", &7u64.to_be_bytes()])),
         (Kind::QueueItem, key(&[b"nothing", &0u64.to_be_bytes()])),
         (Kind::Receipt, key(&[&time, b"host", b"actor", b"call"])),
@@ -852,7 +882,10 @@ fn a_corrupt_change_is_an_error_naming_its_kind() {
     let valid_keys = [
         (Kind::Approval, key(&[&time, Uuid::new_v4().as_bytes()])),
         (Kind::Session, key(&[b"host", b"session"])),
-        (Kind::DecidedCall, key(&[b"host", b"session", b"call"])),
+        (
+            Kind::DecidedCall,
+            key(&[&time, b"host", b"session", b"call"]),
+        ),
         (Kind::Resource, b"outbox".to_vec()),
         (Kind::QueueItem, key(&[b"outbox", &0u64.to_be_bytes()])),
         (Kind::Receipt, key(&[&time, b"host", b"actor", b"call"])),
@@ -872,8 +905,16 @@ fn a_corrupt_change_is_an_error_naming_its_kind() {
                 corrupt_keys.push(Change {
                     kind,
                     key: vec![0xff, 0xff],
-                    value,
+                    value: value.clone(),
                 });
+                if kind == Kind::DecidedCall {
+                    // The first schema's key, without the time it was decided.
+                    corrupt_keys.push(Change {
+                        kind,
+                        key: key(&[b"host", b"session", b"call"]),
+                        value,
+                    });
+                }
             }
         }
         for corrupt in std::iter::once(corrupt_value).chain(corrupt_keys) {
@@ -1105,4 +1146,74 @@ fn a_session_is_rewritten_for_its_last_activity_once_a_second() {
     assert_eq!(stored(&mut replicas), Some(Timestamp(1_001_700)));
     replicas.a.note_every_touch();
     assert_eq!(all(&mut replicas), 0);
+}
+
+/// Call ids stored under the first schema's keys, as the stores' migration
+/// rewrites them (the undated prefix before (host, session id, call id)):
+/// restored and remembered, and dropped under those very keys when their
+/// session is evicted.
+#[test]
+fn call_ids_of_the_first_schema_restore_and_are_dropped_under_their_keys() {
+    let mut replicas = Replicas::new();
+    let session = replicas.sessions[0].clone();
+    let proposal = Proposal::new(
+        "c1".into(),
+        session.actor.clone(),
+        "reset".into(),
+        0,
+        r#"{"name":"lamp","value":"on"}"#,
+    )
+    .unwrap();
+    let call = Call {
+        session: session.clone(),
+        proposal,
+    };
+    assert_eq!(replicas.decide(&call, Grants::Keep), Some(Outcome::Allow));
+    // The key as this schema writes it: (decided at, host, session, call).
+    let dated = key(&[
+        &time_part(replicas.now),
+        session.host.as_bytes(),
+        session.session_id.as_bytes(),
+        b"c1",
+    ]);
+    let migrated = [
+        session::undated_call_key_prefix(),
+        key(&[
+            session.host.as_bytes(),
+            session.session_id.as_bytes(),
+            b"c1",
+        ]),
+    ]
+    .concat();
+    let mut changes = replicas.a.take_changes().unwrap();
+    let mut calls = 0;
+    for change in &mut changes {
+        if change.kind == Kind::DecidedCall {
+            assert_eq!(change.key, dated);
+            change.key = migrated.clone();
+            calls += 1;
+        }
+    }
+    assert_eq!(calls, 1);
+    replicas.store.commit(&changes).unwrap();
+    let policy = policy();
+    let mut restored = State::restore(&policy, replicas.store.load().unwrap()).unwrap();
+    let held = restored.sessions.get(&session.host, &session.session_id);
+    assert_eq!(
+        held.and_then(|held| held.decided.get("c1")),
+        Some(call.proposal.fingerprint)
+    );
+    // Idle past the policy's 40 s: the session and its call id go, the
+    // call id under its migrated key.
+    let later = Timestamp(replicas.now.0 + 41_000);
+    restored.sweep(&policy, later);
+    let dropped = restored.take_changes().unwrap();
+    assert!(
+        dropped.iter().any(|change| change.kind == Kind::DecidedCall
+            && change.key == migrated
+            && change.value.is_none()),
+        "{dropped:?}"
+    );
+    replicas.store.commit(&dropped).unwrap();
+    assert_eq!(stored_call_bytes(&mut replicas.store, &restored), 0);
 }

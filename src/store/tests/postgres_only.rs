@@ -11,7 +11,7 @@ use crate::domain::clock::Clock;
 use crate::domain::policy::PostgresSettings;
 use crate::store::postgres::{
     self, Connection, DEFAULT_SCHEMA, Migration, PostgresTarget, SCHEMA_VERSION, create_v1_tables,
-    create_v2_commit_count, create_v3_replicas,
+    create_v2_commit_count,
 };
 use crate::store::{Behind, Resume};
 
@@ -439,13 +439,15 @@ fn opening_creates_the_tables_then_finds_them_current() {
         }
     );
     assert_eq!(
-        store.opened().describe().as_deref(),
-        Some("created the tables (schema version 3)")
+        store.opened().describe(),
+        Some(format!(
+            "created the tables (schema version {SCHEMA_VERSION})"
+        ))
     );
     assert_eq!(store.name(), "postgres");
     drop(store);
     assert_eq!(schema.tables(), TABLES);
-    assert_eq!(schema.version(), 3);
+    assert_eq!(schema.version(), SCHEMA_VERSION as i32);
     let store = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(store.opened().found, SCHEMA_VERSION);
     assert_eq!(store.opened().describe(), None);
@@ -468,9 +470,9 @@ fn opening_without_migrating_refuses_a_schema_to_create_or_migrate_untouched() {
     drop(PostgresStore::open_with(&schema.target, OLDER).unwrap());
     let error = PostgresStore::open_current(&schema.target).unwrap_err();
     assert!(
-        error
-            .0
-            .contains("has schema version 2; this toolgate needs version 3"),
+        error.0.contains(&format!(
+            "has schema version 2; this toolgate needs version {SCHEMA_VERSION}"
+        )),
         "{error}"
     );
     assert_eq!(schema.version(), 2);
@@ -494,31 +496,28 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
     store.commit(&[put(Kind::Pin, b"p", b"1")]).unwrap();
     drop(store);
     // A migration that fails leaves the current version as it was.
-    const FAILING: &[Migration] = &[
-        create_v1_tables,
-        create_v2_commit_count,
-        create_v3_replicas,
-        add_extra,
-        fail,
-    ];
-    let error = PostgresStore::open_with(&schema.target, FAILING).unwrap_err();
+    let then = |steps: &[Migration]| -> Vec<Migration> {
+        postgres::MIGRATIONS.iter().chain(steps).copied().collect()
+    };
+    let (current, next) = (SCHEMA_VERSION, SCHEMA_VERSION + 1);
+    let error = PostgresStore::open_with(&schema.target, &then(&[add_extra, fail])).unwrap_err();
     assert!(
-        error.0.contains("migrating from schema version 4 to 5"),
+        error.0.contains(&format!(
+            "migrating from schema version {next} to {}",
+            next + 1
+        )),
         "{error}"
     );
     assert_eq!(schema.tables(), TABLES);
-    assert_eq!(schema.version(), 3);
-    // From 3 to 4.
-    const LATER: &[Migration] = &[
-        create_v1_tables,
-        create_v2_commit_count,
-        create_v3_replicas,
-        add_extra,
-    ];
-    let store = PostgresStore::open_with(&schema.target, LATER).unwrap();
+    assert_eq!(schema.version(), current as i32);
+    // One step further.
+    let later = then(&[add_extra]);
+    let store = PostgresStore::open_with(&schema.target, &later).unwrap();
     assert_eq!(
-        store.opened().describe().as_deref(),
-        Some("migrated the schema from version 3 to 4")
+        store.opened().describe(),
+        Some(format!(
+            "migrated the schema from version {current} to {next}"
+        ))
     );
     drop(store);
     let with_extra = [
@@ -530,21 +529,21 @@ fn an_older_schema_migrates_in_one_transaction_and_a_newer_is_refused_untouched(
         "transitions",
     ];
     assert_eq!(schema.tables(), with_extra);
-    assert_eq!(schema.version(), 4);
-    // This binary knows version 3 only: version 4 is refused, untouched.
+    assert_eq!(schema.version(), next as i32);
+    // This binary knows its own version only: the next is refused, untouched.
     let rows = schema.rows();
     let error = PostgresStore::open(&schema.target).unwrap_err();
     assert!(
         error.0.contains(&format!(
-            "has schema version 4; this toolgate knows up to {SCHEMA_VERSION}: upgrade toolgate"
+            "has schema version {next}; this toolgate knows up to {current}: upgrade toolgate"
         )),
         "{error}"
     );
     assert_eq!(schema.tables(), with_extra);
-    assert_eq!(schema.version(), 4);
+    assert_eq!(schema.version(), next as i32);
     assert_eq!(schema.rows(), rows);
     // And the refused open let go of the store's lock.
-    PostgresStore::open_with(&schema.target, LATER).unwrap();
+    PostgresStore::open_with(&schema.target, &later).unwrap();
 }
 
 #[test]
@@ -564,14 +563,121 @@ fn a_version_1_schema_is_migrated_to_the_latest_and_keeps_its_records() {
     ));
     let mut store = PostgresStore::open(&schema.target).unwrap();
     assert_eq!(
-        store.opened().describe().as_deref(),
-        Some("migrated the schema from version 1 to 3")
+        store.opened().describe(),
+        Some(format!(
+            "migrated the schema from version 1 to {SCHEMA_VERSION}"
+        ))
     );
     assert_eq!(contents(&mut store), expect(&[(Kind::Receipt, b"r", b"1")]));
     store.commit(&[put(Kind::Receipt, b"s", b"2")]).unwrap();
     drop(store);
     assert_eq!(schema.tables(), TABLES);
-    assert_eq!(schema.version(), 3);
+    assert_eq!(schema.version(), SCHEMA_VERSION as i32);
+}
+
+/// Version 3 to 4: every decided call id's key gains the undated prefix,
+/// tombstones included; other kinds' keys stay.
+#[test]
+fn a_version_3_schema_gets_its_decided_call_keys_dated() {
+    let mut schema = TestSchema::new();
+    let store = PostgresStore::open_with(&schema.target, &postgres::MIGRATIONS[..3]).unwrap();
+    drop(store);
+    let call = |name: &[u8]| crate::domain::records::key(&[b"host", b"session", name]);
+    let session = crate::domain::records::key(&[b"host", b"session"]);
+    let (calls, sessions) = (
+        postgres::kind_code(Kind::DecidedCall),
+        postgres::kind_code(Kind::Session),
+    );
+    let name = schema.name().to_string();
+    let insert =
+        format!("INSERT INTO {name}.records (kind, key, value, seq) VALUES ($1, $2, $3, 1)");
+    // The second call id is a tombstone (value NULL).
+    let rows = [
+        (calls, call(b"c1"), Some(b"v1".to_vec())),
+        (calls, call(b"c2"), None),
+        (sessions, session.clone(), Some(b"s".to_vec())),
+    ];
+    for (kind, key, value) in &rows {
+        schema.admin.execute(&insert, &[kind, key, value]).unwrap();
+    }
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    assert_eq!(
+        store.opened().describe(),
+        Some(format!(
+            "migrated the schema from version 3 to {SCHEMA_VERSION}"
+        ))
+    );
+    let prefix = crate::domain::session::undated_call_key_prefix();
+    let dated = |name: &[u8]| [prefix.as_slice(), &call(name)].concat();
+    assert_eq!(
+        contents(&mut store),
+        expect(&[
+            (Kind::Session, &session, b"s"),
+            (Kind::DecidedCall, &dated(b"c1"), b"v1"),
+        ])
+    );
+    drop(store);
+    let mut keys: Vec<(i16, Vec<u8>)> = schema
+        .admin
+        .query(&format!("SELECT kind, key FROM {name}.records"), &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    keys.sort();
+    let mut want = vec![
+        (calls, dated(b"c1")),
+        (calls, dated(b"c2")),
+        (sessions, session.clone()),
+    ];
+    want.sort();
+    assert_eq!(keys, want);
+}
+
+/// A replica left running while another toolgate migrates the schema stops:
+/// every turn and read refuses, naming the versions, and lets go of the
+/// store's lock.
+#[test]
+fn a_replica_whose_schema_was_migrated_under_it_refuses_every_turn() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    store.load().unwrap();
+    store.commit(&[put(Kind::Pin, b"p", b"1")]).unwrap();
+    let name = schema.name().to_string();
+    schema.execute(&format!(
+        "UPDATE {name}.schema_version SET version = version + 1"
+    ));
+    let next = SCHEMA_VERSION + 1;
+    let refused = |result: crate::store::StoreResult<()>| {
+        let error = result.unwrap_err();
+        assert!(
+            error.0.contains(&format!(
+                "the schema is now version {next}, and this toolgate opened it at version \
+                 {SCHEMA_VERSION}"
+            )),
+            "{error}"
+        );
+    };
+    refused(store.begin_turn().map(drop));
+    refused(store.commit(&[put(Kind::Pin, b"q", b"2")]));
+    refused(store.catch_up().map(drop));
+    refused(store.load().map(drop));
+    // Never back: the writer stops asking it to resume.
+    assert!(
+        matches!(store.resume(), Resume::Final(Some(error)) if error.0.contains("migrated under this replica")),
+        "not final"
+    );
+    // Nothing was written, and the lock is free for a toolgate of the new
+    // version.
+    let newer: Vec<Migration> = postgres::MIGRATIONS
+        .iter()
+        .copied()
+        .chain([add_extra as Migration])
+        .collect();
+    let mut other = PostgresStore::open_with(&schema.target, &newer).unwrap();
+    assert_eq!(contents(&mut other), expect(&[(Kind::Pin, b"p", b"1")]));
+    other.begin_turn().unwrap();
+    other.commit(&[put(Kind::Pin, b"r", b"3")]).unwrap();
 }
 
 #[test]

@@ -191,6 +191,48 @@ fn a_version_0_file_migrates() {
     }
 }
 
+/// Version 1 to 2: every decided call id's key gains the undated prefix,
+/// its value and every other table unchanged.
+#[test]
+fn a_version_1_store_gets_its_decided_call_keys_dated() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = private_dir(parent.path(), "data");
+    let mut connection = Connection::open(dir.join(DB_FILE)).unwrap();
+    sqlite::migrate(&mut connection, &dir, &sqlite::MIGRATIONS[..1]).unwrap();
+    let call = |name: &[u8]| crate::domain::records::key(&[b"host", b"session", name]);
+    let session = crate::domain::records::key(&[b"host", b"session"]);
+    let rows = [
+        ("decided_calls", call(b"c1"), b"v1".to_vec()),
+        ("decided_calls", call(b"c2"), b"v2".to_vec()),
+        ("sessions", session.clone(), b"s".to_vec()),
+    ];
+    for (table, key, value) in &rows {
+        connection
+            .execute(
+                &format!("INSERT INTO {table} (k, v) VALUES (?1, ?2)"),
+                rusqlite::params![key, value],
+            )
+            .unwrap();
+    }
+    drop(connection);
+    assert_eq!(user_version(&dir.join(DB_FILE)), 1);
+    let mut store = SqliteStore::open(&dir).unwrap();
+    let prefix = crate::domain::session::undated_call_key_prefix();
+    let dated = |name: &[u8]| [prefix.as_slice(), &call(name)].concat();
+    assert_eq!(
+        contents(&mut store),
+        expect(&[
+            (Kind::Session, &session, b"s"),
+            (Kind::DecidedCall, &dated(b"c1"), b"v1"),
+            (Kind::DecidedCall, &dated(b"c2"), b"v2"),
+        ])
+    );
+    drop(store);
+    assert_eq!(user_version(&dir.join(DB_FILE)), SCHEMA_VERSION);
+    let report = sqlite::check(&dir).unwrap();
+    assert!(report.ok(), "{report:?}");
+}
+
 #[test]
 fn a_version_0_file_with_tables_is_not_a_store() {
     let parent = tempfile::tempdir().unwrap();
@@ -250,38 +292,39 @@ fn migrations_apply_in_one_transaction_from_the_stored_version() {
             .collect::<Result<_, _>>()
             .unwrap()
     };
-    // A failing step 1 -> 2: nothing of it stays, the version stays 1.
+    // A failing next step: nothing of it stays, the version stays.
+    let then = |step: sqlite::Migration| -> Vec<sqlite::Migration> {
+        sqlite::MIGRATIONS.iter().copied().chain([step]).collect()
+    };
     let mut connection = Connection::open(&db).unwrap();
     let before = tables(&connection);
-    let error = sqlite::migrate(
-        &mut connection,
-        &dir,
-        &[sqlite::create_v1_tables, add_extra_then_fail],
-    )
-    .unwrap_err();
+    let error = sqlite::migrate(&mut connection, &dir, &then(add_extra_then_fail)).unwrap_err();
     assert!(
-        error.0.contains("migrating from schema version 1 to 2"),
+        error.0.contains(&format!(
+            "migrating from schema version {SCHEMA_VERSION} to {}",
+            SCHEMA_VERSION + 1
+        )),
         "{error}"
     );
     assert_eq!(tables(&connection), before);
-    assert_eq!(user_version(&db), 1);
-    // A working step 1 -> 2 runs alone (step 0 -> 1 is not run again).
-    sqlite::migrate(
-        &mut connection,
-        &dir,
-        &[sqlite::create_v1_tables, add_extra],
-    )
-    .unwrap();
-    assert_eq!(user_version(&db), 2);
+    assert_eq!(user_version(&db), SCHEMA_VERSION);
+    // A working next step runs alone (the earlier ones are not run again).
+    sqlite::migrate(&mut connection, &dir, &then(add_extra)).unwrap();
+    assert_eq!(user_version(&db), SCHEMA_VERSION + 1);
     assert!(tables(&connection).contains(&"extra".to_string()));
     let metas: i64 = connection
         .query_row("SELECT count(*) FROM meta", [], |row| row.get(0))
         .unwrap();
     assert_eq!(metas, 2);
-    // This binary, knowing only version 1, now refuses the store.
+    // This binary, knowing only its own version, now refuses the store.
     drop(connection);
     let error = SqliteStore::open(&dir).unwrap_err();
-    assert!(error.0.contains("schema version 2"), "{error}");
+    assert!(
+        error
+            .0
+            .contains(&format!("schema version {}", SCHEMA_VERSION + 1)),
+        "{error}"
+    );
 }
 
 // ----- check ------------------------------------------------------------------
