@@ -135,6 +135,9 @@ pub struct Session {
     /// decision budget, or [`MAX_CALLS_PER_SESSION`]).
     #[serde(skip)]
     pub decided: DecidedCalls,
+    /// Call ids charged: as many as `decided` holds. The stored record may
+    /// count fewer: a new call id writes its own record, not the session's
+    /// ([`Written`]), so a restored session counts its call ids.
     pub decisions: u64,
     pub tool_attempts: u64,
     pub executed_tools: u64,
@@ -153,10 +156,13 @@ pub struct Session {
 /// once its last activity is [`touch_every`] past the written one, so that
 /// calls that change nothing else (a re-evaluated call id, a host polling a
 /// pending approval) neither write nor wait for a sync.
+///
+/// `decisions` is not among them: each decision writes its call id's record,
+/// and a restored session counts those ([`Sessions::put_call`]), so that a
+/// new call id appends one record instead of also rewriting its session's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Written {
     last_seen: Timestamp,
-    decisions: u64,
     tool_attempts: u64,
     executed_tools: u64,
     executed_cost: u64,
@@ -198,7 +204,6 @@ impl Session {
     fn written(&self) -> Written {
         Written {
             last_seen: self.last_seen,
-            decisions: self.decisions,
             tool_attempts: self.tool_attempts,
             executed_tools: self.executed_tools,
             executed_cost: self.executed_cost,
@@ -221,6 +226,13 @@ impl Session {
         let touched = now.last_seen != stored.last_seen
             && now.last_seen.millis_since(stored.last_seen) >= touch_every;
         counted || touched
+    }
+
+    /// Counts the call ids the session remembers as decisions, when its
+    /// record counts fewer ([`Written`]).
+    fn count_decisions(&mut self) {
+        let remembered = u64::try_from(self.decided.len()).unwrap_or(u64::MAX);
+        self.decisions = self.decisions.max(remembered);
     }
 
     pub fn work_units(&self, decision_cost: u64) -> u64 {
@@ -755,6 +767,7 @@ impl Sessions {
         match found {
             Some(held) => {
                 session.decided = std::mem::take(&mut held.decided);
+                session.count_decisions();
                 **held = session;
             }
             None => {
@@ -794,6 +807,7 @@ impl Sessions {
             return Some(call);
         };
         let added = session.decided.insert(call.call);
+        session.count_decisions();
         self.decided_bytes = self.decided_bytes.saturating_add(added);
         None
     }

@@ -74,6 +74,11 @@ cost = 2
 effect = { kind = "set", resource_argument = "name", value_argument = "value" }
 input_schema = { type = "object", required = ["name", "value"] }
 
+[tools.lookup]
+mode = "read"
+roles = ["agent"]
+input_schema = { type = "object", required = ["query"], properties = { query = { type = "string" } } }
+
 [reviewers.reviewer]
 roles = ["ticket-reviewer"]
 workspaces = ["*"]
@@ -289,7 +294,7 @@ impl Replicas {
 
     fn new_call(&mut self, rng: &mut Rng) -> Call {
         let session = rng.pick(&self.sessions).clone();
-        let (name, target, arguments) = match rng.below(5) {
+        let (name, target, arguments) = match rng.below(6) {
             0 | 1 => {
                 let ticket = *rng.pick(&["lamp", "sensor"]);
                 let status = rng.pick(&["open", "done"]);
@@ -300,6 +305,11 @@ impl Replicas {
                 let text = rng.below(1000);
                 let arguments = format!(r#"{{"recipient":"customer-1","text":"t{text}"}}"#);
                 ("send_reply", "outbox", arguments)
+            }
+            // A read: a decision, but no tool attempt.
+            5 => {
+                let query = rng.below(1000);
+                ("lookup", "lamp", format!(r#"{{"query":"q{query}"}}"#))
             }
             _ => {
                 let name = *rng.pick(&["outbox", "lamp"]);
@@ -1216,4 +1226,44 @@ fn call_ids_of_the_first_schema_restore_and_are_dropped_under_their_keys() {
     );
     replicas.store.commit(&dropped).unwrap();
     assert_eq!(stored_call_bytes(&mut replicas.store, &restored), 0);
+}
+
+/// A new call id that costs no tool attempt (a read) writes its own record
+/// only, not its session's: the session's count of decisions is the count
+/// of its call ids at restore.
+#[test]
+fn a_new_call_id_of_a_read_writes_its_call_id_not_its_session() {
+    let mut replicas = Replicas::new();
+    let session = replicas.sessions[0].clone();
+    let decide = |replicas: &mut Replicas, call_id: &str| {
+        let proposal = Proposal::new(
+            call_id.into(),
+            session.actor.clone(),
+            "lookup".into(),
+            0,
+            r#"{"query":"q"}"#,
+        )
+        .unwrap();
+        let call = Call {
+            session: session.clone(),
+            proposal,
+        };
+        assert_eq!(replicas.decide(&call, Grants::Keep), Some(Outcome::Allow));
+        let changes = replicas.a.take_changes().unwrap();
+        replicas.store.commit(&changes).unwrap();
+        let count = |kind| changes.iter().filter(|change| change.kind == kind).count();
+        (count(Kind::Session), count(Kind::DecidedCall))
+    };
+    // The first call opens the session: both written.
+    assert_eq!(decide(&mut replicas, "r1"), (1, 1));
+    // Later ones, within the second: the call id only.
+    assert_eq!(decide(&mut replicas, "r2"), (0, 1));
+    assert_eq!(decide(&mut replicas, "r3"), (0, 1));
+    let held = |state: &State| {
+        let held = state.sessions.get(&session.host, &session.session_id);
+        held.map(|held| (held.decisions, held.tool_attempts))
+    };
+    assert_eq!(held(&replicas.a), Some((3, 0)));
+    let restored = State::restore(&replicas.policy, replicas.store.load().unwrap()).unwrap();
+    assert_eq!(held(&restored), Some((3, 0)));
 }
