@@ -203,6 +203,16 @@ fn expect(entries: &[(Kind, &[u8], &[u8])]) -> BTreeMap<(Kind, Vec<u8>), Vec<u8>
         .collect()
 }
 
+/// The key of decided call id `name` of session (`host`, `session`) as the
+/// first schema wrote it (no time), and as the migrations rewrite it (the
+/// undated prefix before it).
+fn first_schema_call_key(name: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let undated = crate::domain::records::key(&[b"host", b"session", name]);
+    let prefix = crate::domain::session::undated_call_key_prefix();
+    let dated = [prefix.as_slice(), &undated].concat();
+    (undated, dated)
+}
+
 /// Three records of every kind, binary keys and values included.
 fn every_kind() -> Vec<Change> {
     let mut changes = Vec::new();

@@ -582,7 +582,7 @@ fn a_version_3_schema_gets_its_decided_call_keys_dated() {
     let mut schema = TestSchema::new();
     let store = PostgresStore::open_with(&schema.target, &postgres::MIGRATIONS[..3]).unwrap();
     drop(store);
-    let call = |name: &[u8]| crate::domain::records::key(&[b"host", b"session", name]);
+    let [(c1, dated_c1), (c2, dated_c2)] = [b"c1", b"c2"].map(|name| first_schema_call_key(name));
     let session = crate::domain::records::key(&[b"host", b"session"]);
     let (calls, sessions) = (
         postgres::kind_code(Kind::DecidedCall),
@@ -593,8 +593,8 @@ fn a_version_3_schema_gets_its_decided_call_keys_dated() {
         format!("INSERT INTO {name}.records (kind, key, value, seq) VALUES ($1, $2, $3, 1)");
     // The second call id is a tombstone (value NULL).
     let rows = [
-        (calls, call(b"c1"), Some(b"v1".to_vec())),
-        (calls, call(b"c2"), None),
+        (calls, c1, Some(b"v1".to_vec())),
+        (calls, c2, None),
         (sessions, session.clone(), Some(b"s".to_vec())),
     ];
     for (kind, key, value) in &rows {
@@ -607,13 +607,11 @@ fn a_version_3_schema_gets_its_decided_call_keys_dated() {
             "migrated the schema from version 3 to {SCHEMA_VERSION}"
         ))
     );
-    let prefix = crate::domain::session::undated_call_key_prefix();
-    let dated = |name: &[u8]| [prefix.as_slice(), &call(name)].concat();
     assert_eq!(
         contents(&mut store),
         expect(&[
             (Kind::Session, &session, b"s"),
-            (Kind::DecidedCall, &dated(b"c1"), b"v1"),
+            (Kind::DecidedCall, &dated_c1, b"v1"),
         ])
     );
     drop(store);
@@ -625,11 +623,7 @@ fn a_version_3_schema_gets_its_decided_call_keys_dated() {
         .map(|row| (row.get(0), row.get(1)))
         .collect();
     keys.sort();
-    let mut want = vec![
-        (calls, dated(b"c1")),
-        (calls, dated(b"c2")),
-        (sessions, session.clone()),
-    ];
+    let mut want = vec![(calls, dated_c1), (calls, dated_c2), (sessions, session)];
     want.sort();
     assert_eq!(keys, want);
 }

@@ -199,11 +199,11 @@ fn a_version_1_store_gets_its_decided_call_keys_dated() {
     let dir = private_dir(parent.path(), "data");
     let mut connection = Connection::open(dir.join(DB_FILE)).unwrap();
     sqlite::migrate(&mut connection, &dir, &sqlite::MIGRATIONS[..1]).unwrap();
-    let call = |name: &[u8]| crate::domain::records::key(&[b"host", b"session", name]);
+    let [(c1, dated_c1), (c2, dated_c2)] = [b"c1", b"c2"].map(|name| first_schema_call_key(name));
     let session = crate::domain::records::key(&[b"host", b"session"]);
     let rows = [
-        ("decided_calls", call(b"c1"), b"v1".to_vec()),
-        ("decided_calls", call(b"c2"), b"v2".to_vec()),
+        ("decided_calls", c1, b"v1".to_vec()),
+        ("decided_calls", c2, b"v2".to_vec()),
         ("sessions", session.clone(), b"s".to_vec()),
     ];
     for (table, key, value) in &rows {
@@ -217,14 +217,12 @@ fn a_version_1_store_gets_its_decided_call_keys_dated() {
     drop(connection);
     assert_eq!(user_version(&dir.join(DB_FILE)), 1);
     let mut store = SqliteStore::open(&dir).unwrap();
-    let prefix = crate::domain::session::undated_call_key_prefix();
-    let dated = |name: &[u8]| [prefix.as_slice(), &call(name)].concat();
     assert_eq!(
         contents(&mut store),
         expect(&[
             (Kind::Session, &session, b"s"),
-            (Kind::DecidedCall, &dated(b"c1"), b"v1"),
-            (Kind::DecidedCall, &dated(b"c2"), b"v2"),
+            (Kind::DecidedCall, &dated_c1, b"v1"),
+            (Kind::DecidedCall, &dated_c2, b"v2"),
         ])
     );
     drop(store);
