@@ -899,8 +899,6 @@ impl PostgresStore {
         })
     }
 
-    /// Takes the store's lock (in a transaction of its own), then reads the
-    /// count of commits, how far tombstones are purged, and the clock.
     /// Refuses to go on with a schema another toolgate migrated since this
     /// one opened it: what it writes and reads is of its own version, and
     /// the records of another version could be misread or written in a
@@ -921,6 +919,9 @@ impl PostgresStore {
         Err(error)
     }
 
+    /// Takes the store's lock (in a transaction of its own), then reads the
+    /// count of commits, how far tombstones are purged, and the clock, and
+    /// checks the schema's version ([`PostgresStore::check_version`]).
     fn lock(&mut self) -> StoreResult<(i64, i64, Timestamp)> {
         let messages = self.run("taking the store's lock", |client, statements| {
             client.simple_query(&statements.begin)
