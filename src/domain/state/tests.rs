@@ -198,6 +198,24 @@ struct Call {
     proposal: Proposal,
 }
 
+impl Call {
+    /// A call of `tool` in `session`, by its actor.
+    fn of(session: &SessionRef, call_id: &str, tool: &str, version: u64, arguments: &str) -> Self {
+        let proposal = Proposal::new(
+            call_id.into(),
+            session.actor.clone(),
+            tool.into(),
+            version,
+            arguments,
+        )
+        .unwrap();
+        Call {
+            session: session.clone(),
+            proposal,
+        }
+    }
+}
+
 /// Two replicas on one store: `a` runs the operations, `b` applies what
 /// `a` committed.
 struct Replicas {
@@ -655,15 +673,8 @@ fn the_replica_that_applied_takes_over() {
     let session = replicas.sessions[0].clone();
     // Only set_ticket changes "sensor": it holds a value, not a queue.
     let version = replicas.a.resource("sensor").unwrap().1;
-    let proposal = Proposal::new(
-        "takeover".into(),
-        session.actor.clone(),
-        "set_ticket".into(),
-        version,
-        r#"{"ticket":"sensor","status":"done"}"#,
-    )
-    .unwrap();
-    let call = Call { session, proposal };
+    let arguments = r#"{"ticket":"sensor","status":"done"}"#;
+    let call = Call::of(&session, "takeover", "set_ticket", version, arguments);
     replicas.sweep_a();
     let asked = replicas.dispatch(&call).unwrap();
     assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
@@ -734,6 +745,15 @@ fn the_replica_that_applied_takes_over() {
 }
 
 impl Replicas {
+    /// Decides `call` on `a` (it must be allowed) and commits what that
+    /// changed; the changes.
+    fn decide_and_commit(&mut self, call: &Call) -> Vec<Change> {
+        assert_eq!(self.decide(call, Grants::Keep), Some(Outcome::Allow));
+        let changes = self.a.take_changes().unwrap();
+        self.store.commit(&changes).unwrap();
+        changes
+    }
+
     fn sweep_a(&mut self) {
         let events = self.a.sweep(&self.policy, self.now);
         self.events.extend(events);
@@ -970,15 +990,8 @@ fn a_corrupt_change_is_an_error_naming_its_kind() {
 fn events_are_the_status_changes_whatever_came_before() {
     let mut replicas = Replicas::new();
     let session = replicas.sessions[0].clone();
-    let proposal = Proposal::new(
-        "first".into(),
-        session.actor.clone(),
-        "set_ticket".into(),
-        0,
-        r#"{"ticket":"sensor","status":"done"}"#,
-    )
-    .unwrap();
-    let call = Call { session, proposal };
+    let arguments = r#"{"ticket":"sensor","status":"done"}"#;
+    let call = Call::of(&session, "first", "set_ticket", 0, arguments);
     let asked = replicas.dispatch(&call).unwrap();
     assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
     let id = asked.approval_id.unwrap();
@@ -1102,27 +1115,17 @@ fn a_gap_in_a_queue_is_refused_whole() {
 fn a_session_is_rewritten_for_its_last_activity_once_a_second() {
     let mut replicas = Replicas::new();
     let session = replicas.sessions[0].clone();
-    let proposal = |call_id: &str| {
-        let arguments = r#"{"name":"lamp","value":"on"}"#;
-        Proposal::new(
-            call_id.into(),
-            session.actor.clone(),
-            "reset".into(),
-            0,
-            arguments,
-        )
-        .unwrap()
-    };
     let decide_at = |replicas: &mut Replicas, millis: u64, call_id: &str| {
         replicas.now = Timestamp(1_000_000 + millis);
-        let call = Call {
-            session: session.clone(),
-            proposal: proposal(call_id),
-        };
-        assert_eq!(replicas.decide(&call, Grants::Keep), Some(Outcome::Allow));
-        let changes = replicas.a.take_changes().unwrap();
-        replicas.store.commit(&changes).unwrap();
-        changes
+        let call = Call::of(
+            &session,
+            call_id,
+            "reset",
+            0,
+            r#"{"name":"lamp","value":"on"}"#,
+        );
+        replicas
+            .decide_and_commit(&call)
             .iter()
             .filter(|change| change.kind == Kind::Session)
             .count()
@@ -1166,18 +1169,13 @@ fn a_session_is_rewritten_for_its_last_activity_once_a_second() {
 fn call_ids_of_the_first_schema_restore_and_are_dropped_under_their_keys() {
     let mut replicas = Replicas::new();
     let session = replicas.sessions[0].clone();
-    let proposal = Proposal::new(
-        "c1".into(),
-        session.actor.clone(),
-        "reset".into(),
+    let call = Call::of(
+        &session,
+        "c1",
+        "reset",
         0,
         r#"{"name":"lamp","value":"on"}"#,
-    )
-    .unwrap();
-    let call = Call {
-        session: session.clone(),
-        proposal,
-    };
+    );
     assert_eq!(replicas.decide(&call, Grants::Keep), Some(Outcome::Allow));
     // The key as this schema writes it: (decided at, host, session, call).
     let dated = key(&[
@@ -1236,21 +1234,8 @@ fn a_new_call_id_of_a_read_writes_its_call_id_not_its_session() {
     let mut replicas = Replicas::new();
     let session = replicas.sessions[0].clone();
     let decide = |replicas: &mut Replicas, call_id: &str| {
-        let proposal = Proposal::new(
-            call_id.into(),
-            session.actor.clone(),
-            "lookup".into(),
-            0,
-            r#"{"query":"q"}"#,
-        )
-        .unwrap();
-        let call = Call {
-            session: session.clone(),
-            proposal,
-        };
-        assert_eq!(replicas.decide(&call, Grants::Keep), Some(Outcome::Allow));
-        let changes = replicas.a.take_changes().unwrap();
-        replicas.store.commit(&changes).unwrap();
+        let call = Call::of(&session, call_id, "lookup", 0, r#"{"query":"q"}"#);
+        let changes = replicas.decide_and_commit(&call);
         let count = |kind| changes.iter().filter(|change| change.kind == kind).count();
         (count(Kind::Session), count(Kind::DecidedCall))
     };
