@@ -29,9 +29,10 @@ use crate::domain::table::Table;
 pub const MAX_CALLS_PER_SESSION: u64 = 100_000;
 
 /// What remembering one decided call id counts under the byte budget
-/// (`limits.max_state_bytes`): its text, fingerprint, refusal and table slot.
+/// (`limits.max_state_bytes`): its table slot (its hash, the call id's
+/// pointer, its time, fingerprint and refusal) and its text.
 pub fn decided_call_bytes(call_id: &str) -> usize {
-    64 + call_id.len()
+    std::mem::size_of::<(u64, DecidedCall)>() + call_id.len()
 }
 
 /// One call id decided in a session: the fingerprint it was decided for and
