@@ -491,16 +491,13 @@ pub fn decode_call_key(key: &[u8]) -> Result<[String; 3]> {
 
 /// The parts of a decided call id's key ([`decided_key`]).
 fn split_call_key(key: &[u8]) -> Result<(Timestamp, [String; 3])> {
-    let corrupt = || records::corrupt_key(Kind::DecidedCall);
-    let parts = records::split_key(key).ok_or_else(corrupt)?;
-    let (at, names) = parts.split_first().ok_or_else(corrupt)?;
-    let at = <[u8; 8]>::try_from(*at).map_err(|_| corrupt())?;
-    let names: Vec<String> = names
-        .iter()
-        .map(|part| String::from_utf8(part.to_vec()).map_err(|_| corrupt()))
-        .collect::<Result<_>>()?;
-    let names = <[String; 3]>::try_from(names).map_err(|_| corrupt())?;
-    Ok((Timestamp(u64::from_be_bytes(at)), names))
+    let split = || {
+        let parts = records::split_key(key)?;
+        let (at, names) = parts.split_first()?;
+        let at = Timestamp(u64::from_be_bytes(<[u8; 8]>::try_from(*at).ok()?));
+        Some((at, texts(names)?))
+    };
+    split().ok_or_else(|| records::corrupt_key(Kind::DecidedCall))
 }
 
 /// The (host, session id) of a session's key.
@@ -510,9 +507,13 @@ pub fn decode_session_key(key: &[u8]) -> Result<[String; 2]> {
 
 /// The parts of a key made by [`records::key`], as text, when it has `N`.
 fn key_parts<const N: usize>(key: &[u8]) -> Option<[String; N]> {
-    let parts = records::split_key(key)?;
+    texts(&records::split_key(key)?)
+}
+
+/// `N` parts of a key as text, when there are `N` and each is UTF-8.
+fn texts<const N: usize>(parts: &[&[u8]]) -> Option<[String; N]> {
     let texts: Option<Vec<String>> = parts
-        .into_iter()
+        .iter()
         .map(|part| String::from_utf8(part.to_vec()).ok())
         .collect();
     texts?.try_into().ok()
@@ -655,6 +656,7 @@ impl Sessions {
         now: Timestamp,
         limits: &Limits,
     ) -> Result<()> {
+        let journaling = self.journal.is_on();
         let entry = self.open(session, now, limits)?;
         let mut decided = None;
         if charge.decision {
@@ -664,9 +666,12 @@ impl Sessions {
                 fingerprint,
                 refused: charge.refused,
             };
-            let remembered = entry.decided.insert(call.clone());
+            // A copy for the journal only when there is one (not under
+            // `--store memory`): the Decide of a new call id allocates once.
+            let journaled = journaling.then(|| call.clone());
+            let remembered = entry.decided.insert(call);
             entry.decisions += 1;
-            decided = Some((remembered, call));
+            decided = Some((remembered, journaled));
         }
         if charge.tool_attempt {
             entry.tool_attempts += 1;
@@ -676,10 +681,12 @@ impl Sessions {
         {
             entry.stopped_reason.get_or_insert(reason);
         }
-        if let Some((remembered, call)) = decided {
+        if let Some((remembered, journaled)) = decided {
             self.count_decided_bytes(remembered);
-            let key = decided_key(&session.host, &session.session_id, &call);
-            self.journal.put(Kind::DecidedCall, key, &call);
+            if let Some(call) = journaled {
+                let key = decided_key(&session.host, &session.session_id, &call);
+                self.journal.put(Kind::DecidedCall, key, &call);
+            }
         }
         Ok(())
     }
