@@ -7,11 +7,13 @@
 //! No Envoy or gRPC type appears here: the edge hands the request in
 //! through [`HttpRequest`]. Every refusal changes no state.
 
+use std::borrow::Cow;
+
 use crate::domain::canonical::{self, Fingerprint, Object, Value};
 use crate::domain::error::Error;
 use crate::domain::ids::check_identifier;
 use crate::domain::policy::{ActorSource, ExtAuthzSettings, WorkspaceSource};
-use crate::domain::proposal::{Proposal, SessionRef};
+use crate::domain::proposal::{MAX_ARGUMENTS_BYTES, Proposal, SessionRef};
 
 /// The header Envoy sets when it sent only part of the body.
 pub const PARTIAL_BODY_HEADER: &str = "x-envoy-auth-partial-body";
@@ -25,8 +27,11 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 pub trait HttpRequest {
     /// The HTTP method (`POST`, `GET`, …).
     fn method(&self) -> &str;
-    /// A header's value, by lowercase name.
-    fn header(&self, name: &str) -> Option<&str>;
+    /// A header's value, by lowercase name: as Envoy's `headers` map has
+    /// it, the values of a repeated header joined with `,` (so that a copy
+    /// a client added never goes unseen), bytes that are not UTF-8
+    /// replaced (so that they match nothing).
+    fn header(&self, name: &str) -> Option<Cow<'_, str>>;
     /// The body Envoy buffered, if it sent one.
     fn body(&self) -> Option<&[u8]>;
     /// The peer principal (`attributes.source.principal`), if any.
@@ -63,12 +68,15 @@ pub enum RequestRefusal {
     SessionMissing,
     /// No usable workspace.
     WorkspaceMissing,
+    /// The session id runs as another actor, or in another workspace
+    /// (Decide's INVALID_ARGUMENT on `session.*`).
+    SessionConflict,
     /// A method other than `tools/call` while `other_methods = "deny"`.
     MethodNotAllowed,
 }
 
 impl RequestRefusal {
-    pub const ALL: [RequestRefusal; 12] = [
+    pub const ALL: [RequestRefusal; 13] = [
         RequestRefusal::BodyMissing,
         RequestRefusal::BodyTruncated,
         RequestRefusal::BodyNotJson,
@@ -80,6 +88,7 @@ impl RequestRefusal {
         RequestRefusal::ActorMissing,
         RequestRefusal::SessionMissing,
         RequestRefusal::WorkspaceMissing,
+        RequestRefusal::SessionConflict,
         RequestRefusal::MethodNotAllowed,
     ];
 
@@ -97,6 +106,7 @@ impl RequestRefusal {
             RequestRefusal::ActorMissing => "actor-missing",
             RequestRefusal::SessionMissing => "session-missing",
             RequestRefusal::WorkspaceMissing => "workspace-missing",
+            RequestRefusal::SessionConflict => "session-conflict",
             RequestRefusal::MethodNotAllowed => "method-not-allowed",
         }
     }
@@ -122,13 +132,15 @@ pub const DENIED: i64 = -32001;
 /// A reviewer must approve this exact call first (REQUIRE_APPROVAL).
 pub const APPROVAL_REQUIRED: i64 = -32002;
 
-/// A refused request: the reason, what exactly is wrong, and the JSON-RPC
-/// id when the body had one.
+/// A refused request: the reason, what exactly is wrong, the JSON-RPC id
+/// when the body had one, and the proposal's fingerprint when there was a
+/// proposal (the engine refused it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refused {
     pub refusal: RequestRefusal,
     pub message: String,
     pub id: Value,
+    pub fingerprint: Option<Fingerprint>,
 }
 
 /// What a request is.
@@ -137,8 +149,8 @@ pub enum McpRequest {
     /// A `tools/call`: decide it (boxed: it is most of the enum's size).
     ToolCall(Box<ToolCall>),
     /// Any other MCP request (`initialize`, `tools/list`, a notification,
-    /// the GET stream, a DELETE of the session): the method when a body
-    /// named one, and the JSON-RPC id.
+    /// a response to the server's request, the GET stream, a DELETE of the
+    /// session): the method when a body named one, and the JSON-RPC id.
     Other { method: Option<String>, id: Value },
 }
 
@@ -159,6 +171,7 @@ fn refused(refusal: RequestRefusal, message: impl Into<String>, id: &Value) -> B
         refusal,
         message: message.into(),
         id: id.clone(),
+        fingerprint: None,
     })
 }
 
@@ -173,10 +186,12 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
             id: none,
         });
     }
-    if request
-        .header(PARTIAL_BODY_HEADER)
-        .is_some_and(|value| value.eq_ignore_ascii_case("true"))
-    {
+    // Any copy that says true (a client may have sent one that says false).
+    if request.header(PARTIAL_BODY_HEADER).is_some_and(|value| {
+        value
+            .split(',')
+            .any(|copy| copy.trim().eq_ignore_ascii_case("true"))
+    }) {
         return Err(refused(
             RequestRefusal::BodyTruncated,
             "Envoy sent only part of the body (x-envoy-auth-partial-body: true): raise \
@@ -223,7 +238,20 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
         }
     };
     let id = message.get("id").cloned().unwrap_or(Value::Null);
-    let method = json_rpc_method(&message, &id)?;
+    let Some(method) = json_rpc_method(&message, &id)? else {
+        // A response to a server's request (sampling, elicitation, roots).
+        if let Some(header) = request.header(MCP_METHOD_HEADER) {
+            return Err(refused(
+                RequestRefusal::HeaderMismatch,
+                format!(
+                    "header {MCP_METHOD_HEADER} says {:?} but the body is a JSON-RPC response",
+                    shown(&header)
+                ),
+                &id,
+            ));
+        }
+        return Ok(McpRequest::Other { method: None, id });
+    };
     check_header(request, MCP_METHOD_HEADER, method, &id)?;
     if method != "tools/call" {
         return Ok(McpRequest::Other {
@@ -231,7 +259,10 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
             id,
         });
     }
-    let (name, arguments) = tool_call_params(&message, &id)?;
+    // Decide's bound on the arguments, measured only when the body could
+    // exceed it.
+    let measure = body.len() > MAX_ARGUMENTS_BYTES;
+    let (name, arguments) = tool_call_params(&message, measure, &id)?;
     check_header(request, MCP_NAME_HEADER, name, &id)?;
     let session = session_of(settings, request, &id)?;
     let call_id = call_id_of(request, &session.session_id, name, arguments);
@@ -257,8 +288,9 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
     })))
 }
 
-/// The request's `method`, checked to be a JSON-RPC 2.0 request.
-fn json_rpc_method<'m>(message: &'m Object, id: &Value) -> Refusable<&'m str> {
+/// The request's `method`, checked to be a JSON-RPC 2.0 request; `None`
+/// for a JSON-RPC response (an `id` and one of `result` and `error`).
+fn json_rpc_method<'m>(message: &'m Object, id: &Value) -> Refusable<Option<&'m str>> {
     if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(refused(
             RequestRefusal::NotJsonRpc,
@@ -267,16 +299,20 @@ fn json_rpc_method<'m>(message: &'m Object, id: &Value) -> Refusable<&'m str> {
         ));
     }
     match message.get("method") {
-        Some(Value::String(method)) => Ok(method),
+        Some(Value::String(method)) => Ok(Some(method)),
         Some(other) => Err(refused(
             RequestRefusal::NotJsonRpc,
             format!("method: must be a string, not {}", other.kind_name()),
             id,
         )),
-        // A response (to a server's request) carries no method.
+        None if message.get("id").is_some()
+            && (message.get("result").is_some() != message.get("error").is_some()) =>
+        {
+            Ok(None)
+        }
         None => Err(refused(
             RequestRefusal::NotJsonRpc,
-            "method: is required",
+            "method: is required (or, for a response, an id and one of result and error)",
             id,
         )),
     }
@@ -294,7 +330,7 @@ fn check_header(
             RequestRefusal::HeaderMismatch,
             format!(
                 "header {header} says {:?} but the body says {in_body:?}",
-                shown(value)
+                shown(&value)
             ),
             id,
         )),
@@ -302,8 +338,14 @@ fn check_header(
     }
 }
 
-/// `params.name` and `params.arguments` (an absent `arguments` is `{}`).
-fn tool_call_params<'m>(message: &'m Object, id: &Value) -> Refusable<(&'m str, &'m Object)> {
+/// `params.name` and `params.arguments` (an absent `arguments` is `{}`);
+/// with `measure`, the arguments' canonical text within Decide's
+/// [`MAX_ARGUMENTS_BYTES`].
+fn tool_call_params<'m>(
+    message: &'m Object,
+    measure: bool,
+    id: &Value,
+) -> Refusable<(&'m str, &'m Object)> {
     static EMPTY: std::sync::LazyLock<Object> = std::sync::LazyLock::new(Object::new);
     let Some(params) = message.get("params").and_then(Value::as_object) else {
         return Err(refused(
@@ -321,6 +363,18 @@ fn tool_call_params<'m>(message: &'m Object, id: &Value) -> Refusable<(&'m str, 
     };
     let arguments = match params.get("arguments") {
         None => &EMPTY,
+        Some(value @ Value::Object(_))
+            if measure && canonical::canonical_len(value) > MAX_ARGUMENTS_BYTES =>
+        {
+            return Err(refused(
+                RequestRefusal::InvalidArguments,
+                format!(
+                    "params.arguments: must be at most {MAX_ARGUMENTS_BYTES} bytes \
+                     (canonical JSON), as a Decide's arguments_json"
+                ),
+                id,
+            ));
+        }
         Some(Value::Object(arguments)) => arguments,
         Some(other) => {
             return Err(refused(
@@ -350,17 +404,17 @@ fn session_of(
             id,
         ));
     };
-    let session_id = as_identifier("s-", session_header);
+    let session_id = as_identifier("s-", &session_header);
     let workspace = match &settings.workspace {
         WorkspaceSource::Fixed(workspace) => workspace.clone(),
         WorkspaceSource::Header(header) => match request.header(header) {
-            Some(value) if check_identifier(header, value).is_ok() => value.to_string(),
+            Some(value) if check_identifier(header, &value).is_ok() => value.into_owned(),
             Some(value) => {
                 return Err(refused(
                     RequestRefusal::WorkspaceMissing,
                     format!(
                         "header {header}: {:?} is not a workspace name ([A-Za-z][A-Za-z0-9_-]{{0,39}})",
-                        shown(value)
+                        shown(&value)
                     ),
                     id,
                 ));
@@ -388,7 +442,7 @@ fn actor_of(
         ActorSource::Header(header) => (
             request
                 .header(header)
-                .map(str::to_string)
+                .map(Cow::into_owned)
                 .ok_or_else(|| format!("no {header} header")),
             format!("header {header}"),
         ),
@@ -436,7 +490,7 @@ fn call_id_of(
     arguments: &Object,
 ) -> String {
     if let Some(key) = request.header(IDEMPOTENCY_KEY_HEADER) {
-        return as_identifier("k-", key);
+        return as_identifier("k-", &key);
     }
     let action = canonical::fingerprint_object(|action| {
         action.member_object("arguments", arguments);
@@ -498,11 +552,11 @@ mod tests {
         fn method(&self) -> &str {
             self.method
         }
-        fn header(&self, name: &str) -> Option<&str> {
+        fn header(&self, name: &str) -> Option<Cow<'_, str>> {
             self.headers
                 .iter()
                 .find(|(key, _)| *key == name)
-                .map(|(_, value)| *value)
+                .map(|(_, value)| Cow::Borrowed(*value))
         }
         fn body(&self) -> Option<&[u8]> {
             self.body.map(str::as_bytes)
@@ -573,10 +627,10 @@ mod tests {
         fn method(&self) -> &str {
             "POST"
         }
-        fn header(&self, name: &str) -> Option<&str> {
+        fn header(&self, name: &str) -> Option<Cow<'_, str>> {
             match name {
-                "x-toolgate-actor" => Some("agent"),
-                "mcp-session-id" => Some("s1"),
+                "x-toolgate-actor" => Some(Cow::Borrowed("agent")),
+                "mcp-session-id" => Some(Cow::Borrowed("s1")),
                 _ => None,
             }
         }
@@ -601,15 +655,29 @@ mod tests {
             }
         }
 
-        /// Bodies shaped like a tools/call, with arbitrary names and
-        /// arguments text.
+        /// A well-formed tools/call of any tool name and any arguments
+        /// object is a tool call when the name is an identifier, and is
+        /// refused `invalid-tool-call` otherwise.
         #[test]
-        fn any_tool_call_is_classified_or_refused(name in ".{0,50}", arguments in ".{0,80}") {
-            let body = format!(
-                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":{name:?},"arguments":{arguments}}}}}"#
-            );
-            if let Err(refused) = classify(&ExtAuthzSettings::default(), &Bytes(body.into_bytes())) {
-                proptest::prop_assert!(!refused.message.is_empty());
+        fn any_tool_call_is_classified_or_refused(
+            name in ".{0,50}",
+            arguments in proptest::collection::btree_map(".{0,12}", proptest::prelude::any::<i64>(), 0..4),
+        ) {
+            let body = serde_json::json!({
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": name, "arguments": arguments},
+            });
+            let classified = classify(&ExtAuthzSettings::default(), &Bytes(body.to_string().into_bytes()));
+            match classified {
+                Ok(McpRequest::ToolCall(call)) => {
+                    proptest::prop_assert_eq!(&call.proposal.name, &name);
+                    proptest::prop_assert_eq!(call.proposal.arguments.len(), arguments.len());
+                }
+                Ok(other) => proptest::prop_assert!(false, "not a tool call: {other:?}"),
+                Err(refused) => {
+                    proptest::prop_assert!(check_identifier("name", &name).is_err());
+                    proptest::prop_assert_eq!(refused.refusal, RequestRefusal::InvalidToolCall);
+                }
             }
         }
     }

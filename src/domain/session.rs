@@ -334,18 +334,23 @@ impl Budget {
     }
 
     /// SPEC §4 step 6 for a call that passed steps 2–5: a conflict, the
-    /// verdict a decided call id got, or the budget check of a new one.
+    /// verdict a decided call id got (and, when every call runs, the
+    /// budget again), or the budget check of a new one.
     pub fn check(
         &self,
         standing: CallStanding,
         session: Option<&Session>,
         is_tool_call: bool,
         now: Timestamp,
+        repeats: Repeats,
     ) -> Option<Reason> {
-        match standing {
-            CallStanding::Conflict => Some(Reason::CallIdConflict),
-            CallStanding::Decided { refused } => refused,
-            CallStanding::New => self.refusal(session, is_tool_call, now),
+        match (standing, repeats) {
+            (CallStanding::Conflict, _) => Some(Reason::CallIdConflict),
+            (CallStanding::Decided { refused }, Repeats::Free) => refused,
+            (CallStanding::Decided { refused }, Repeats::Charged) => {
+                refused.or_else(|| self.refusal(session, is_tool_call, now))
+            }
+            (CallStanding::New, _) => self.refusal(session, is_tool_call, now),
         }
     }
 
@@ -379,6 +384,20 @@ impl Budget {
     }
 }
 
+/// What a call id decided again in its session costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repeats {
+    /// Nothing (Decide, Dispatch): it is a retry of one action, which
+    /// runs at most once, when Dispatch commits it; it keeps the budget
+    /// verdict it got.
+    Free,
+    /// A tool attempt, after the session budget is checked again (an
+    /// external authorizer's Check): the proxy forwards every call it
+    /// allows, so each repeat of a call id runs. Not a decision: a call id
+    /// counts one.
+    Charged,
+}
+
 /// What one answered Decide (or Dispatch) does to its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charge {
@@ -398,13 +417,21 @@ impl Charge {
         refused: None,
     };
 
-    /// The charge of an answer: `decision` when the call id is new;
-    /// a tool attempt unless the tool budget is what refused it.
-    pub fn of(standing: CallStanding, is_tool_call: bool, refused: Option<Reason>) -> Self {
+    /// The charge of an answer: `decision` when the call id is new; a
+    /// tool attempt for it, and for a repeat that is [`Repeats::Charged`],
+    /// unless the tool budget is what refused it.
+    pub fn of(
+        standing: CallStanding,
+        is_tool_call: bool,
+        refused: Option<Reason>,
+        repeats: Repeats,
+    ) -> Self {
         let decision = standing == CallStanding::New && refused != Some(Reason::DecisionBudget);
+        let attempt = decision
+            || (repeats == Repeats::Charged && matches!(standing, CallStanding::Decided { .. }));
         Charge {
             decision,
-            tool_attempt: decision && is_tool_call && refused != Some(Reason::ToolBudget),
+            tool_attempt: attempt && is_tool_call && refused != Some(Reason::ToolBudget),
             refused,
         }
     }

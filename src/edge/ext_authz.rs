@@ -6,6 +6,7 @@
 //! one (HTTP 403, a JSON-RPC error body with the request's id); dynamic
 //! metadata on every answer.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use envoy_types::pb::envoy::config::core::v3::{
@@ -69,16 +70,22 @@ impl ExtAuthzService {
                 return Ok(Answer::OtherAllowed { decision_id });
             }
             Ok(McpRequest::Other { method, id }) => {
-                let method = method.as_deref().unwrap_or(request.method());
+                let what = match &method {
+                    Some(method) => format!("{:?}", method.chars().take(64).collect::<String>()),
+                    None if request.method().eq_ignore_ascii_case("POST") => {
+                        "a JSON-RPC response".to_string()
+                    }
+                    None => format!("{:?}", request.method()),
+                };
                 return Ok(refused(
                     decision_id,
                     Refused {
                         refusal: RequestRefusal::MethodNotAllowed,
                         message: format!(
-                            "only tools/call is let through ([ext_authz] other_methods = \"deny\"), not {:?}",
-                            method.chars().take(64).collect::<String>()
+                            "only tools/call is let through ([ext_authz] other_methods = \"deny\"), not {what}"
                         ),
                         id,
+                        fingerprint: None,
                     },
                 ));
             }
@@ -97,16 +104,25 @@ impl ExtAuthzService {
                 decision,
                 id: call.id,
             }),
-            // Decide's INVALID_ARGUMENT (the arguments fail the tool's
-            // schema): a denied answer with the field and the rule.
-            Err(Error::InvalidArgument { field, rule }) => Ok(refused(
-                decision_id,
-                Refused {
-                    refusal: RequestRefusal::InvalidArguments,
-                    message: format!("{field}: {rule}"),
-                    id: call.id,
-                },
-            )),
+            // Decide's INVALID_ARGUMENT: a denied answer with the field
+            // and the rule, its reason by the field (the session's binding,
+            // or the arguments: the tool's schema, the size of a request
+            // for approval).
+            Err(Error::InvalidArgument { field, rule }) => {
+                let refusal = match field.starts_with("session.") {
+                    true => RequestRefusal::SessionConflict,
+                    false => RequestRefusal::InvalidArguments,
+                };
+                Ok(refused(
+                    decision_id,
+                    Refused {
+                        refusal,
+                        message: format!("{field}: {rule}"),
+                        id: call.id,
+                        fingerprint: Some(call.proposal.fingerprint),
+                    },
+                ))
+            }
             Err(other) => Err(other),
         }
     }
@@ -178,22 +194,25 @@ impl mcp::HttpRequest for CheckView<'_> {
         self.http.map_or("", |http| http.method.as_str())
     }
 
-    /// From `headers`, or from `header_map` (Envoy's `encode_raw_headers`).
-    fn header(&self, name: &str) -> Option<&str> {
+    /// From `headers`, or from `header_map` (Envoy's `encode_raw_headers`),
+    /// read the way Envoy fills `headers`: every copy, joined with `,`.
+    fn header(&self, name: &str) -> Option<Cow<'_, str>> {
         let http = self.http?;
         if let Some(value) = http.headers.get(name) {
-            return Some(value);
+            return Some(Cow::Borrowed(value));
         }
-        let header = http
+        let mut copies = http
             .header_map
             .as_ref()?
             .headers
             .iter()
-            .find(|header| header.key.eq_ignore_ascii_case(name))?;
-        match header.value.as_str() {
-            "" => std::str::from_utf8(&header.raw_value).ok(),
-            value => Some(value),
-        }
+            .filter(|header| header.key.eq_ignore_ascii_case(name))
+            .map(|header| match header.value.as_str() {
+                "" => String::from_utf8_lossy(&header.raw_value),
+                value => Cow::Borrowed(value),
+            });
+        let first = copies.next()?;
+        Some(copies.fold(first, |joined, copy| Cow::Owned(format!("{joined},{copy}"))))
     }
 
     /// `raw_body` (Envoy's `pack_as_bytes`) or `body`.
@@ -292,12 +311,21 @@ fn check_response(answer: Answer) -> CheckResponse {
             refused,
         } => {
             let reason = refused.refusal.as_str();
-            let metadata =
-                dynamic_metadata(decision_id, Outcome::Deny.as_str(), reason, None, None);
+            let fingerprint = refused.fingerprint.map(|fingerprint| fingerprint.to_hex());
+            let metadata = dynamic_metadata(
+                decision_id,
+                Outcome::Deny.as_str(),
+                reason,
+                None,
+                fingerprint.as_deref(),
+            );
             let mut data = Object::new();
             data.insert("decision_id", Value::from(decision_id.to_string()));
             data.insert("outcome", Value::from(Outcome::Deny.as_str()));
             data.insert("reason", Value::from(reason));
+            if let Some(fingerprint) = fingerprint {
+                data.insert("fingerprint", Value::from(fingerprint));
+            }
             denied(
                 decision_id,
                 &refused.id,
@@ -311,11 +339,14 @@ fn check_response(answer: Answer) -> CheckResponse {
 }
 
 /// OK: the request goes upstream with the decision id (and the proposal's
-/// fingerprint), overwriting whatever a client sent under those names.
+/// fingerprint), overwriting whatever a client sent under those names; a
+/// request without a proposal loses any fingerprint a client sent.
 fn allowed(decision_id: Uuid, fingerprint: Option<&str>, metadata: Struct) -> CheckResponse {
     let mut headers = vec![header(DECISION_ID_HEADER, &decision_id.to_string())];
-    if let Some(fingerprint) = fingerprint {
-        headers.push(header(FINGERPRINT_HEADER, fingerprint));
+    let mut headers_to_remove = Vec::new();
+    match fingerprint {
+        Some(fingerprint) => headers.push(header(FINGERPRINT_HEADER, fingerprint)),
+        None => headers_to_remove.push(FINGERPRINT_HEADER.to_string()),
     }
     CheckResponse {
         status: Some(rpc::Status {
@@ -325,6 +356,7 @@ fn allowed(decision_id: Uuid, fingerprint: Option<&str>, metadata: Struct) -> Ch
         dynamic_metadata: Some(metadata),
         http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
             headers,
+            headers_to_remove,
             ..Default::default()
         })),
     }

@@ -75,6 +75,13 @@ fn the_envoy_example_decodes_as_envoys_bootstrap() {
         .expect("an ext_authz filter");
     let config = &ext_authz["typed_config"];
     assert_eq!(config["with_request_body"]["allow_partial_message"], false);
+    let body_limit = config["with_request_body"]["max_request_bytes"]
+        .as_u64()
+        .expect("max_request_bytes");
+    assert!(
+        body_limit < default_max_message_bytes(),
+        "a body at the limit must still fit in toolgate's Check message"
+    );
     assert_eq!(config["failure_mode_allow"], false);
     assert_eq!(
         config["grpc_service"]["envoy_grpc"]["cluster_name"],
@@ -101,6 +108,21 @@ fn the_envoy_example_decodes_as_envoys_bootstrap() {
     assert!(refused.contains("allow_partial_mesage"), "{refused}");
 }
 
+/// toolgate's default `[server] max_message_bytes`.
+fn default_max_message_bytes() -> u64 {
+    let policy = toolgate::domain::policy::Policy::embedded_default().expect("the default policy");
+    policy.server.max_message_bytes as u64
+}
+
+/// The value of `key: N` in the example's comments (the MeshConfig part).
+fn commented_number(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|line| line.trim_start_matches(['#', ' ']).strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in the example"))
+}
+
 #[test]
 fn the_istio_example_sends_checks_to_toolgate() {
     let text = std::fs::read_to_string(repo_path("examples/istio/ext-authz.yaml")).expect("file");
@@ -108,11 +130,18 @@ fn the_istio_example_sends_checks_to_toolgate() {
     assert_eq!(policy["kind"], "AuthorizationPolicy");
     assert_eq!(policy["spec"]["action"], "CUSTOM");
     assert_eq!(policy["spec"]["provider"]["name"], "toolgate");
+    // One empty rule: every request to the workload is checked.
+    assert_eq!(policy["spec"]["rules"], serde_json::json!([{}]));
     for needed in [
         "envoyExtAuthzGrpc",
         "includeRequestBodyInCheck",
         "allowPartialMessage: false",
+        "--ext-authz-listen 0.0.0.0:50052",
+        "host_credential = ",
     ] {
         assert!(text.contains(needed), "{needed}");
     }
+    assert_eq!(commented_number(&text, "port:"), 50052);
+    assert!(commented_number(&text, "maxRequestBytes:") < default_max_message_bytes());
+    assert!(!text.contains("open_host_api"));
 }

@@ -298,8 +298,18 @@ async fn two_hundred_racing_checks_on_one_grant_let_exactly_one_through() {
         .collect();
     assert_eq!(allowed.len(), 1, "exactly one passes on one grant");
     assert_allowed(allowed[0], "approved");
+    // Every Check is a tool attempt (payer: max_tool_calls = 50, one spent
+    // on the request): 49 reach the ledger, where the others wait for a new
+    // approval; the rest are over the budget.
+    let mut over_budget = 0;
     for answer in &answers {
-        if !matches!(answer.http_response, Some(HttpResponse::OkResponse(_))) {
+        if matches!(answer.http_response, Some(HttpResponse::OkResponse(_))) {
+            continue;
+        }
+        if metadata(answer, "reason") == "tool-budget" {
+            assert_denied(answer, "tool-budget");
+            over_budget += 1;
+        } else {
             assert_ne!(
                 approval_of(answer),
                 approval_id,
@@ -307,6 +317,45 @@ async fn two_hundred_racing_checks_on_one_grant_let_exactly_one_through() {
             );
         }
     }
+    assert_eq!(over_budget, 200 - 49);
+    server.stop().await;
+}
+
+/// Envoy forwards every call a Check lets through, so a repeat of one call
+/// id (an identical call, a retry) runs again: it is budgeted again and
+/// costs a tool attempt, and an allowed `execute` tool counts its cost each
+/// time — but no second decision.
+#[tokio::test]
+async fn every_call_let_through_is_charged_to_its_session() {
+    let server = start(MAPPING).await;
+    // tight: max_tool_calls = 1, max_session_seconds = 60.
+    let tight = [("x-agent", "tight"), ("mcp-session-id", "s-pay")];
+    let pay = |id: i64| {
+        let arguments = json!({"amount": 5, "account_number": "123456"});
+        post(&tight, &tool_call(json!(id), "payment_execute", arguments))
+    };
+    assert_allowed(&check(&server, pay(1)).await, "allowed");
+    assert_denied(&check(&server, pay(2)).await, "tool-budget");
+    let info = server.get_session(HOST, "s-pay").await.expect("session");
+    assert_eq!(
+        (info.decisions, info.tool_attempts, info.executed_tools),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        info.work_units,
+        1 + 5,
+        "one decision, one payment of cost 5"
+    );
+
+    let reader = [("x-agent", "tight"), ("mcp-session-id", "s-read")];
+    let read = |id: i64| {
+        let arguments = json!({"account": "main"});
+        post(&reader, &tool_call(json!(id), "read_balance", arguments))
+    };
+    assert_allowed(&check(&server, read(1)).await, "allowed");
+    assert_allowed(&check(&server, read(2)).await, "allowed");
+    server.clock.advance(std::time::Duration::from_secs(60));
+    assert_denied(&check(&server, read(3)).await, "session-expired");
     server.stop().await;
 }
 
@@ -341,6 +390,100 @@ async fn arguments_failing_the_input_schema_are_denied_with_the_field() {
     let message = error["error"]["message"].as_str().expect("message");
     assert!(message.starts_with("proposal.arguments.to: "), "{message}");
     assert!(message.contains("`type`"), "{message}");
+    let fingerprint = error["error"]["data"]["fingerprint"].as_str();
+    assert_eq!(fingerprint.map(str::len), Some(64), "{error}");
+    let answer = check(&server, post(&PAYER, &body)).await;
+    assert_eq!(metadata(&answer, "fingerprint"), fingerprint.unwrap_or(""));
+    server.stop().await;
+}
+
+/// Decide's bound on the arguments (256 KiB of JSON) holds for a Check.
+#[tokio::test]
+async fn arguments_over_decides_bound_are_denied() {
+    let server = start(MAPPING).await;
+    let big = "x".repeat(300 * 1024);
+    let body = tool_call(json!(6), "read_balance", json!({"account": big}));
+    let error = assert_denied(
+        &check(&server, post(&PAYER, &body)).await,
+        "invalid-arguments",
+    );
+    assert_eq!(error["error"]["code"], -32602);
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("params.arguments: must be at most 262144 bytes"),
+        "{message}"
+    );
+    assert_eq!(server.engine.stats().expect("stats").sessions, 0);
+    server.stop().await;
+}
+
+/// A session id stays bound to its first actor: another actor's Check in
+/// it is refused for that, not as bad arguments.
+#[tokio::test]
+async fn a_session_of_another_actor_is_a_session_conflict() {
+    let server = start(MAPPING).await;
+    let body = tool_call(json!(1), "read_balance", json!({}));
+    assert_allowed(&check(&server, post(&PAYER, &body)).await, "allowed");
+    let carol = [("x-agent", "carol"), ("mcp-session-id", "s1")];
+    let error = assert_denied(
+        &check(&server, post(&carol, &body)).await,
+        "session-conflict",
+    );
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(message.starts_with("session.actor: "), "{message}");
+    server.stop().await;
+}
+
+/// With Envoy's `encode_raw_headers` the headers come as a list: every
+/// copy of a header counts (joined as Envoy's `headers` map joins them),
+/// and a value that is not UTF-8 matches nothing, so neither gets a call
+/// past the header check nor makes the actor ambiguous.
+#[tokio::test]
+async fn raw_headers_are_read_copy_by_copy() {
+    use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+    let server = start(MAPPING).await;
+    let raw = |headers: &[(&str, &[u8])]| {
+        let mut http = http_request("POST", &[]);
+        http.headers.clear();
+        http.header_map = Some(HeaderMap {
+            headers: headers
+                .iter()
+                .map(|(key, value)| HeaderValue {
+                    key: (*key).to_string(),
+                    raw_value: value.to_vec(),
+                    ..Default::default()
+                })
+                .collect(),
+        });
+        http.body = tool_call(json!(1), "read_balance", json!({}));
+        check_of(http)
+    };
+    let payer: [(&str, &[u8]); 2] = [("x-agent", b"payer"), ("mcp-session-id", b"s1")];
+    assert_allowed(&check(&server, raw(&payer)).await, "allowed");
+    let mut twice = payer.to_vec();
+    twice.extend([
+        ("mcp-name", &b"read_balance"[..]),
+        ("mcp-name", b"wire_transfer"),
+    ]);
+    assert_denied(&check(&server, raw(&twice)).await, "mcp-header-mismatch");
+    let mut undecodable = payer.to_vec();
+    undecodable.push(("mcp-name", b"\xff"));
+    assert_denied(
+        &check(&server, raw(&undecodable)).await,
+        "mcp-header-mismatch",
+    );
+    let two_actors: [(&str, &[u8]); 3] = [
+        ("x-agent", b"guest"),
+        ("x-agent", b"payer"),
+        ("mcp-session-id", b"s2"),
+    ];
+    assert_denied(&check(&server, raw(&two_actors)).await, "actor-missing");
+    let mut partial = payer.to_vec();
+    partial.extend([
+        ("x-envoy-auth-partial-body", &b"false"[..]),
+        ("x-envoy-auth-partial-body", b"true"),
+    ]);
+    assert_denied(&check(&server, raw(&partial)).await, "body-truncated");
     server.stop().await;
 }
 
@@ -431,7 +574,30 @@ async fn other_mcp_methods_follow_the_policy_setting() {
     }
     let stream = check_of(http_request("GET", &[]));
     assert_allowed(&check(&allowed, stream).await, "method-allowed");
+    // A client's answer to the server's own request (sampling, roots) is
+    // another method too; a fingerprint a client sent never goes upstream.
+    let response = r#"{"jsonrpc":"2.0","id":"srv-1","result":{}}"#;
+    let forged = [("x-toolgate-fingerprint", "00")];
+    let answer = check(&allowed, post(&forged, response)).await;
+    assert_allowed(&answer, "method-allowed");
+    let Some(HttpResponse::OkResponse(ok)) = &answer.http_response else {
+        panic!("allowed");
+    };
+    assert_eq!(ok.headers_to_remove, ["x-toolgate-fingerprint"]);
+    let mut claimed = PAYER.to_vec();
+    claimed.push(("mcp-method", "tools/call"));
+    assert_denied(
+        &check(&allowed, post(&claimed, response)).await,
+        "mcp-header-mismatch",
+    );
     allowed.stop().await;
+    let denied = start(MAPPING).await;
+    let error = assert_denied(
+        &check(&denied, post(&[], response)).await,
+        "method-not-allowed",
+    );
+    assert_eq!(error["id"], "srv-1");
+    denied.stop().await;
 }
 
 /// The JWT filter's metadata: the payload under `jwt_payload`.

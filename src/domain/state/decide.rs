@@ -6,9 +6,10 @@ use crate::domain::decision::{Cause, Decision, Reason};
 use crate::domain::error::Result;
 use crate::domain::ledger::ApprovalEvent;
 use crate::domain::policy::{Mode, Policy, Tool};
-use crate::domain::proposal::{Admitted, Proposal, Screened, SessionRef};
+use crate::domain::proposal::{Proposal, Screened, SessionRef};
+use crate::domain::session::Repeats;
 
-use super::gates::{Call, Gate, Halt, Step, approval_needed};
+use super::gates::{Asked, Call, Gate, Halt, Step, approval_needed};
 use super::*;
 
 /// What Decide answers: the decision and the approval request it made, if any.
@@ -35,11 +36,15 @@ impl State {
         screened: Screened<'_>,
         grants: Grants,
     ) -> Result<Decided> {
-        self.charged(
+        let asked = Asked {
             policy,
             now,
-            session_ref,
+            session: session_ref,
             proposal,
+            repeats: grants.repeats(),
+        };
+        self.charged(
+            asked,
             |state, call| state.decide_steps(call, screened, grants),
             |cause| (Decision::answer(cause, proposal, session_ref, None), None),
         )
@@ -65,9 +70,23 @@ impl State {
         // 6. The session budget.
         self.check_budget(call, admitted.tool.mode == Mode::Execute)?;
         // 7. No approval needed.
-        let reason = allow_unless_approval_needed(call, &admitted)?;
+        let Some(reason) = approval_needed(&admitted, &call.proposal.arguments) else {
+            if grants == Grants::Consume && admitted.tool.mode == Mode::Execute {
+                self.forwarded(call, admitted.tool)?;
+            }
+            return Err(Halt::Cause(Cause::Allowed));
+        };
         // 8. The ledger.
         self.ask_ledger(call, admitted.tool, reason, grants)
+    }
+
+    /// An `execute` tool's call that a Check lets through: the proxy
+    /// forwards it once, so it counts the tool's cost as a commit does.
+    fn forwarded(&mut self, call: &Call<'_>, tool: &Tool) -> Result<()> {
+        self.sessions
+            .open(call.session, call.now, &call.policy.limits)?
+            .executed(tool.cost);
+        Ok(())
     }
 
     /// SPEC §4 step 8: a grant → ALLOW `approved` (consumed, when `grants`
@@ -83,9 +102,7 @@ impl State {
     ) -> Step<Decided, Decided> {
         let (cause, approval, created) = match self.approval_gate(call, tool, reason)? {
             Gate::Granted(approval) if grants == Grants::Consume => {
-                self.sessions
-                    .open(call.session, call.now, &call.policy.limits)?
-                    .executed(tool.cost);
+                self.forwarded(call, tool)?;
                 let consumed = self.ledger.consume(approval.id, call.now)?;
                 (Cause::GrantConsumed, approval, Some(consumed))
             }
@@ -104,16 +121,20 @@ impl State {
 }
 
 /// What step 8 does with a grant: Decide keeps it for Dispatch; an
-/// external authorizer's Check consumes it.
+/// external authorizer's Check consumes it, since the proxy runs every call
+/// it lets through (so a Check also pays for a call id decided again:
+/// [`Repeats::Charged`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grants {
     Keep,
     Consume,
 }
 
-/// SPEC §4 step 7: a `read` or `propose` tool, or an `execute` tool whose
-/// rule asks for no approval → ALLOW `allowed`; otherwise the reason
-/// approval is needed.
-fn allow_unless_approval_needed(call: &Call<'_>, admitted: &Admitted<'_>) -> Step<Reason, Decided> {
-    approval_needed(admitted, &call.proposal.arguments).ok_or(Halt::Cause(Cause::Allowed))
+impl Grants {
+    fn repeats(self) -> Repeats {
+        match self {
+            Grants::Keep => Repeats::Free,
+            Grants::Consume => Repeats::Charged,
+        }
+    }
 }

@@ -12,8 +12,9 @@ use crate::domain::policy::{Mode, Policy, Tool};
 use crate::domain::proposal::{Admitted, Proposal, Screened, SessionRef};
 use crate::domain::receipts::{self, Receipt};
 use crate::domain::resources::{self, CommitResult, Resources, Target};
+use crate::domain::session::Repeats;
 
-use super::gates::{Call, Gate, Halt, Step, approval_needed};
+use super::gates::{Asked, Call, Gate, Halt, Step, approval_needed};
 use super::*;
 
 /// What Dispatch answers: the answer and the ledger transitions (a request
@@ -42,11 +43,15 @@ impl State {
     ) -> Result<Answer> {
         // 1. The session id's binding (the envelope was checked at the
         // edge), room for the session if it is new, and the charge.
-        self.charged(
+        let asked = Asked {
             policy,
             now,
-            session_ref,
+            session: session_ref,
             proposal,
+            repeats: Repeats::Free,
+        };
+        self.charged(
+            asked,
             |state, call| state.dispatch_steps(call, screened),
             |cause| (Dispatched::answer(cause, proposal, session_ref), Vec::new()),
         )

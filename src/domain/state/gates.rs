@@ -11,9 +11,21 @@ use crate::domain::ledger::{ApprovalEvent, ApprovalRef, NewApproval, Standing};
 use crate::domain::manifest::ManifestStatus;
 use crate::domain::policy::{Mode, Policy, Tool};
 use crate::domain::proposal::{self, Admitted, Proposal, Refusal, SessionRef};
-use crate::domain::session::{Budget, CallStanding, Charge};
+use crate::domain::session::{Budget, CallStanding, Charge, Repeats};
 
 use super::*;
+
+/// What a Decide or Dispatch asks, before it is charged
+/// ([`State::charged`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Asked<'a> {
+    pub(super) policy: &'a Policy,
+    pub(super) now: Timestamp,
+    pub(super) session: &'a SessionRef,
+    pub(super) proposal: &'a Proposal,
+    /// What a call id decided again costs.
+    pub(super) repeats: Repeats,
+}
 
 /// One Decide or Dispatch being answered: what its steps read.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +36,8 @@ pub(super) struct Call<'a> {
     pub(super) proposal: &'a Proposal,
     /// What the session already knows of the call id.
     pub(super) standing: CallStanding,
+    /// What a call id decided again costs.
+    pub(super) repeats: Repeats,
 }
 
 impl Call<'_> {
@@ -103,7 +117,7 @@ impl State {
         let session = self.sessions.find(call.session);
         match call
             .budget()
-            .check(call.standing, session, is_tool_call, call.now)
+            .check(call.standing, session, is_tool_call, call.now, call.repeats)
         {
             Some(reason) => Err(Halt::Cause(Cause::Budget(reason))),
             None => Ok(()),
@@ -187,13 +201,17 @@ impl State {
     /// answered as `word` says.
     pub(super) fn charged<T>(
         &mut self,
-        policy: &Policy,
-        now: Timestamp,
-        session_ref: &SessionRef,
-        proposal: &Proposal,
+        asked: Asked<'_>,
         steps: impl FnOnce(&mut Self, &Call<'_>) -> Step<T, T>,
         word: impl FnOnce(&Cause) -> T,
     ) -> Result<T> {
+        let Asked {
+            policy,
+            now,
+            session: session_ref,
+            proposal,
+            repeats,
+        } = asked;
         self.sessions.check_binding(session_ref)?;
         self.sessions.reserve(session_ref, now, &policy.limits)?;
         let standing = CallStanding::of(
@@ -217,11 +235,12 @@ impl State {
             session: session_ref,
             proposal,
             standing,
+            repeats,
         };
         let answered = answered(steps(self, &call), word);
         self.charging_bytes = 0;
         let (answer, refused) = answered?;
-        let charge = Charge::of(standing, is_tool_call(policy, proposal), refused);
+        let charge = Charge::of(standing, is_tool_call(policy, proposal), refused, repeats);
         // Counts the bytes of a call id it remembers.
         self.sessions.settle(
             session_ref,
