@@ -1076,8 +1076,11 @@ impl PostgresStore {
         self.give_back();
         if written != 1 {
             // The lock orders every writer: a count that moved under it is
-            // a writer that does not take it.
+            // a writer that does not take it. Nothing of this batch was
+            // committed, and the state in memory holds it: the next turn
+            // loads everything again.
             self.making = None;
+            self.seen = None;
             return Err(StoreError(format!(
                 "the PostgreSQL store at {}: the count of commits is not {count} under the \
                  store's lock: something else writes to this schema",

@@ -730,7 +730,14 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
                     }
                     pending.abandoned.push_back((batch.first, batch.last));
                 }
-                pending.durable = batch.last;
+                // A call that changes nothing waits for the last number:
+                // one past the abandoned ones, for an empty batch, durable
+                // at once. No call runs before the next turn, which loads
+                // the state again from the store, so none can observe what
+                // was abandoned under it.
+                pending.last += 1;
+                pending.in_flight = pending.last;
+                pending.durable = pending.last;
             }
         }
         spare = batch.changes;
@@ -978,6 +985,86 @@ mod tests {
             Store::load(&mut store.clone()).unwrap().len()
         })
         .await;
+    }
+
+    /// A shared store whose first commit of changes does not take effect.
+    struct FailsOnce {
+        failed: bool,
+    }
+
+    impl Store for FailsOnce {
+        fn name(&self) -> &'static str {
+            "fails-once"
+        }
+        fn load(&mut self) -> StoreResult<Vec<Record>> {
+            Ok(Vec::new())
+        }
+        fn commit(&mut self, changes: &[Change]) -> StoreResult<()> {
+            if !changes.is_empty() && !std::mem::replace(&mut self.failed, true) {
+                return Err(StoreError("the commit did not take effect".into()));
+            }
+            Ok(())
+        }
+        fn size_bytes(&self) -> u64 {
+            0
+        }
+        fn resume(&mut self) -> Resume {
+            Resume::NotCommitted
+        }
+        fn shared(&self) -> bool {
+            true
+        }
+        fn begin_turn(&mut self) -> StoreResult<Turn> {
+            Ok(Turn {
+                now: Timestamp(1),
+                behind: None,
+            })
+        }
+    }
+
+    /// Opens and closes the gate; takes nothing in.
+    struct Host;
+
+    impl TurnHost for Host {
+        fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError> {
+            gate.open(turn.now);
+            Ok(Vec::new())
+        }
+        fn end(&mut self, gate: &Gate) {
+            gate.close();
+        }
+        fn catch_up(&mut self, _behind: Behind) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    /// Runs `changes` as one operation in a turn; returns its number.
+    async fn in_a_turn(writer: &Writer, changes: Vec<Change>) -> u64 {
+        let gate = writer.gate().expect("a shared store's gate");
+        let mut opened = gate.subscribe();
+        let ticket = writer.want_turn();
+        while gate.open_at().is_none() {
+            opened.changed().await.unwrap();
+        }
+        writer.ran_in_turn(Some(ticket));
+        writer.append(changes)
+    }
+
+    #[tokio::test]
+    async fn after_a_turn_that_did_not_take_effect_a_call_that_changes_nothing_is_answered() {
+        let writer =
+            Writer::start(Box::new(FailsOnce { failed: false }), Some(Box::new(Host))).unwrap();
+        let lost = in_a_turn(&writer, vec![put(b"a", b"1")]).await;
+        let error = writer.durable(lost).await.unwrap_err();
+        assert!(error.0.contains("did not take effect"), "{error}");
+        // Late, it is still refused; a read in the next turn is answered.
+        assert!(writer.durable(lost).await.is_err());
+        let read = in_a_turn(&writer, Vec::new()).await;
+        assert!(read > lost);
+        writer.durable(read).await.unwrap();
+        let write = in_a_turn(&writer, vec![put(b"b", b"1")]).await;
+        writer.durable(write).await.unwrap();
+        writer.close();
     }
 
     #[tokio::test]

@@ -735,6 +735,22 @@ fn a_lost_connection_fails_the_commit_and_frees_the_schema() {
     assert_eq!(contents(&mut other), expect(&[(Kind::Receipt, b"r", b"1")]));
 }
 
+#[test]
+fn a_commit_count_moved_by_a_writer_without_the_lock_makes_the_next_turn_load_everything() {
+    let mut schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    store.load().unwrap();
+    store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap();
+    store.begin_turn().unwrap();
+    schema.execute(&format!("UPDATE {}.commits SET n = n + 1", schema.name()));
+    let error = store.commit(&[put(Kind::Receipt, b"r", b"2")]).unwrap_err();
+    assert!(error.0.contains("something else writes"), "{error}");
+    // Memory holds the batch that was not committed: it is not the store's.
+    assert_eq!(resumed(&mut store), Resume::NotCommitted);
+    let turn = store.begin_turn().unwrap();
+    assert!(matches!(turn.behind, Some(Behind::Everything(_))));
+}
+
 /// Resumes `store`, which must reach the server.
 fn resumed(store: &mut PostgresStore) -> Resume {
     match store.resume() {
