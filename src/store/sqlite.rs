@@ -39,7 +39,7 @@ use std::os::raw::c_int;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -197,6 +197,17 @@ impl SqliteStore {
     /// directory group or others can enter, one another store holds (in
     /// this process or another), a schema newer than this binary's.
     pub fn open(dir: &Path) -> StoreResult<Self> {
+        SqliteStore::open_checkpointing_at(dir, CHECKPOINT_PAGES, WRITER_CHECKPOINT_PAGES)
+    }
+
+    /// [`SqliteStore::open`], with the WAL pages at which a commit wakes
+    /// the checkpointer thread (`wake_at`) and checkpoints itself
+    /// (`write_at`): the tests' lower marks, so that checkpoints come often.
+    pub(crate) fn open_checkpointing_at(
+        dir: &Path,
+        wake_at: c_int,
+        write_at: c_int,
+    ) -> StoreResult<Self> {
         prepare_dir(dir)?;
         let lock = take_lock(dir)?;
         let db_path = dir.join(DB_FILE);
@@ -274,9 +285,9 @@ impl SqliteStore {
         // again at the next commit.
         connection
             .wal_hook(Some(move |wal: &mut Wal, pages: c_int| {
-                if pages >= WRITER_CHECKPOINT_PAGES {
+                if pages >= write_at {
                     let _ = wal.checkpoint();
-                } else if pages >= CHECKPOINT_PAGES {
+                } else if pages >= wake_at {
                     let _ = wake.try_send(());
                 }
                 Ok(())
@@ -300,6 +311,12 @@ impl SqliteStore {
     #[cfg(test)]
     pub(crate) fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// The checkpointer thread's passes that checkpointed, for tests.
+    #[cfg(test)]
+    pub(crate) fn checkpointer_passes(&self) -> u64 {
+        self._checkpointer.passes.load(Ordering::Acquire)
     }
 }
 
@@ -410,6 +427,9 @@ impl Store for SqliteStore {
 struct Checkpointer {
     wake: SyncSender<()>,
     stop: Arc<AtomicBool>,
+    /// Passes that checkpointed (tests look).
+    #[cfg(test)]
+    passes: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -429,12 +449,13 @@ impl Checkpointer {
             })?;
         let (wake, woken) = mpsc::sync_channel(1);
         let stop = Arc::new(AtomicBool::new(false));
+        let passes = Arc::new(AtomicU64::new(0));
         let thread = std::thread::Builder::new()
             .name("toolgate-checkpoint".into())
             .spawn({
-                let stop = Arc::clone(&stop);
+                let (stop, passes) = (Arc::clone(&stop), Arc::clone(&passes));
                 let dir = dir.to_path_buf();
-                move || checkpoint_when_woken(&connection, &woken, &stop, &dir)
+                move || checkpoint_when_woken(&connection, &woken, &stop, &passes, &dir)
             })
             .map_err(|error| {
                 StoreError(format!(
@@ -445,6 +466,8 @@ impl Checkpointer {
         Ok(Checkpointer {
             wake,
             stop,
+            #[cfg(test)]
+            passes,
             thread: Some(thread),
         })
     }
@@ -468,12 +491,16 @@ fn checkpoint_when_woken(
     connection: &Connection,
     woken: &Receiver<()>,
     stop: &AtomicBool,
+    passes: &AtomicU64,
     dir: &Path,
 ) {
     let mut failing = false;
     while woken.recv().is_ok() && !stop.load(Ordering::Acquire) {
         match connection.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
-            Ok(_) => failing = false,
+            Ok(_) => {
+                failing = false;
+                passes.fetch_add(1, Ordering::Release);
+            }
             Err(error) if busy(&error) => {}
             Err(error) => {
                 if !failing {
@@ -761,6 +788,25 @@ const INTEGRITY_LINES: u32 = 100;
 /// (no directory, no database); a store that reads but is damaged is an
 /// `Ok` report with problems.
 pub fn check(dir: &Path) -> StoreResult<CheckReport> {
+    check_with(dir, None)
+}
+
+/// [`check`], and then, when the file and its tables are sound, every
+/// record of the same snapshot handed to `restore` (the state's recovery,
+/// which decodes each of them as a start would): its error is a problem.
+/// So a store that SQLite finds sound but that toolgate could not start on
+/// fails its check.
+pub fn check_records(
+    dir: &Path,
+    restore: &dyn Fn(Vec<Record>) -> Result<(), String>,
+) -> StoreResult<CheckReport> {
+    check_with(dir, Some(restore))
+}
+
+fn check_with(
+    dir: &Path,
+    restore: Option<&dyn Fn(Vec<Record>) -> Result<(), String>>,
+) -> StoreResult<CheckReport> {
     let (db_path, mut problems) = existing_store(dir)?;
     let mut report = CheckReport {
         path: db_path.clone(),
@@ -820,6 +866,18 @@ pub fn check(dir: &Path) -> StoreResult<CheckReport> {
                 );
             }
             Err(error) => corrupt_or("counting records", error, &mut problems)?,
+        }
+        if let Some(restore) = restore
+            && problems.is_empty()
+        {
+            match read_records(&transaction) {
+                Ok(records) => {
+                    if let Err(why) = restore(records) {
+                        problems.push(format!("the records do not restore: {why}"));
+                    }
+                }
+                Err(error) => corrupt_or("reading the records", error, &mut problems)?,
+            }
         }
     }
     // A version below this binary's (0: created, never migrated) is sound:
@@ -1010,6 +1068,25 @@ fn integrity_check(connection: &Connection) -> rusqlite::Result<Vec<String>> {
 }
 
 /// Each kind's table's records, and the kinds' tables that are missing.
+/// Every record of every kind's table.
+fn read_records(connection: &Connection) -> rusqlite::Result<Vec<Record>> {
+    let mut records = Vec::new();
+    for kind in Kind::ALL {
+        let mut select = connection.prepare(&format!("SELECT k, v FROM {}", kind.table()))?;
+        let rows = select.query_map([], |row| {
+            Ok(Record {
+                kind,
+                key: row.get(0)?,
+                value: row.get(1)?,
+            })
+        })?;
+        for row in rows {
+            records.push(row?);
+        }
+    }
+    Ok(records)
+}
+
 fn table_counts(connection: &Connection) -> rusqlite::Result<(Vec<TableCount>, Vec<String>)> {
     let present = tables(connection)?;
     let mut counts = Vec::new();

@@ -11,8 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
+use toolgate::domain::clock::SystemClock;
+use toolgate::domain::proposal::{Proposal, SessionRef};
+use toolgate::domain::records;
+use toolgate::engine::Engine;
+
 use crate::support::spawn;
-use crate::support::{Change, Kind, SqliteStore, Store, sqlite};
+use crate::support::{Change, Kind, Policy, SqliteStore, Store, Timestamp, sqlite};
 
 /// What one run of the binary did.
 #[derive(Debug)]
@@ -55,18 +60,65 @@ fn put(kind: Kind, key: &[u8], value: &[u8]) -> Change {
     }
 }
 
-/// Two records of every kind, and `extra` receipts.
-fn records(extra: u32) -> Vec<Change> {
-    let mut changes = Vec::new();
-    for kind in Kind::ALL {
-        for key in [b"a", b"b"] {
-            changes.push(put(kind, key, b"{\"value\":1}"));
+/// The session a [`real_store`] decides in (no host: no authentication).
+const SESSION: (&str, &str, &str) = ("support-agent", "s1", "desk");
+
+/// A store made as a server makes it, on the embedded default policy: its
+/// resources, a session, `decides` decided call ids of a read tool and a
+/// pending approval. Returns its records by kind.
+fn real_store(dir: &Path, decides: u32) -> Vec<(Kind, u64)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let policy = Policy::embedded_default().expect("the default policy");
+        let store = SqliteStore::open(dir).expect("open");
+        let engine = Engine::open(policy, Arc::new(SystemClock), Box::new(store)).expect("engine");
+        let (actor, session_id, workspace) = SESSION;
+        let session =
+            SessionRef::new(actor.into(), session_id.into(), workspace.into()).expect("session");
+        let propose = |call_id: String, name: &str, arguments: &str| {
+            Proposal::new(call_id, actor.into(), name.into(), 0, arguments).expect("proposal")
+        };
+        for index in 0..decides {
+            let search = propose(format!("c{index}"), "search_docs", r#"{"query":"lamp"}"#);
+            engine.decide(&session, &search).await.expect("decide");
         }
-    }
-    for index in 0..extra {
-        changes.push(put(Kind::Receipt, &index.to_be_bytes(), &[b'r'; 300]));
-    }
-    changes
+        let set = propose(
+            "set".into(),
+            "set_ticket",
+            r#"{"ticket":"lamp","status":"done"}"#,
+        );
+        engine.decide(&session, &set).await.expect("decide");
+        engine.close_store();
+    });
+    let mut store = SqliteStore::open(dir).expect("reopen");
+    let records = store.load().expect("load");
+    Kind::ALL
+        .iter()
+        .map(|kind| {
+            let count = records.iter().filter(|record| record.kind == *kind).count();
+            (*kind, count as u64)
+        })
+        .collect()
+}
+
+fn total(counts: &[(Kind, u64)]) -> u64 {
+    counts.iter().map(|(_, count)| count).sum()
+}
+
+/// A decided call id of [`SESSION`], as the state writes one.
+fn decided_call(at: u64, call_id: &str) -> Change {
+    let (_, session_id, _) = SESSION;
+    let key = records::key(&[
+        &records::time_part(Timestamp(at)),
+        b"",
+        session_id.as_bytes(),
+        call_id.as_bytes(),
+    ]);
+    let value = format!(r#"{{"fingerprint":"{}","refused":null}}"#, "ab".repeat(32));
+    put(Kind::DecidedCall, &key, value.as_bytes())
 }
 
 fn private_dir(parent: &Path, name: &str) -> PathBuf {
@@ -95,9 +147,8 @@ fn table_rows(run: &Run) -> Vec<(String, u64)> {
 fn store_check_and_backup_on_a_stopped_store() {
     let parent = tempfile::tempdir().expect("temp dir");
     let dir = parent.path().join("data");
-    let mut store = SqliteStore::open(&dir).expect("open");
-    store.commit(&records(10)).expect("commit");
-    drop(store);
+    let counts = real_store(&dir, 10);
+    let records = total(&counts).to_string();
 
     let run = store_command(&dir, &["check"]);
     assert_eq!(run.code, Some(0), "{run:?}");
@@ -108,7 +159,7 @@ fn store_check_and_backup_on_a_stopped_store() {
     );
     let version = sqlite::SCHEMA_VERSION.to_string();
     assert_eq!(run.field("schema"), Some(version.as_str()));
-    assert_eq!(run.field("records"), Some("28"));
+    assert_eq!(run.field("records"), Some(records.as_str()));
     let bytes: u64 = run
         .field("bytes")
         .expect("bytes")
@@ -117,17 +168,25 @@ fn store_check_and_backup_on_a_stopped_store() {
     assert!(bytes >= fs::metadata(dir.join(sqlite::DB_FILE)).expect("db").len());
     let rows = table_rows(&run);
     assert_eq!(rows.len(), Kind::ALL.len(), "{run:?}");
-    for (kind, (table, records)) in Kind::ALL.iter().zip(&rows) {
+    for ((kind, count), (table, records)) in counts.iter().zip(&rows) {
         assert_eq!(table, kind.table());
-        assert_eq!(*records, if *kind == Kind::Receipt { 12 } else { 2 });
+        assert_eq!(records, count);
     }
+    assert_eq!(
+        rows[Kind::ALL
+            .iter()
+            .position(|kind| *kind == Kind::DecidedCall)
+            .unwrap()]
+        .1,
+        11
+    );
     assert_eq!(run.stdout.lines().last(), Some("ok"));
 
     let file = parent.path().join("backup.sqlite3");
     let run = store_command(&dir, &["backup", file.to_str().expect("utf-8")]);
     assert_eq!(run.code, Some(0), "{run:?}");
     assert_eq!(run.field("backup"), file.to_str());
-    assert_eq!(run.field("records"), Some("28"));
+    assert_eq!(run.field("records"), Some(records.as_str()));
     assert_eq!(run.field("schema"), Some(version.as_str()));
     assert!(
         run.field("restore")
@@ -148,17 +207,47 @@ fn store_check_and_backup_on_a_stopped_store() {
     fs::copy(&file, restored.join(sqlite::DB_FILE)).expect("copy");
     let run = store_command(&restored, &["check"]);
     assert_eq!(run.code, Some(0), "{run:?}");
-    assert_eq!(run.field("records"), Some("28"));
+    assert_eq!(run.field("records"), Some(records.as_str()));
     let mut copy = SqliteStore::open(&restored).expect("open the restored copy");
-    assert_eq!(copy.load().expect("load").len(), 28);
+    assert_eq!(copy.load().expect("load").len().to_string(), records);
+}
+
+/// A record SQLite finds sound but toolgate cannot restore (a value that
+/// does not decode) fails the check, as it would fail a start.
+#[test]
+fn store_check_reads_every_record_as_a_start_would() {
+    let parent = tempfile::tempdir().expect("temp dir");
+    let dir = parent.path().join("data");
+    let counts = real_store(&dir, 2);
+    let mut store = SqliteStore::open(&dir).expect("open");
+    store
+        .commit(&[decided_call(1, "late"), put(Kind::Approval, b"k", b"{}")])
+        .expect("commit");
+    drop(store);
+    let run = store_command(&dir, &["check"]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(
+        run.field("records"),
+        Some((total(&counts) + 2).to_string().as_str())
+    );
+    let problem = run
+        .stdout
+        .lines()
+        .find(|line| line.starts_with("problem: the records do not restore: "))
+        .expect("a problem line");
+    assert!(problem.contains("approvals"), "{problem}");
+    assert!(
+        run.stderr.contains("failed its check (1 problem)"),
+        "{run:?}"
+    );
 }
 
 #[test]
 fn store_check_and_backup_beside_a_writing_store() {
     let parent = tempfile::tempdir().expect("temp dir");
     let dir = parent.path().join("data");
+    let base = total(&real_store(&dir, 3));
     let mut store = SqliteStore::open(&dir).expect("open");
-    store.commit(&records(0)).expect("commit");
     // This process holds the lock and keeps committing, as a server would.
     let stop = Arc::new(AtomicBool::new(false));
     let committed = Arc::new(AtomicU64::new(0));
@@ -169,13 +258,7 @@ fn store_check_and_backup_beside_a_writing_store() {
             while !stop.load(Ordering::SeqCst) {
                 n += 1;
                 let batch: Vec<Change> = (0..50u32)
-                    .map(|index| {
-                        put(
-                            Kind::Receipt,
-                            &[n.to_be_bytes(), u64::from(index).to_be_bytes()].concat(),
-                            &[b'w'; 300],
-                        )
-                    })
+                    .map(|index| decided_call(n, &format!("w{n}x{index}")))
                     .collect();
                 store.commit(&batch).expect("commit");
                 committed.store(n, Ordering::SeqCst);
@@ -196,8 +279,11 @@ fn store_check_and_backup_beside_a_writing_store() {
         let run = store_command(&dir, &["check"]);
         assert_eq!(run.code, Some(0), "{run:?}");
         let records: u64 = run.field("records").expect("records").parse().expect("n");
-        assert!(records >= 18 + before * 50, "{records} < {before} batches");
-        assert_eq!((records - 18) % 50, 0, "whole batches only: {records}");
+        assert!(
+            records >= base + before * 50,
+            "{records} < {before} batches"
+        );
+        assert_eq!((records - base) % 50, 0, "whole batches only: {records}");
 
         let before = committed.load(Ordering::SeqCst);
         let file = parent.path().join(format!("backup{attempt}"));
@@ -207,8 +293,11 @@ fn store_check_and_backup_beside_a_writing_store() {
         fs::rename(&file, restored.join(sqlite::DB_FILE)).expect("move");
         let mut copy = SqliteStore::open(&restored).expect("open the backup");
         let records = copy.load().expect("load").len() as u64;
-        assert!(records >= 18 + before * 50, "{records} < {before} batches");
-        assert_eq!((records - 18) % 50, 0, "whole batches only: {records}");
+        assert!(
+            records >= base + before * 50,
+            "{records} < {before} batches"
+        );
+        assert_eq!((records - base) % 50, 0, "whole batches only: {records}");
         assert_eq!(run.field("records"), Some(records.to_string().as_str()));
     }
     stop.store(true, Ordering::SeqCst);
@@ -234,13 +323,11 @@ fn store_check_exit_codes() {
 
     // A problem: exit 1, the report and each problem on stdout.
     let dir = parent.path().join("data");
-    let mut store = SqliteStore::open(&dir).expect("open");
-    store.commit(&records(0)).expect("commit");
-    drop(store);
+    let records = total(&real_store(&dir, 0)).to_string();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o750)).expect("chmod");
     let run = store_command(&dir, &["check"]);
     assert_eq!(run.code, Some(1), "{run:?}");
-    assert_eq!(run.field("records"), Some("18"));
+    assert_eq!(run.field("records"), Some(records.as_str()));
     let problem = run
         .stdout
         .lines()

@@ -4,6 +4,8 @@
 
 use std::process::ExitCode;
 
+use toolgate::domain::policy::Policy;
+use toolgate::domain::state::State;
 use toolgate::store::postgres::PostgresStore;
 use toolgate::store::sqlite::{self, CheckReport, SqliteStore, TableCount};
 
@@ -13,8 +15,9 @@ use crate::output::{Failure, emit, printable, record, say, table};
 /// `toolgate store [--data-dir DIR] check|backup FILE`.
 ///
 /// - `check`: the report on stdout (file, schema version, bytes, each
-///   table's records, then `ok` or each problem); exit 0 when sound, 1 with
-///   `error: …` on stderr when a problem was found.
+///   table's records, then `ok` or each problem: the file's, or a record
+///   the state's recovery refuses); exit 0 when sound, 1 with `error: …`
+///   on stderr when a problem was found.
 /// - `backup FILE`: what was written on stdout, and how to restore it.
 /// - `migrate`: the store and its schema version on stdout, and what was
 ///   done (`created`, `migrated from N`, `current`).
@@ -50,7 +53,17 @@ pub fn run_store(args: &StoreArgs) -> ExitCode {
 }
 
 fn run_check(args: &StoreArgs) -> Result<ExitCode, Failure> {
-    let report = sqlite::check(&args.data_dir).map_err(|error| Failure::Usage(error.0))?;
+    // Recovery as a start does it. What a record must be does not depend
+    // on the policy (a policy only adds the resources it declares), so the
+    // embedded one serves.
+    let policy = Policy::embedded_default().map_err(|error| Failure::Usage(error.to_string()))?;
+    let restore = |records| {
+        State::restore(&policy, records)
+            .map(drop)
+            .map_err(|error| error.to_string())
+    };
+    let report =
+        sqlite::check_records(&args.data_dir, &restore).map_err(|error| Failure::Usage(error.0))?;
     emit(&check_text(&report))?;
     if report.ok() {
         return Ok(ExitCode::SUCCESS);

@@ -169,6 +169,13 @@ impl Writer {
 }
 
 /// Opens the image in `dir` as a store and returns its N.
+/// The store at `dir`, its checkpoints as in production (the checkpointer
+/// thread beside the writer, the writer's own past a mark) but at marks low
+/// enough that they come every few batches.
+fn checkpointing_often(dir: &Path) -> SqliteStore {
+    SqliteStore::open_checkpointing_at(dir, 64, 256).unwrap()
+}
+
 fn recovered(dir: &Path) -> u64 {
     let mut store = SqliteStore::open(dir).unwrap();
     let records = store.load().unwrap();
@@ -238,11 +245,7 @@ fn ends_mid_batch(wal: &[u8], len: u64) -> bool {
 fn crash_images_hold_whole_batches() {
     let parent = tempfile::tempdir().unwrap();
     let dir = parent.path().join("data");
-    let store = SqliteStore::open(&dir).unwrap();
-    store
-        .connection()
-        .pragma_update(None, "wal_autocheckpoint", 64)
-        .unwrap();
+    let store = checkpointing_often(&dir);
     // The WAL cut back at the first commit after each restart, so that its
     // length is where its frames end, not where an older, longer
     // generation ended.
@@ -301,6 +304,10 @@ fn crash_images_hold_whole_batches() {
     }
     drop(pin);
     let (mut store, last) = writer.stop();
+    assert!(
+        store.checkpointer_passes() > 0,
+        "the checkpointer never ran"
+    );
     assert_eq!(whole_prefix(&store.load().unwrap()), Ok(last));
     drop(store);
     assert_eq!(recovered(&dir), last);
@@ -318,11 +325,7 @@ fn crash_images_hold_whole_batches() {
 fn backups_taken_while_writing_hold_whole_batches() {
     let parent = tempfile::tempdir().unwrap();
     let dir = parent.path().join("data");
-    let store = SqliteStore::open(&dir).unwrap();
-    store
-        .connection()
-        .pragma_update(None, "wal_autocheckpoint", 64)
-        .unwrap();
+    let store = checkpointing_often(&dir);
     let writer = Writer::start(store);
     let mut rng = rand::rng();
     let mut found = Vec::new();
@@ -345,7 +348,11 @@ fn backups_taken_while_writing_hold_whole_batches() {
         fs::remove_dir_all(&restored).unwrap();
         found.push(n);
     }
-    let (_, last) = writer.stop();
+    let (store, last) = writer.stop();
+    assert!(
+        store.checkpointer_passes() > 0,
+        "the checkpointer never ran"
+    );
     assert!(found.len() >= 5, "only {} backups", found.len());
     assert!(found.windows(2).all(|pair| pair[0] <= pair[1]), "{found:?}");
     eprintln!("backups at batches {found:?} of {last}");
