@@ -65,8 +65,31 @@ pub struct Resources {
     /// Bumped by every commit; the version in scope `global`, and the one
     /// that effect-`none` tools are checked against in scope `resource`.
     global_version: u64,
+    /// Σ [`value_bytes`] of the items of every list: what appends grow,
+    /// counted under the state's byte budget (a resource's other values
+    /// are bounded by the policy's resources and the message limit).
+    items_bytes: usize,
     /// Resources written since the state last took the changes.
     journal: Journal,
+}
+
+/// Σ [`value_bytes`] of a list's items (0 for a value that is not a list).
+fn items_bytes(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => items_bytes_of(items),
+        _ => 0,
+    }
+}
+
+fn items_bytes_of(items: &[Value]) -> usize {
+    items.iter().map(value_bytes).sum()
+}
+
+/// `count` less `bytes` of items it holds (never below 0: the count only
+/// ever holds what was added to it).
+fn less(count: usize, bytes: usize) -> usize {
+    debug_assert!(count >= bytes, "list items counted out of step");
+    count.saturating_sub(bytes)
 }
 
 /// A resource as it is stored. A list's items are records of their own
@@ -198,6 +221,7 @@ pub fn target<'a>(effect: &'a Effect, arguments: &'a Object) -> Result<Target<'a
 impl Resources {
     pub fn new(policy: &StatePolicy) -> Self {
         Resources {
+            items_bytes: policy.resources.values().map(items_bytes).sum(),
             scope: policy.version_scope,
             resources: policy
                 .resources
@@ -226,6 +250,7 @@ impl Resources {
                     version: 0,
                     replaced: 0,
                 };
+                self.items_bytes += items_bytes(value);
                 self.resources.insert(name.clone(), resource);
                 self.journal_resource(name, true);
             }
@@ -297,6 +322,9 @@ impl Resources {
     pub fn put_resource(&mut self, name: String, stored: StoredResource) {
         let StoredResource(stored) = stored;
         let held = self.resources.remove(&name);
+        if let Some(held) = &held {
+            self.forget_items(items_bytes(&held.value));
+        }
         let value = match (stored.value, held) {
             (Some(value), _) => value,
             (
@@ -308,6 +336,7 @@ impl Resources {
             ) => Value::Array(items),
             (None, _) => Value::Array(Vec::new()),
         };
+        self.items_bytes += items_bytes(&value);
         let resource = Resource {
             value,
             version: stored.version,
@@ -321,18 +350,20 @@ impl Resources {
     /// initial value when it declares the resource, else no resource.
     /// Nothing is journaled.
     pub fn delete_resource(&mut self, policy: &StatePolicy, name: &str) {
-        match policy.resources.get(name) {
+        let held = match policy.resources.get(name) {
             Some(value) => {
+                self.items_bytes += items_bytes(value);
                 let resource = Resource {
                     value: value.clone(),
                     version: 0,
                     replaced: 0,
                 };
-                self.resources.insert(name.to_string(), resource);
+                self.resources.insert(name.to_string(), resource)
             }
-            None => {
-                self.resources.remove(name);
-            }
+            None => self.resources.remove(name),
+        };
+        if let Some(held) = held {
+            self.forget_items(items_bytes(&held.value));
         }
     }
 
@@ -362,14 +393,19 @@ impl Resources {
                 for (index, item) in items {
                     let Some(item) = item else { continue };
                     let len = list.len();
+                    self.items_bytes += value_bytes(&item);
                     match list.get_mut(index) {
-                        Some(slot) => *slot = item,
+                        Some(slot) => {
+                            self.items_bytes = less(self.items_bytes, value_bytes(slot));
+                            *slot = item;
+                        }
                         None if index == len => list.push(item),
                         None => return Err(stray(index)),
                     }
                 }
                 continue;
             }
+            self.items_bytes = less(self.items_bytes, items_bytes_of(list));
             let mut by_index: BTreeMap<usize, Value> =
                 std::mem::take(list).into_iter().enumerate().collect();
             for (index, item) in items {
@@ -382,10 +418,37 @@ impl Resources {
                 if index != expected {
                     return Err(stray(index));
                 }
+                self.items_bytes += value_bytes(&item);
                 list.push(item);
             }
         }
         Ok(())
+    }
+
+    /// Takes `bytes` of items off the count.
+    fn forget_items(&mut self, bytes: usize) {
+        self.items_bytes = less(self.items_bytes, bytes);
+    }
+
+    /// Σ [`value_bytes`] of every list's items.
+    pub fn items_bytes(&self) -> usize {
+        self.items_bytes
+    }
+
+    /// How many bytes of items a commit of `target` adds (a `set` of a list
+    /// may free some instead: 0).
+    pub fn items_growth(&self, target: &Target<'_>, carried: Option<&Value>) -> usize {
+        match (*target, carried) {
+            (Target::Append { .. }, Some(item)) => value_bytes(item),
+            (Target::Set { resource, .. }, Some(value)) => {
+                let held = self
+                    .resources
+                    .get(resource)
+                    .map_or(0, |held| items_bytes(&held.value));
+                items_bytes(value).saturating_sub(held)
+            }
+            _ => 0,
+        }
     }
 
     /// Checks, before any change of a batch is applied, that
@@ -587,11 +650,14 @@ impl Resources {
                     if let Value::Array(items) = stored {
                         replaced_items = Some(items.len());
                     }
+                    self.items_bytes = less(self.items_bytes, items_bytes(stored));
+                    self.items_bytes += items_bytes(carried);
                     stored.clone_from(carried);
                     resource.replaced += 1;
                 }
                 (Target::Append { .. }, Value::Array(items)) => {
                     appended_index = Some(items.len());
+                    self.items_bytes += value_bytes(carried);
                     items.push(carried.clone());
                 }
                 _ => {}

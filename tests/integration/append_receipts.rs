@@ -288,3 +288,64 @@ async fn a_commit_whose_answer_could_not_be_sent_is_refused_before_it_applies() 
     assert_eq!(receipt_fields(&replay), receipt_fields(&committed));
     server.stop().await;
 }
+
+/// A list's items are never evicted, so what appends add counts under the
+/// state's byte budget: once it is full an append is RESOURCE_EXHAUSTED and
+/// changes nothing, and a `set` of the list, which empties it, makes room.
+/// (Receipts pass their retention between two commits here, so that they
+/// always make room: the list alone fills the budget.)
+#[tokio::test]
+async fn appends_are_bounded_by_the_state_byte_budget() {
+    let server = TestServer::start(&policy_with(
+        "append",
+        &[
+            ("server.max_message_bytes", integer(MAX_MESSAGE_BYTES)),
+            ("limits.max_state_bytes", integer(64 * 1024)),
+            ("limits.receipt_retention_seconds", integer(1)),
+        ],
+    ))
+    .await;
+    let text = "x".repeat(2000);
+    let mut version = 0;
+    let refusal = loop {
+        server.clock.advance(std::time::Duration::from_secs(2));
+        let call_id = format!("c{version}");
+        match server.dispatch_agent(&post(&call_id, version, &text)).await {
+            Ok(answer) => {
+                assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
+                version = answer.version;
+            }
+            Err(status) => break status,
+        }
+        assert!(version < 100, "the budget never refused an append");
+    };
+    assert_eq!(refusal.code(), Code::ResourceExhausted, "{refusal:?}");
+    assert!(
+        refusal.message().contains("(limits.max_state_bytes)")
+            && refusal.message().contains("the items of lists"),
+        "{refusal:?}"
+    );
+    assert!(version >= 10, "only {version} appends fit");
+    let queue = server.resource(ALICE, "queue").await;
+    assert_eq!((queue.version, queue.item_count), (version, Some(version)));
+
+    server.clock.advance(std::time::Duration::from_secs(2));
+    let emptied = server
+        .dispatch_agent(&proposal(
+            "c-empty",
+            "agent",
+            "replace",
+            version,
+            r#"{"target":"queue","value":[]}"#,
+        ))
+        .await
+        .expect("Dispatch answers");
+    assert_eq!(emptied.status(), pb::DispatchStatus::Ok, "{emptied:?}");
+    let after = server
+        .dispatch_agent(&post("c-after", emptied.version, &text))
+        .await
+        .expect("Dispatch answers");
+    assert_eq!(after.status(), pb::DispatchStatus::Ok, "{after:?}");
+    assert_eq!(after.appended_index, Some(0));
+    server.stop().await;
+}

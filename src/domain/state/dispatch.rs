@@ -192,7 +192,10 @@ impl State {
             target.resource(),
             carried,
         );
-        self.make_byte_room(receipt_bytes, call.now, limits)?;
+        // A list's items are never evicted: an append (or a set of a
+        // longer list) needs room of its own.
+        let items = self.resources.items_growth(target, carried);
+        self.make_byte_room(receipt_bytes.saturating_add(items), call.now, limits)?;
         Ok(())
     }
 

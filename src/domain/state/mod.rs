@@ -198,6 +198,7 @@ impl State {
             .bytes()
             .saturating_add(self.receipts.bytes())
             .saturating_add(self.sessions.decided_bytes())
+            .saturating_add(self.resources.items_bytes())
             .saturating_add(self.charging_bytes)
     }
 
@@ -217,8 +218,8 @@ impl State {
         if from_receipts.saturating_add(self.ledger.evictable_bytes()) < excess {
             return Err(Error::ResourceExhausted(format!(
                 "the state holds {used} of its {budget} bytes (limits.max_state_bytes) in \
-                 live approvals, receipts within retention and remembered call ids; \
-                 {needed} more do not fit"
+                 live approvals, receipts within retention, remembered call ids and the \
+                 items of lists; {needed} more do not fit"
             )));
         }
         let freed = self.receipts.evict_bytes(now, limits, excess);
