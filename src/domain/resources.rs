@@ -294,7 +294,9 @@ impl Resources {
         for record in stored {
             let (name, stored) = decode_resource(&record.key, &record.value)?;
             // The store's record replaces the policy's value, items and all.
-            restored.resources.remove(&name);
+            if let Some(initial) = restored.resources.remove(&name) {
+                restored.forget_items(items_bytes(&initial.value));
+            }
             restored.put_resource(name, stored);
         }
         let mut changes = QueueItemChanges::default();
@@ -831,5 +833,63 @@ impl Resources {
             "scope {:?} global {}\nresources {:#?}\n",
             self.scope, self.global_version, self.resources
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records_of(changes: Vec<Change>, kind: Kind) -> Vec<Record> {
+        changes
+            .into_iter()
+            .filter(|change| change.kind == kind)
+            .filter_map(|change| {
+                Some(Record {
+                    kind,
+                    key: change.key,
+                    value: change.value?,
+                })
+            })
+            .collect()
+    }
+
+    /// A list's items count under the byte budget as they are held: after a
+    /// restore, the store's items, not the policy's initial list that the
+    /// store's record replaced.
+    #[test]
+    fn a_restore_counts_the_items_the_store_holds() {
+        let policy = StatePolicy {
+            version_scope: VersionScope::Resource,
+            resources: [(
+                "queue".to_string(),
+                Value::Array(vec![Value::from("an initial item")]),
+            )]
+            .into(),
+        };
+        let mut live = Resources::new(&policy);
+        assert!(live.items_bytes() > 0);
+        let emptied = Value::Array(Vec::new());
+        let target = Target::Set {
+            resource: "queue",
+            value: &emptied,
+        };
+        live.apply(&target, Some(emptied.clone()));
+        let item = Object::new();
+        let append = Target::Append {
+            resource: "queue",
+            item: &item,
+        };
+        live.apply(&append, Some(Value::Object(item.clone())));
+        let mut changes = Vec::new();
+        live.take_changes(&mut changes).unwrap();
+        let restored = Resources::restore(
+            &policy,
+            &records_of(changes.clone(), Kind::Resource),
+            &records_of(changes, Kind::QueueItem),
+        )
+        .unwrap();
+        assert_eq!(live.items_bytes(), value_bytes(&Value::Object(item)));
+        assert_eq!(restored.items_bytes(), live.items_bytes());
     }
 }
