@@ -27,17 +27,21 @@ pub(super) struct Asked<'a> {
     pub(super) repeats: Repeats,
 }
 
-/// One Decide or Dispatch being answered: what its steps read.
+/// One Decide or Dispatch being answered: what its steps read (what it
+/// asked, through `Deref`, and what the session knows of its call id).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Call<'a> {
-    pub(super) policy: &'a Policy,
-    pub(super) now: Timestamp,
-    pub(super) session: &'a SessionRef,
-    pub(super) proposal: &'a Proposal,
+    asked: Asked<'a>,
     /// What the session already knows of the call id.
     pub(super) standing: CallStanding,
-    /// What a call id decided again costs.
-    pub(super) repeats: Repeats,
+}
+
+impl<'a> std::ops::Deref for Call<'a> {
+    type Target = Asked<'a>;
+
+    fn deref(&self) -> &Asked<'a> {
+        &self.asked
+    }
 }
 
 impl Call<'_> {
@@ -229,14 +233,7 @@ impl State {
             self.make_byte_room(call_bytes, now, &policy.limits)?;
         }
         self.charging_bytes = call_bytes;
-        let call = Call {
-            policy,
-            now,
-            session: session_ref,
-            proposal,
-            standing,
-            repeats,
-        };
+        let call = Call { asked, standing };
         let answered = answered(steps(self, &call), word);
         self.charging_bytes = 0;
         let (answer, refused) = answered?;
