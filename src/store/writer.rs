@@ -1022,15 +1022,18 @@ mod tests {
         }
     }
 
-    /// Opens and closes the gate; takes nothing in.
-    struct Host;
+    /// Opens and closes the gate under `.0`, the state lock a test's
+    /// operations hold too (as the engine's do); takes nothing in.
+    struct Host(Arc<Mutex<()>>);
 
     impl TurnHost for Host {
         fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError> {
+            let _state = lock(&self.0);
             gate.open(turn.now);
             Ok(Vec::new())
         }
         fn end(&mut self, gate: &Gate) {
+            let _state = lock(&self.0);
             gate.close();
         }
         fn catch_up(&mut self, _behind: Behind) -> Result<(), StoreError> {
@@ -1038,31 +1041,41 @@ mod tests {
         }
     }
 
-    /// Runs `changes` as one operation in a turn; returns its number.
-    async fn in_a_turn(writer: &Writer, changes: Vec<Change>) -> u64 {
+    /// Runs `changes` as one operation in a turn, as the engine does
+    /// (`Engine::in_turn`): under the state lock while the gate is open,
+    /// else asking for a turn again; returns its number.
+    async fn in_a_turn(writer: &Writer, state: &Mutex<()>, changes: Vec<Change>) -> u64 {
         let gate = writer.gate().expect("a shared store's gate");
         let mut opened = gate.subscribe();
-        let ticket = writer.want_turn();
-        while gate.open_at().is_none() {
+        let mut ticket = None;
+        loop {
+            opened.borrow_and_update();
+            {
+                let _state = lock(state);
+                if gate.open_at().is_some() {
+                    writer.ran_in_turn(ticket);
+                    return writer.append(changes);
+                }
+                ticket = Some(writer.want_turn());
+            }
             opened.changed().await.unwrap();
         }
-        writer.ran_in_turn(Some(ticket));
-        writer.append(changes)
     }
 
     #[tokio::test]
     async fn after_a_turn_that_did_not_take_effect_a_call_that_changes_nothing_is_answered() {
-        let writer =
-            Writer::start(Box::new(FailsOnce { failed: false }), Some(Box::new(Host))).unwrap();
-        let lost = in_a_turn(&writer, vec![put(b"a", b"1")]).await;
+        let state = Arc::new(Mutex::new(()));
+        let host = Box::new(Host(Arc::clone(&state)));
+        let writer = Writer::start(Box::new(FailsOnce { failed: false }), Some(host)).unwrap();
+        let lost = in_a_turn(&writer, &state, vec![put(b"a", b"1")]).await;
         let error = writer.durable(lost).await.unwrap_err();
         assert!(error.0.contains("did not take effect"), "{error}");
         // Late, it is still refused; a read in the next turn is answered.
         assert!(writer.durable(lost).await.is_err());
-        let read = in_a_turn(&writer, Vec::new()).await;
+        let read = in_a_turn(&writer, &state, Vec::new()).await;
         assert!(read > lost);
         writer.durable(read).await.unwrap();
-        let write = in_a_turn(&writer, vec![put(b"b", b"1")]).await;
+        let write = in_a_turn(&writer, &state, vec![put(b"b", b"1")]).await;
         writer.durable(write).await.unwrap();
         writer.close();
     }
