@@ -625,6 +625,49 @@ fn jwt_metadata(claims: &[(&str, &str)]) -> Metadata {
     }
 }
 
+/// The workspace from a header (`workspace_header`), refused when it is
+/// missing or no workspace name; a tools/call sent as a notification (no
+/// `id`) is decided like any other, its denied answer with `"id": null`.
+#[tokio::test]
+async fn the_workspace_can_come_from_a_header() {
+    let server = start(
+        r#"
+[ext_authz]
+actor_header = "x-agent"
+session_header = "mcp-session-id"
+workspace_header = "x-workspace"
+host_credential = "agent-host"
+"#,
+    )
+    .await;
+    let read = tool_call(json!(1), "read_balance", json!({}));
+    let mut acme = PAYER.to_vec();
+    acme.push(("x-workspace", "acme"));
+    assert_allowed(&check(&server, post(&acme, &read)).await, "allowed");
+    assert_denied(
+        &check(&server, post(&PAYER, &read)).await,
+        "workspace-missing",
+    );
+    let mut bad = PAYER.to_vec();
+    bad.push(("x-workspace", "9-not-a-name"));
+    let error = assert_denied(
+        &check(&server, post(&bad, &read)).await,
+        "workspace-missing",
+    );
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(message.starts_with("header x-workspace: "), "{message}");
+
+    let notification = json!({"jsonrpc": "2.0", "method": "tools/call",
+        "params": {"name": "wire_transfer", "arguments": {"to": "acct-n"}}})
+    .to_string();
+    let error = assert_denied(
+        &check(&server, post(&acme, &notification)).await,
+        "approval-required",
+    );
+    assert_eq!(error["id"], Value::Null);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn the_actor_can_come_from_a_jwt_claim() {
     let server = start(
