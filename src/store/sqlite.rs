@@ -173,7 +173,6 @@ struct KindStatements {
     kind: Kind,
     upsert: String,
     delete: String,
-    select: String,
 }
 
 impl KindStatements {
@@ -186,7 +185,6 @@ impl KindStatements {
                  ON CONFLICT(k) DO UPDATE SET v = excluded.v"
             ),
             delete: format!("DELETE FROM {table} WHERE k = ?1"),
-            select: format!("SELECT k, v FROM {table} ORDER BY k"),
         }
     }
 }
@@ -327,35 +325,15 @@ impl Store for SqliteStore {
 
     fn load(&mut self) -> StoreResult<Vec<Record>> {
         let SqliteStore {
-            connection,
-            statements,
-            dir,
-            ..
+            connection, dir, ..
         } = self;
         let failed = |step: &str, error| store_error(dir, step, error);
         // One read transaction: every table as of the same commit.
         let transaction = connection
             .transaction()
             .map_err(|error| failed("beginning the load", error))?;
-        let mut records = Vec::new();
-        for statements in statements.iter() {
-            let table = statements.kind.table();
-            let mut select = transaction
-                .prepare_cached(&statements.select)
-                .map_err(|error| failed(&format!("reading {table}"), error))?;
-            let rows = select
-                .query_map([], |row| {
-                    Ok(Record {
-                        kind: statements.kind,
-                        key: row.get(0)?,
-                        value: row.get(1)?,
-                    })
-                })
-                .map_err(|error| failed(&format!("reading {table}"), error))?;
-            for row in rows {
-                records.push(row.map_err(|error| failed(&format!("reading {table}"), error))?);
-            }
-        }
+        let records = read_records(&transaction)
+            .map_err(|(kind, error)| failed(&format!("reading {}", kind.table()), error))?;
         transaction
             .commit()
             .map_err(|error| failed("ending the load", error))?;
@@ -876,7 +854,7 @@ fn check_with(
                         problems.push(format!("the records do not restore: {why}"));
                     }
                 }
-                Err(error) => corrupt_or("reading the records", error, &mut problems)?,
+                Err((_, error)) => corrupt_or("reading the records", error, &mut problems)?,
             }
         }
     }
@@ -1068,21 +1046,28 @@ fn integrity_check(connection: &Connection) -> rusqlite::Result<Vec<String>> {
 }
 
 /// Each kind's table's records, and the kinds' tables that are missing.
-/// Every record of every kind's table.
-fn read_records(connection: &Connection) -> rusqlite::Result<Vec<Record>> {
+/// Every record of every kind's table, by kind and key (a load, and the
+/// check of what a load would read); an error with the kind whose table
+/// could not be read.
+fn read_records(connection: &Connection) -> Result<Vec<Record>, (Kind, rusqlite::Error)> {
     let mut records = Vec::new();
     for kind in Kind::ALL {
-        let mut select = connection.prepare(&format!("SELECT k, v FROM {}", kind.table()))?;
-        let rows = select.query_map([], |row| {
-            Ok(Record {
-                kind,
-                key: row.get(0)?,
-                value: row.get(1)?,
-            })
-        })?;
-        for row in rows {
-            records.push(row?);
-        }
+        let mut read = || -> rusqlite::Result<()> {
+            let sql = format!("SELECT k, v FROM {} ORDER BY k", kind.table());
+            let mut select = connection.prepare_cached(&sql)?;
+            let rows = select.query_map([], |row| {
+                Ok(Record {
+                    kind,
+                    key: row.get(0)?,
+                    value: row.get(1)?,
+                })
+            })?;
+            for row in rows {
+                records.push(row?);
+            }
+            Ok(())
+        };
+        read().map_err(|error| (kind, error))?;
     }
     Ok(records)
 }
