@@ -64,6 +64,8 @@ pub enum RequestRefusal {
     InvalidArguments,
     /// No usable actor (header, claim or principal).
     ActorMissing,
+    /// An actor the host credential the adapter acts with may not assert.
+    ActorNotPermitted,
     /// No session id header.
     SessionMissing,
     /// No usable workspace.
@@ -76,7 +78,7 @@ pub enum RequestRefusal {
 }
 
 impl RequestRefusal {
-    pub const ALL: [RequestRefusal; 13] = [
+    pub const ALL: [RequestRefusal; 14] = [
         RequestRefusal::BodyMissing,
         RequestRefusal::BodyTruncated,
         RequestRefusal::BodyNotJson,
@@ -86,6 +88,7 @@ impl RequestRefusal {
         RequestRefusal::InvalidToolCall,
         RequestRefusal::InvalidArguments,
         RequestRefusal::ActorMissing,
+        RequestRefusal::ActorNotPermitted,
         RequestRefusal::SessionMissing,
         RequestRefusal::WorkspaceMissing,
         RequestRefusal::SessionConflict,
@@ -104,6 +107,7 @@ impl RequestRefusal {
             RequestRefusal::InvalidToolCall => "invalid-tool-call",
             RequestRefusal::InvalidArguments => "invalid-arguments",
             RequestRefusal::ActorMissing => "actor-missing",
+            RequestRefusal::ActorNotPermitted => "actor-not-permitted",
             RequestRefusal::SessionMissing => "session-missing",
             RequestRefusal::WorkspaceMissing => "workspace-missing",
             RequestRefusal::SessionConflict => "session-conflict",
@@ -116,7 +120,7 @@ impl RequestRefusal {
         match self {
             RequestRefusal::BodyNotJson => PARSE_ERROR,
             RequestRefusal::InvalidArguments | RequestRefusal::InvalidToolCall => INVALID_PARAMS,
-            RequestRefusal::MethodNotAllowed => DENIED,
+            RequestRefusal::MethodNotAllowed | RequestRefusal::ActorNotPermitted => DENIED,
             _ => INVALID_REQUEST,
         }
     }

@@ -91,7 +91,23 @@ impl ExtAuthzService {
             }
             Err(refusal) => return Ok(refused(decision_id, *refusal)),
         };
-        caller.require_actor(&call.session.actor)?;
+        // The actor comes from the request (a header, a claim, the peer
+        // principal): one the host credential may not assert is the
+        // client's to hear of, as a denied answer, not a failed Check.
+        if !caller.may_assert(&call.session.actor) {
+            return Ok(refused(
+                decision_id,
+                Refused {
+                    refusal: RequestRefusal::ActorNotPermitted,
+                    message: format!(
+                        "host {:?} may not act for actor {:?}",
+                        caller.identity, call.session.actor
+                    ),
+                    id: call.id,
+                    fingerprint: None,
+                },
+            ));
+        }
         let session = call.session.for_host(&caller.identity);
         note_session(&session);
         match self

@@ -536,6 +536,11 @@ async fn malformed_requests_fail_closed_with_a_precise_reason() {
             post(&[("mcp-session-id", "s1")], &good),
             "actor-missing",
         ),
+        (
+            "an actor the host credential may not assert",
+            post(&[("x-agent", "mallory"), ("mcp-session-id", "s1")], &good),
+            "actor-not-permitted",
+        ),
     ];
     for (case, request, reason) in cases {
         let answer = check(&server, request).await;
@@ -712,6 +717,22 @@ async fn the_actor_can_come_from_the_peer_principal() {
         source.principal = "spiffe://cluster.local/ns/x/sa/y".to_string();
     }
     assert_denied(&check(&server, stranger).await, "actor-missing");
+    // A principal that is itself an actor name is that actor, which the
+    // host credential must be allowed to assert: a denied answer with the
+    // call's JSON-RPC id, not a failed Check.
+    let mut unlisted = post(&[("mcp-session-id", "s1")], &body);
+    if let Some(source) = unlisted
+        .attributes
+        .as_mut()
+        .and_then(|attributes| attributes.source.as_mut())
+    {
+        source.principal = "mallory".to_string();
+    }
+    let error = assert_denied(&check(&server, unlisted).await, "actor-not-permitted");
+    assert_eq!(error["id"], 1);
+    assert_eq!(error["error"]["code"], -32001);
+    let message = error["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("\"mallory\""), "{message}");
     server.stop().await;
 }
 
