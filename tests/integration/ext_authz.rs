@@ -834,3 +834,82 @@ async fn a_grant_consumed_by_a_check_stays_consumed_after_a_restart() {
     );
     second.stop().await;
 }
+
+/// The same through a real `toolgate serve` on its durable default, killed
+/// with SIGKILL right after the allowed answer: a Check's answer is
+/// released only once the consumption it made is on disk, so the server
+/// started again on the same directory holds the grant consumed, and the
+/// same call needs a new approval.
+#[tokio::test]
+async fn a_grant_consumed_by_a_check_stays_consumed_after_a_kill() {
+    use crate::support::spawn::Serve;
+
+    let directory = tempfile::tempdir().expect("temp dir");
+    let data = directory.path().join("data");
+    let data = data.to_str().expect("a UTF-8 path");
+    let serve = || {
+        Serve::new(&decide_text(MAPPING))
+            .args(&["--data-dir", data])
+            .start()
+    };
+    async fn check_at(channel: &Channel, request: CheckRequest) -> CheckResponse {
+        AuthorizationClient::new(channel.clone())
+            .check(authed(request, HOST))
+            .await
+            .expect("Check answers")
+            .into_inner()
+    }
+    async fn approval_status(channel: &Channel, approval_id: &str) -> pb::ApprovalStatus {
+        let request = pb::GetApprovalRequest {
+            approval_id: approval_id.to_string(),
+        };
+        pb::approvals_client::ApprovalsClient::new(channel.clone())
+            .get_approval(authed(request, ALICE))
+            .await
+            .expect("get the approval")
+            .into_inner()
+            .status()
+    }
+
+    let mut first = serve();
+    let channel = first.channel().await;
+    let approval_id = approval_of(&check_at(&channel, wire(json!(1), "acct-kill")).await);
+    let grant = pb::GrantApprovalRequest {
+        approval_id: approval_id.clone(),
+        comment: "looks right".to_string(),
+    };
+    pb::approvals_client::ApprovalsClient::new(channel.clone())
+        .grant_approval(authed(grant, ALICE))
+        .await
+        .expect("alice grants");
+    assert_allowed(
+        &check_at(&channel, wire(json!(2), "acct-kill")).await,
+        "approved",
+    );
+    first.kill();
+
+    let mut second = serve();
+    let channel = second.channel().await;
+    assert_eq!(
+        approval_status(&channel, &approval_id).await,
+        pb::ApprovalStatus::Consumed
+    );
+    let again = approval_of(&check_at(&channel, wire(json!(3), "acct-kill")).await);
+    assert_ne!(
+        again, approval_id,
+        "a consumed grant never lets a call through again"
+    );
+    // The new request is durable too: the same call meets it after
+    // another kill.
+    second.kill();
+    let third = serve();
+    let channel = third.channel().await;
+    assert_eq!(
+        approval_status(&channel, &again).await,
+        pb::ApprovalStatus::Pending
+    );
+    assert_eq!(
+        approval_of(&check_at(&channel, wire(json!(4), "acct-kill")).await),
+        again
+    );
+}
