@@ -75,10 +75,14 @@ pub enum RequestRefusal {
     SessionConflict,
     /// A method other than `tools/call` while `other_methods = "deny"`.
     MethodNotAllowed,
+    /// A limit of the state is reached (Decide's RESOURCE_EXHAUSTED: the
+    /// sessions of the host, pending requests of the actor, the byte
+    /// budget): the call may pass later, so HTTP 429.
+    ResourceExhausted,
 }
 
 impl RequestRefusal {
-    pub const ALL: [RequestRefusal; 14] = [
+    pub const ALL: [RequestRefusal; 15] = [
         RequestRefusal::BodyMissing,
         RequestRefusal::BodyTruncated,
         RequestRefusal::BodyNotJson,
@@ -93,6 +97,7 @@ impl RequestRefusal {
         RequestRefusal::WorkspaceMissing,
         RequestRefusal::SessionConflict,
         RequestRefusal::MethodNotAllowed,
+        RequestRefusal::ResourceExhausted,
     ];
 
     /// The stable kebab-case reason.
@@ -112,6 +117,7 @@ impl RequestRefusal {
             RequestRefusal::WorkspaceMissing => "workspace-missing",
             RequestRefusal::SessionConflict => "session-conflict",
             RequestRefusal::MethodNotAllowed => "method-not-allowed",
+            RequestRefusal::ResourceExhausted => "resource-exhausted",
         }
     }
 
@@ -120,8 +126,21 @@ impl RequestRefusal {
         match self {
             RequestRefusal::BodyNotJson => PARSE_ERROR,
             RequestRefusal::InvalidArguments | RequestRefusal::InvalidToolCall => INVALID_PARAMS,
-            RequestRefusal::MethodNotAllowed | RequestRefusal::ActorNotPermitted => DENIED,
+            RequestRefusal::MethodNotAllowed
+            | RequestRefusal::ActorNotPermitted
+            | RequestRefusal::ResourceExhausted => DENIED,
             _ => INVALID_REQUEST,
+        }
+    }
+}
+
+impl RequestRefusal {
+    /// The HTTP status of the denied answer: 429 for a limit the call may
+    /// pass later, 403 otherwise.
+    pub fn http_status(self) -> u16 {
+        match self {
+            RequestRefusal::ResourceExhausted => 429,
+            _ => 403,
         }
     }
 }

@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::auth::v3::check_response::HttpResponse;
 use envoy_types::pb::envoy::service::auth::v3::{
     CheckRequest, CheckResponse, DeniedHttpResponse, OkHttpResponse,
 };
-use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode as HttpStatusCode};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value as ProtoValue, value::Kind};
 use envoy_types::pb::google::rpc;
 use tonic::{Request, Response, Status};
@@ -139,6 +139,17 @@ impl ExtAuthzService {
                     },
                 ))
             }
+            // A limit of the state: the client's to hear of (it may retry
+            // later), like a refusal, not a failed Check.
+            Err(Error::ResourceExhausted(message)) => Ok(refused(
+                decision_id,
+                Refused {
+                    refusal: RequestRefusal::ResourceExhausted,
+                    message,
+                    id: call.id,
+                    fingerprint: Some(call.proposal.fingerprint),
+                },
+            )),
             Err(other) => Err(other),
         }
     }
@@ -310,7 +321,7 @@ fn check_response(answer: Answer) -> CheckResponse {
             if let Some(approval) = approval_id {
                 data.insert("approval_id", Value::from(approval));
             }
-            denied(decision_id, &id, code, &message, data, metadata)
+            denied(decision_id, &id, code, &message, data, metadata, 403)
         }
         Answer::OtherAllowed { decision_id } => {
             let metadata = dynamic_metadata(
@@ -349,6 +360,7 @@ fn check_response(answer: Answer) -> CheckResponse {
                 &refused.message,
                 data,
                 metadata,
+                refused.refusal.http_status(),
             )
         }
     }
@@ -378,7 +390,8 @@ fn allowed(decision_id: Uuid, fingerprint: Option<&str>, metadata: Struct) -> Ch
     }
 }
 
-/// Denied: HTTP 403 with the JSON-RPC error body.
+/// Denied: HTTP `http_status` (403, or 429 for a limit) with the JSON-RPC
+/// error body.
 fn denied(
     decision_id: Uuid,
     id: &Value,
@@ -386,6 +399,7 @@ fn denied(
     message: &str,
     data: Object,
     metadata: Struct,
+    http_status: u16,
 ) -> CheckResponse {
     CheckResponse {
         status: Some(rpc::Status {
@@ -395,8 +409,9 @@ fn denied(
         }),
         dynamic_metadata: Some(metadata),
         http_response: Some(HttpResponse::DeniedResponse(DeniedHttpResponse {
+            // Envoy's StatusCode values are the HTTP codes themselves.
             status: Some(HttpStatus {
-                code: HttpStatusCode::Forbidden as i32,
+                code: i32::from(http_status),
             }),
             headers: vec![
                 header("content-type", "application/json"),

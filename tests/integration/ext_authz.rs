@@ -155,7 +155,15 @@ fn assert_denied(response: &CheckResponse, reason: &str) -> Value {
     let Some(HttpResponse::DeniedResponse(denied)) = &response.http_response else {
         panic!("not a denied response: {response:?}");
     };
-    assert_eq!(denied.status.as_ref().map(|status| status.code), Some(403));
+    // A limit of the state is one the call may pass later: 429.
+    let http_status = match reason {
+        "resource-exhausted" => 429,
+        _ => 403,
+    };
+    assert_eq!(
+        denied.status.as_ref().map(|status| status.code),
+        Some(http_status)
+    );
     assert_eq!(
         header(&denied.headers, "content-type"),
         Some("application/json")
@@ -270,6 +278,26 @@ async fn a_grant_lets_one_call_through_and_a_retry_with_a_new_id_meets_it() {
     let second = check(&server, wire(json!(4), "acct-9")).await;
     let new_approval = approval_of(&second);
     assert_ne!(new_approval, approval_id);
+    server.stop().await;
+}
+
+/// A limit of the state (here the actor's pending requests,
+/// `max_pending_per_actor = 6` in decide.toml) is a denied answer the
+/// client can read, HTTP 429, not a failed Check; it asks for nothing.
+#[tokio::test]
+async fn a_limit_reached_is_a_denied_answer_of_429() {
+    let server = start(MAPPING).await;
+    for to in 0..6 {
+        approval_of(&check(&server, wire(json!(to), &format!("acct-{to}"))).await);
+    }
+    let full = check(&server, wire(json!("seventh"), "acct-6")).await;
+    let error = assert_denied(&full, "resource-exhausted");
+    assert_eq!(error["id"], "seventh");
+    assert_eq!(error["error"]["code"], -32001);
+    let message = error["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("pending approval requests"), "{message}");
+    assert_eq!(metadata(&full, "fingerprint").len(), 64);
+    assert_eq!(server.all_approvals(ALICE).await.len(), 6);
     server.stop().await;
 }
 
