@@ -229,6 +229,17 @@ impl Session {
         counted || touched
     }
 
+    /// Whether the session was stored and differs from it in its last
+    /// activity alone: a write no answer can reveal.
+    fn only_touched(&self) -> bool {
+        self.stored.is_some_and(|stored| {
+            Written {
+                last_seen: stored.last_seen,
+                ..self.written()
+            } == stored
+        })
+    }
+
     /// Counts the call ids the session remembers as decisions, when its
     /// record counts fewer ([`Written`]).
     fn count_decisions(&mut self) {
@@ -877,9 +888,11 @@ impl Sessions {
 
     /// The records written or dropped since the last call, in order: call
     /// ids and dropped sessions as they happened, then every session
-    /// changed since, whole.
-    pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<()> {
+    /// changed since, whole. Returns how many of them are sessions written
+    /// for their last activity alone (which no answer reveals).
+    pub fn take_changes(&mut self, out: &mut Vec<Change>) -> Result<usize> {
         self.journal.take_into(out)?;
+        let mut touches = 0;
         let mut changed = std::mem::take(&mut self.changed);
         changed.sort_unstable();
         changed.dedup();
@@ -890,12 +903,14 @@ impl Sessions {
                 session.host == host && session.session_id == session_id
             });
             if let Some(session) = found.filter(|session| session.to_write(touch_every)) {
+                touches += usize::from(session.only_touched());
                 session.stored = Some(session.written());
                 let key = session_key(&host, &session_id);
                 self.journal.put(Kind::Session, key, &**session);
             }
         }
-        self.journal.take_into(out)
+        self.journal.take_into(out)?;
+        Ok(touches)
     }
 
     /// Notes every session whose last activity is not stored yet, so that

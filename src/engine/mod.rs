@@ -673,8 +673,8 @@ impl Engine {
     /// number the answer must wait for. A change that cannot be encoded
     /// breaks the engine for good: the state is ahead of the store.
     fn hand_to_writer(&self, state: &mut State) -> Result<u64> {
-        match state.take_changes() {
-            Ok(changes) => Ok(self.shared.writer.append(changes)),
+        match state.take() {
+            Ok(taken) => Ok(self.shared.writer.append(taken.changes, taken.observable)),
             Err(error) => {
                 tracing::error!(%error, "a change could not be made durable; every call is refused from now on");
                 let _ = self.shared.broken.set(error.to_string());

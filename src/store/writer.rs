@@ -12,10 +12,13 @@
 //! of a few operations, each paying a transaction and a sync.
 //!
 //! Every operation has a sequence number: the number of the batch of
-//! changes it appended, or, when it changed nothing, the number of the last
-//! one appended before it read the state (what it could have observed). Its
-//! answer waits until that number is durable ([`Writer::durable`]). A crash
-//! therefore loses only changes that no answer revealed.
+//! changes it appended, or, when it changed nothing an answer can reveal,
+//! the number of the last such batch appended before it read the state
+//! (what it could have observed). Its answer waits until that number is
+//! durable ([`Writer::durable`]). A crash therefore loses only changes that
+//! no answer revealed. A change no answer reveals (a session's last
+//! activity, which only times its eviction) is written in order with the
+//! rest, but no answer waits for its sync.
 //!
 //! What is pending is bounded by what is in flight: each call appends the
 //! changes of one operation, and the server bounds the calls in flight.
@@ -110,6 +113,10 @@ struct Pending {
     operations: usize,
     /// The number of the last batch appended.
     last: u64,
+    /// The number of the last batch appended with a change an answer can
+    /// reveal (see [`Writer::append`]): what a call that changed nothing
+    /// waits for.
+    observable: u64,
     /// Every batch up to this number is durable.
     durable: u64,
     /// The last number of the batch the writer is committing (no greater
@@ -339,19 +346,26 @@ impl Writer {
 
     /// Appends one operation's changes (call it under the state lock, so
     /// that appends are in commit order) and returns the number its answer
-    /// waits for. No changes: the number of the last batch appended, which
-    /// holds everything the operation could have observed.
-    pub fn append(&self, mut changes: Vec<Change>) -> u64 {
+    /// waits for: its own batch's when one of the changes is `observable`
+    /// (an answer can reveal it), otherwise the last observable batch
+    /// appended before it, which holds everything the operation could have
+    /// observed. A change no answer reveals (a session's last activity)
+    /// is still written in order, but nobody waits for it.
+    pub fn append(&self, mut changes: Vec<Change>, observable: bool) -> u64 {
         let mut pending = self.shared.pending();
         if changes.is_empty() {
-            return pending.last;
+            return pending.observable;
         }
+        pending.last += 1;
+        let number = pending.last;
+        if observable {
+            pending.observable = number;
+        }
+        let answer_waits_for = pending.observable;
         if let Some(store) = &self.in_place {
-            pending.last += 1;
-            let number = pending.last;
             drop(pending);
             self.commit_in_place(store, number, &changes);
-            return number;
+            return answer_waits_for;
         }
         if pending.changes.is_empty() {
             pending.changes = changes;
@@ -359,14 +373,12 @@ impl Writer {
             pending.changes.append(&mut changes);
         }
         pending.operations += 1;
-        pending.last += 1;
-        let number = pending.last;
         let sleeping = std::mem::take(&mut pending.writer_sleeping);
         drop(pending);
         if sleeping {
             self.shared.wake.notify_one();
         }
-        number
+        answer_waits_for
     }
 
     /// Commits operation `number`'s `changes` to a store that commits in
@@ -738,6 +750,7 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
                 pending.last += 1;
                 pending.in_flight = pending.last;
                 pending.durable = pending.last;
+                pending.observable = pending.last;
             }
         }
         spare = batch.changes;
@@ -938,19 +951,23 @@ mod tests {
         writer: Writer,
         mut stored: impl FnMut() -> usize,
     ) {
-        assert_eq!(writer.append(Vec::new()), 0);
-        let first = writer.append(vec![put(b"a", b"1")]);
-        let second = writer.append(vec![put(b"b", b"2")]);
+        assert_eq!(writer.append(Vec::new(), true), 0);
+        let first = writer.append(vec![put(b"a", b"1")], true);
+        let second = writer.append(vec![put(b"b", b"2")], true);
         assert_eq!((first, second), (1, 2));
-        assert_eq!(writer.append(Vec::new()), 2);
+        // A change no answer reveals is written after them, but its answer
+        // (and a later one that changed nothing) waits only for theirs.
+        assert_eq!(writer.append(vec![put(b"t", b"1")], false), 2);
+        assert_eq!(writer.append(Vec::new(), true), 2);
         writer.durable(second).await.unwrap();
-        assert_eq!(stored(), 2);
+        assert!(stored() >= 2);
         writer.close();
+        assert_eq!(stored(), 3, "the close wrote what was pending");
         // What is appended after the close is refused, never waited for.
-        let late = writer.append(vec![put(b"c", b"3")]);
+        let late = writer.append(vec![put(b"c", b"3")], true);
         assert!(writer.durable(late).await.is_err());
         assert!(writer.durable(second).await.is_ok());
-        assert_eq!(stored(), 2, "nothing is stored after the close");
+        assert_eq!(stored(), 3, "nothing is stored after the close");
     }
 
     #[tokio::test]
@@ -974,7 +991,7 @@ mod tests {
             let reports = Arc::clone(&reports);
             move |report| lock(&reports).push((report.operations, report.changes))
         }));
-        let number = writer.append(vec![put(b"x", b"1"), put(b"y", b"1")]);
+        let number = writer.append(vec![put(b"x", b"1"), put(b"y", b"1")], true);
         assert_eq!(Store::load(&mut store.clone()).unwrap().len(), 2);
         assert_eq!(lock(&writer.shared.pending).durable, number);
         assert_eq!(*lock(&reports), vec![(1, 2)], "each append is a batch");
@@ -1054,7 +1071,7 @@ mod tests {
                 let _state = lock(state);
                 if gate.open_at().is_some() {
                     writer.ran_in_turn(ticket);
-                    return writer.append(changes);
+                    return writer.append(changes, true);
                 }
                 ticket = Some(writer.want_turn());
             }
@@ -1083,14 +1100,14 @@ mod tests {
     #[tokio::test]
     async fn a_refused_commit_in_place_refuses_its_answer_and_every_later_one() {
         let writer = Writer::start(Box::new(Refusing), None).unwrap();
-        let refused = writer.append(vec![put(b"a", b"1")]);
+        let refused = writer.append(vec![put(b"a", b"1")], true);
         let error = writer.durable(refused).await.unwrap_err();
         assert_eq!(error.0, "the disk is gone");
         assert_eq!(writer.failure(), Some(error.clone()));
         // A call that changed nothing could have observed the refused change.
-        let observed = writer.append(Vec::new());
+        let observed = writer.append(Vec::new(), true);
         assert_eq!(writer.durable(observed).await, Err(error.clone()));
-        let later = writer.append(vec![put(b"b", b"1")]);
+        let later = writer.append(vec![put(b"b", b"1")], true);
         assert_eq!(writer.durable(later).await, Err(error));
     }
 }

@@ -6,6 +6,7 @@
 //! sessions and their counters, API pins and the latest assessment. What
 //! fell due while the server was down expires when it comes back.
 
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use toolgate::store::Store;
@@ -376,4 +377,105 @@ async fn a_clean_shutdown_keeps_every_sessions_last_activity() {
     clock.advance(Duration::from_millis(600));
     assert_eq!(second.decide_ok("", &s2, &look).await.reason, "allowed");
     second.stop().await;
+}
+
+/// The SQLite store whose commits wait while `stalled` holds true: a sync
+/// that takes its time, as this machine's do now and then.
+struct Stalls {
+    store: SqliteStore,
+    stalled: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Store for Stalls {
+    fn name(&self) -> &'static str {
+        "stalls"
+    }
+
+    fn load(&mut self) -> toolgate::store::StoreResult<Vec<toolgate::domain::records::Record>> {
+        self.store.load()
+    }
+
+    fn commit(
+        &mut self,
+        changes: &[toolgate::domain::records::Change],
+    ) -> toolgate::store::StoreResult<()> {
+        let (stalled, released) = &*self.stalled;
+        let mut stalled = stalled.lock().expect("stall lock");
+        while *stalled {
+            stalled = released.wait(stalled).expect("stall lock");
+        }
+        drop(stalled);
+        self.store.commit(changes)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.store.size_bytes()
+    }
+}
+
+/// Sets the stall of a [`Stalls`] store; releases it when dropped.
+struct StallGuard(Arc<(Mutex<bool>, Condvar)>);
+
+impl StallGuard {
+    fn set(&self, on: bool) {
+        let (stalled, released) = &*self.0;
+        *stalled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = on;
+        released.notify_all();
+    }
+}
+
+impl Drop for StallGuard {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
+/// An answer waits only for what an answer can reveal. A call whose one
+/// change is its session's last activity (written once a second, and only
+/// timing the session's eviction) is answered while that write's sync is
+/// under way; a call that decides a new call id waits for its own.
+#[tokio::test]
+async fn no_answer_waits_for_the_write_of_a_sessions_last_activity() {
+    let directory = tempfile::tempdir().expect("temp dir");
+    let stalled = Arc::new((Mutex::new(false), Condvar::new()));
+    let store = Stalls {
+        store: SqliteStore::open(&directory.path().join("data")).expect("open the store"),
+        stalled: Arc::clone(&stalled),
+    };
+    let policy = Policy::parse(IDLE_POLICY, "idle.toml", None).expect("idle policy");
+    let clock = ManualClock::starting_at(EPOCH);
+    let server = TestServer::start_on(policy, Box::new(store), clock.clone()).await;
+    let s1 = session("agent", "s1", "w");
+    let look = proposal("c1", "agent", "look", 0, "{}");
+    assert_eq!(server.decide_ok("", &s1, &look).await.reason, "allowed");
+    // Declared after the server, so dropped before it: a failed assertion
+    // releases the store, and the server can stop.
+    let stall = StallGuard(Arc::clone(&stalled));
+    stall.set(true);
+    // A second later the same call id again: its session's last activity
+    // is written, and the answer does not wait for that sync (before, it
+    // waited for as long as the sync took: here, for ever).
+    clock.advance(Duration::from_millis(1_100));
+    let again = tokio::time::timeout(Duration::from_secs(30), server.decide_ok("", &s1, &look))
+        .await
+        .expect("answered while the session's write is stalled");
+    assert_eq!(again.reason, "allowed");
+    // A new call id is a change its answer reveals: that answer waits until
+    // its batch is on disk, so not while the store is stalled.
+    {
+        let new = proposal("c2", "agent", "look", 0, "{}");
+        let decided = server.decide_ok("", &s1, &new);
+        tokio::pin!(decided);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut decided)
+                .await
+                .is_err(),
+            "a new call id is answered only once it is durable"
+        );
+        stall.set(false);
+        assert_eq!(decided.await.reason, "allowed");
+    }
+    server.stop().await;
 }

@@ -68,6 +68,14 @@ pub struct ListedResource {
 }
 
 /// Sizes of the state, for metrics and tests.
+/// The changes taken from the state for the store ([`State::take`]).
+#[derive(Debug)]
+pub struct Taken {
+    pub changes: Vec<Change>,
+    /// Whether an answer can reveal one of them (see [`State::take`]).
+    pub observable: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
     pub sessions: usize,
@@ -166,13 +174,24 @@ impl State {
     /// Every record written or dropped since the last call, in the order
     /// the operations made them: what the store must keep.
     pub fn take_changes(&mut self) -> Result<Vec<Change>> {
+        Ok(self.take()?.changes)
+    }
+
+    /// As [`State::take_changes`], and whether an answer can reveal any of
+    /// them: all but a session written for its last activity alone, which
+    /// only times the session's eviction.
+    pub fn take(&mut self) -> Result<Taken> {
         let mut changes = Vec::new();
         self.ledger.take_changes(&mut changes)?;
-        self.sessions.take_changes(&mut changes)?;
+        let touches = self.sessions.take_changes(&mut changes)?;
         self.resources.take_changes(&mut changes)?;
         self.receipts.take_changes(&mut changes)?;
         self.journal.take_into(&mut changes)?;
-        Ok(changes)
+        let observable = changes.len() > touches;
+        Ok(Taken {
+            changes,
+            observable,
+        })
     }
 
     pub fn stats(&self) -> Stats {

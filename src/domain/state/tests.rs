@@ -4,7 +4,7 @@
 
 use uuid::Uuid;
 
-use super::Grants;
+use super::{Grants, Taken};
 use crate::domain::clock::Timestamp;
 use crate::domain::decision::{DispatchStatus, Dispatched, Outcome};
 use crate::domain::error::Error;
@@ -747,11 +747,11 @@ fn the_replica_that_applied_takes_over() {
 impl Replicas {
     /// Decides `call` on `a` (it must be allowed) and commits what that
     /// changed; the changes.
-    fn decide_and_commit(&mut self, call: &Call) -> Vec<Change> {
+    fn decide_and_commit(&mut self, call: &Call) -> Taken {
         assert_eq!(self.decide(call, Grants::Keep), Some(Outcome::Allow));
-        let changes = self.a.take_changes().unwrap();
-        self.store.commit(&changes).unwrap();
-        changes
+        let taken = self.a.take().unwrap();
+        self.store.commit(&taken.changes).unwrap();
+        taken
     }
 
     fn sweep_a(&mut self) {
@@ -1124,22 +1124,25 @@ fn a_session_is_rewritten_for_its_last_activity_once_a_second() {
             0,
             r#"{"name":"lamp","value":"on"}"#,
         );
-        replicas
-            .decide_and_commit(&call)
+        let taken = replicas.decide_and_commit(&call);
+        let sessions = taken
+            .changes
             .iter()
             .filter(|change| change.kind == Kind::Session)
-            .count()
+            .count();
+        (sessions, taken.observable)
     };
     // New: written; the same call id again, under a second later: not.
-    assert_eq!(decide_at(&mut replicas, 0, "c1"), 1);
-    assert_eq!(decide_at(&mut replicas, 400, "c1"), 0);
-    assert_eq!(decide_at(&mut replicas, 999, "c1"), 0);
-    // A second past the stored activity: written, and counted from there.
-    assert_eq!(decide_at(&mut replicas, 1_000, "c1"), 1);
-    assert_eq!(decide_at(&mut replicas, 1_500, "c1"), 0);
-    // A new call id counts a decision: written at once.
-    assert_eq!(decide_at(&mut replicas, 1_600, "c2"), 1);
-    assert_eq!(decide_at(&mut replicas, 1_700, "c2"), 0);
+    assert_eq!(decide_at(&mut replicas, 0, "c1"), (1, true));
+    assert_eq!(decide_at(&mut replicas, 400, "c1"), (0, false));
+    assert_eq!(decide_at(&mut replicas, 999, "c1"), (0, false));
+    // A second past the stored activity: written, and counted from there;
+    // the last activity alone is nothing an answer reveals.
+    assert_eq!(decide_at(&mut replicas, 1_000, "c1"), (1, false));
+    assert_eq!(decide_at(&mut replicas, 1_500, "c1"), (0, false));
+    // A new call id counts a decision: written at once, and revealed.
+    assert_eq!(decide_at(&mut replicas, 1_600, "c2"), (1, true));
+    assert_eq!(decide_at(&mut replicas, 1_700, "c2"), (0, false));
     let stored = |replicas: &mut Replicas| {
         let restored = State::restore(&replicas.policy, replicas.store.load().unwrap()).unwrap();
         let held = restored.sessions.get(&session.host, &session.session_id);
@@ -1235,7 +1238,7 @@ fn a_new_call_id_of_a_read_writes_its_call_id_not_its_session() {
     let session = replicas.sessions[0].clone();
     let decide = |replicas: &mut Replicas, call_id: &str| {
         let call = Call::of(&session, call_id, "lookup", 0, r#"{"query":"q"}"#);
-        let changes = replicas.decide_and_commit(&call);
+        let changes = replicas.decide_and_commit(&call).changes;
         let count = |kind| changes.iter().filter(|change| change.kind == kind).count();
         (count(Kind::Session), count(Kind::DecidedCall))
     };
