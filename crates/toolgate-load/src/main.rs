@@ -79,10 +79,11 @@ enum Command {
 /// Options of `run`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Comma-separated: all, throughput (the nine load scenarios), scaling
+    /// Comma-separated: all, throughput (every load scenario), scaling
     /// (callers, memory, tools, workers), or names: decide-allow,
-    /// decide-pending, decide-1000-sessions, dispatch-replay,
-    /// dispatch-commit, dispatch-commit-direct, assess-manifest, mixed,
+    /// decide-pending, decide-1000-sessions, decide-10-sessions,
+    /// decide-again-1000-sessions, dispatch-replay, dispatch-commit,
+    /// dispatch-contended, dispatch-commit-direct, assess-manifest, mixed,
     /// ext-authz-check, callers, memory, tools, workers, recovery.
     #[arg(long, default_value = "all")]
     pub scenario: String,

@@ -962,14 +962,17 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
                 );
             }
         }
-        if let (Some(memory), Some(result)) = (memory, find(Scenario::DecideAllow)) {
-            let ratio =
-                result.closed[durable].throughput() / result.closed[memory].throughput().max(1e-9);
-            let _ = writeln!(
-                text,
-                "- decide-allow: durable ≥ 0.8× memory: {ratio:.2}× — {}",
-                verdict(ratio >= 0.8)
-            );
+        for scenario in [Scenario::DecideAllow, Scenario::DecideAgain] {
+            if let (Some(memory), Some(result)) = (memory, find(scenario)) {
+                let ratio = result.closed[durable].throughput()
+                    / result.closed[memory].throughput().max(1e-9);
+                let _ = writeln!(
+                    text,
+                    "- {}: durable ≥ 0.8× memory: {ratio:.2}× — {}",
+                    scenario.name(),
+                    verdict(ratio >= 0.8)
+                );
+            }
         }
         for scenario in [Scenario::DecideSessions, Scenario::DecideFewSessions] {
             if let (Some(memory), Some(result)) = (memory, find(scenario)) {

@@ -25,6 +25,7 @@ pub enum Scenario {
     DecidePending,
     DecideSessions,
     DecideFewSessions,
+    DecideAgain,
     DispatchReplay,
     DispatchCommit,
     DispatchContended,
@@ -34,11 +35,12 @@ pub enum Scenario {
     ExtAuthzCheck,
 }
 
-pub const ALL: [Scenario; 11] = [
+pub const ALL: [Scenario; 12] = [
     Scenario::DecideAllow,
     Scenario::DecidePending,
     Scenario::DecideSessions,
     Scenario::DecideFewSessions,
+    Scenario::DecideAgain,
     Scenario::DispatchReplay,
     Scenario::DispatchCommit,
     Scenario::DispatchContended,
@@ -65,6 +67,7 @@ impl Scenario {
             Scenario::DecidePending => "decide-pending",
             Scenario::DecideSessions => "decide-1000-sessions",
             Scenario::DecideFewSessions => "decide-10-sessions",
+            Scenario::DecideAgain => "decide-again-1000-sessions",
             Scenario::DispatchReplay => "dispatch-replay",
             Scenario::DispatchCommit => "dispatch-commit",
             Scenario::DispatchContended => "dispatch-contended",
@@ -88,6 +91,9 @@ impl Scenario {
             }
             Scenario::DecideFewSessions => {
                 "Decide, read tool, request i in session i mod 10 (new sessions each round) with a new call id each time → ALLOW"
+            }
+            Scenario::DecideAgain => {
+                "Decide, read tool, request i in session i mod 1000 with that session's one call id (decided again: hosts re-evaluating or polling across 1,000 sessions, each session's last activity written once a second) → ALLOW"
             }
             Scenario::DispatchReplay => {
                 "Dispatch of a proposal committed at setup → OK, `replayed`"
@@ -408,6 +414,13 @@ pub fn generator(
             let session = format!("few-{tag}-{}", index % FEW_SESSIONS);
             Some(Call::Decide(
                 read_request(session, format!("{tag}-{index}")),
+                ALLOWED,
+            ))
+        }),
+        Scenario::DecideAgain => Arc::new(move |index| {
+            let session = format!("again-{}", index % DISTINCT_SESSIONS);
+            Some(Call::Decide(
+                read_request(session.clone(), session),
                 ALLOWED,
             ))
         }),
