@@ -243,16 +243,17 @@ async fn everything_survives_a_restart_on_the_postgres_store() {
         .await;
 }
 
-/// The memory store, refusing every commit after the first `commits`: what
-/// a full or failing disk does to the SQLite store, without one.
-struct RefusesAfter {
-    store: MemoryStore,
-    commits: usize,
+/// A real store whose every commit first goes through `before`: a fault a
+/// test injects (a refusal, a stall). It commits on the writer's thread,
+/// whatever the store behind it does.
+struct Hooked {
+    store: Box<dyn Store>,
+    before: Box<dyn FnMut() -> toolgate::store::StoreResult<()> + Send>,
 }
 
-impl Store for RefusesAfter {
+impl Store for Hooked {
     fn name(&self) -> &'static str {
-        "refuses-after"
+        "hooked"
     }
 
     fn load(&mut self) -> toolgate::store::StoreResult<Vec<toolgate::domain::records::Record>> {
@@ -263,10 +264,7 @@ impl Store for RefusesAfter {
         &mut self,
         changes: &[toolgate::domain::records::Change],
     ) -> toolgate::store::StoreResult<()> {
-        if self.commits == 0 {
-            return Err(toolgate::store::StoreError("disk full".into()));
-        }
-        self.commits -= 1;
+        (self.before)()?;
         self.store.commit(changes)
     }
 
@@ -279,10 +277,18 @@ impl Store for RefusesAfter {
 async fn a_failed_commit_withholds_its_answer_and_refuses_everything_after() {
     let store = MemoryStore::new();
     let clock = ManualClock::starting_at(EPOCH);
-    // One commit at start (recovery), one for the first Post.
-    let failing = RefusesAfter {
-        store: store.clone(),
-        commits: 2,
+    // One commit at start (recovery), one for the first Post; then every
+    // commit is refused, as a full or failing disk does.
+    let mut commits = 2;
+    let failing = Hooked {
+        store: Box::new(store.clone()),
+        before: Box::new(move || {
+            if commits == 0 {
+                return Err(toolgate::store::StoreError("disk full".into()));
+            }
+            commits -= 1;
+            Ok(())
+        }),
     };
     let server = TestServer::start_on(policy(), Box::new(failing), clock.clone()).await;
     assert_eq!(server.health().await, ServingStatus::Serving);
@@ -379,44 +385,25 @@ async fn a_clean_shutdown_keeps_every_sessions_last_activity() {
     second.stop().await;
 }
 
-/// The SQLite store whose commits wait while `stalled` holds true: a sync
-/// that takes its time, as this machine's do now and then.
-struct Stalls {
-    store: SqliteStore,
-    stalled: Arc<(Mutex<bool>, Condvar)>,
-}
-
-impl Store for Stalls {
-    fn name(&self) -> &'static str {
-        "stalls"
-    }
-
-    fn load(&mut self) -> toolgate::store::StoreResult<Vec<toolgate::domain::records::Record>> {
-        self.store.load()
-    }
-
-    fn commit(
-        &mut self,
-        changes: &[toolgate::domain::records::Change],
-    ) -> toolgate::store::StoreResult<()> {
-        let (stalled, released) = &*self.stalled;
-        let mut stalled = stalled.lock().expect("stall lock");
-        while *stalled {
-            stalled = released.wait(stalled).expect("stall lock");
-        }
-        drop(stalled);
-        self.store.commit(changes)
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.store.size_bytes()
-    }
-}
-
-/// Sets the stall of a [`Stalls`] store; releases it when dropped.
+/// Whether the commits of a store stall (see [`StallGuard::wait`]); releases
+/// them when dropped.
 struct StallGuard(Arc<(Mutex<bool>, Condvar)>);
 
 impl StallGuard {
+    /// Waits while the stall is on: a sync that takes its time, as this
+    /// machine's do now and then.
+    fn wait(stall: &(Mutex<bool>, Condvar)) {
+        let (stalled, released) = stall;
+        let mut stalled = stalled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while *stalled {
+            stalled = released
+                .wait(stalled)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     fn set(&self, on: bool) {
         let (stalled, released) = &*self.0;
         *stalled
@@ -440,9 +427,15 @@ impl Drop for StallGuard {
 async fn no_answer_waits_for_the_write_of_a_sessions_last_activity() {
     let directory = tempfile::tempdir().expect("temp dir");
     let stalled = Arc::new((Mutex::new(false), Condvar::new()));
-    let store = Stalls {
-        store: SqliteStore::open(&directory.path().join("data")).expect("open the store"),
-        stalled: Arc::clone(&stalled),
+    let store = Hooked {
+        store: Box::new(SqliteStore::open(&directory.path().join("data")).expect("open the store")),
+        before: Box::new({
+            let stalled = Arc::clone(&stalled);
+            move || {
+                StallGuard::wait(&stalled);
+                Ok(())
+            }
+        }),
     };
     let policy = Policy::parse(IDLE_POLICY, "idle.toml", None).expect("idle policy");
     let clock = ManualClock::starting_at(EPOCH);
