@@ -18,7 +18,10 @@
 //! durable ([`Writer::durable`]). A crash therefore loses only changes that
 //! no answer revealed. A change no answer reveals (a session's last
 //! activity, which only times its eviction) is written in order with the
-//! rest, but no answer waits for its sync.
+//! rest, but no answer waits for its sync, unless the batch in flight has
+//! been committing for longer than [`UNSYNCED_FOR`] (a stalled store):
+//! then every answer waits for everything appended, so that a crash can
+//! take back only that much more of such changes.
 //!
 //! What is pending is bounded by what is in flight: each call appends the
 //! changes of one operation, and the server bounds the calls in flight.
@@ -79,6 +82,13 @@ pub const CATCH_UP_EVERY: Duration = Duration::from_millis(50);
 /// has not come by then (gone, or slow) takes the next.
 pub const TURN_WINDOW: Duration = Duration::from_millis(5);
 
+/// How long a batch may be in flight (committing, syncing) before a call
+/// whose changes no answer reveals waits for it too: a store that stalls
+/// holds every answer after this long, so that what a crash can take back
+/// of sessions' last activity stays bounded (a second between their
+/// writes, and this).
+pub const UNSYNCED_FOR: Duration = Duration::from_millis(250);
+
 /// How long the writer waits before it takes a batch while callers keep
 /// it busy (its last batch held more than one operation), so that one
 /// sync serves more of them: PostgreSQL's `commit_delay`. A lone caller
@@ -122,6 +132,8 @@ struct Pending {
     /// The last number of the batch the writer is committing (no greater
     /// than `durable` when none is).
     in_flight: u64,
+    /// Since when that batch is committing (`None` when none is).
+    in_flight_since: Option<Instant>,
     /// Answers waiting for a number in the batch being committed, and for
     /// one still pending: each is told once, when its own batch is done, so
     /// a batch wakes only the answers it holds.
@@ -149,6 +161,17 @@ struct Pending {
 const ABANDONED_KEPT: usize = 1024;
 
 impl Pending {
+    /// What a call whose changes no answer reveals waits for: the last
+    /// batch with a change one does, unless the batch in flight has been
+    /// committing for longer than [`UNSYNCED_FOR`]: then everything
+    /// appended.
+    fn unobserved_wait(&self) -> u64 {
+        match self.in_flight_since {
+            Some(since) if since.elapsed() > UNSYNCED_FOR => self.last,
+            _ => self.observable,
+        }
+    }
+
     /// Ends every wait: nothing more will be durable, for `why`.
     fn fail_all(&mut self, why: &StoreError) {
         for waiter in self
@@ -354,14 +377,14 @@ impl Writer {
     pub fn append(&self, mut changes: Vec<Change>, observable: bool) -> u64 {
         let mut pending = self.shared.pending();
         if changes.is_empty() {
-            return pending.observable;
+            return pending.unobserved_wait();
         }
         pending.last += 1;
         let number = pending.last;
         if observable {
             pending.observable = number;
         }
-        let answer_waits_for = pending.observable;
+        let answer_waits_for = pending.unobserved_wait();
         if let Some(store) = &self.in_place {
             drop(pending);
             self.commit_in_place(store, number, &changes);
@@ -559,6 +582,7 @@ fn take_batch(pending: &mut Pending, spare: &mut Vec<Change>, compact: bool) -> 
     let operations = std::mem::take(&mut pending.operations);
     let first = pending.in_flight + 1;
     pending.in_flight = pending.last;
+    pending.in_flight_since = (first <= pending.last).then(Instant::now);
     let waiting = std::mem::take(&mut pending.pending_waiters);
     pending.in_flight_waiters = waiting;
     Batch {
@@ -593,6 +617,7 @@ fn release(shared: &Shared, store: &dyn Store, batch: &Batch, sync: Duration) {
     let released = {
         let mut pending = shared.pending();
         pending.durable = batch.last;
+        pending.in_flight_since = None;
         std::mem::take(&mut pending.in_flight_waiters)
     };
     for waiter in released {
@@ -695,10 +720,13 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
         };
         match host.begin(turn, gate) {
             Ok(changes) if !changes.is_empty() => {
+                // What the turn takes in (resources a reloaded policy
+                // declares, say) is what its calls observe.
                 let mut pending = shared.pending();
                 pending.changes.extend(changes);
                 pending.operations += 1;
                 pending.last += 1;
+                pending.observable = pending.last;
             }
             Ok(_) => {}
             Err(error) => {
@@ -749,6 +777,7 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
                 // was abandoned under it.
                 pending.last += 1;
                 pending.in_flight = pending.last;
+                pending.in_flight_since = None;
                 pending.durable = pending.last;
                 pending.observable = pending.last;
             }
@@ -1040,14 +1069,16 @@ mod tests {
     }
 
     /// Opens and closes the gate under `.0`, the state lock a test's
-    /// operations hold too (as the engine's do); takes nothing in.
-    struct Host(Arc<Mutex<()>>);
+    /// operations hold too (as the engine's do); takes nothing in, but
+    /// makes the changes `.1` (the resources a reloaded policy declares,
+    /// say) at the start of its first turn.
+    struct Host(Arc<Mutex<()>>, Option<Vec<Change>>);
 
     impl TurnHost for Host {
         fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError> {
             let _state = lock(&self.0);
             gate.open(turn.now);
-            Ok(Vec::new())
+            Ok(self.1.take().unwrap_or_default())
         }
         fn end(&mut self, gate: &Gate) {
             let _state = lock(&self.0);
@@ -1079,10 +1110,28 @@ mod tests {
         }
     }
 
+    /// A read in a turn observes what the turn began with: its answer
+    /// waits for the turn's commit (here refused: it did not take effect).
+    /// Found in review: it was answered at once.
+    #[tokio::test]
+    async fn a_read_in_a_turn_waits_for_what_the_turn_began_with() {
+        let state = Arc::new(Mutex::new(()));
+        let adopted = Some(vec![put(b"resource", b"new")]);
+        let host = Box::new(Host(Arc::clone(&state), adopted));
+        let writer = Writer::start(Box::new(FailsOnce { failed: false }), Some(host)).unwrap();
+        let read = in_a_turn(&writer, &state, Vec::new()).await;
+        let answered = writer.durable(read).await;
+        writer.close();
+        assert!(
+            answered.is_err(),
+            "read #{read} answered although the change it saw was abandoned"
+        );
+    }
+
     #[tokio::test]
     async fn after_a_turn_that_did_not_take_effect_a_call_that_changes_nothing_is_answered() {
         let state = Arc::new(Mutex::new(()));
-        let host = Box::new(Host(Arc::clone(&state)));
+        let host = Box::new(Host(Arc::clone(&state), None));
         let writer = Writer::start(Box::new(FailsOnce { failed: false }), Some(host)).unwrap();
         let lost = in_a_turn(&writer, &state, vec![put(b"a", b"1")]).await;
         let error = writer.durable(lost).await.unwrap_err();

@@ -12,6 +12,7 @@ use std::time::Duration;
 use toolgate::store::Store;
 use toolgate::store::memory::MemoryStore;
 use toolgate::store::sqlite::SqliteStore;
+use toolgate::store::writer::UNSYNCED_FOR;
 
 use crate::support::PostgresStore;
 use crate::support::postgres::TestSchema;
@@ -422,7 +423,8 @@ impl Drop for StallGuard {
 /// An answer waits only for what an answer can reveal. A call whose one
 /// change is its session's last activity (written once a second, and only
 /// timing the session's eviction) is answered while that write's sync is
-/// under way; a call that decides a new call id waits for its own.
+/// under way, for up to `UNSYNCED_FOR`; a call that decides a new call id
+/// waits for its own.
 #[tokio::test]
 async fn no_answer_waits_for_the_write_of_a_sessions_last_activity() {
     let directory = tempfile::tempdir().expect("temp dir");
@@ -455,9 +457,22 @@ async fn no_answer_waits_for_the_write_of_a_sessions_last_activity() {
         .await
         .expect("answered while the session's write is stalled");
     assert_eq!(again.reason, "allowed");
-    // A new call id is a change its answer reveals: that answer waits until
-    // its batch is on disk, so not while the store is stalled.
+    // Once the stalled write has been under way for UNSYNCED_FOR, a call
+    // that changes nothing waits for it too: a stall does not leave last
+    // activities unsynced without bound (found in review: every one of a
+    // long stall's could be lost).
+    tokio::time::sleep(UNSYNCED_FOR + Duration::from_millis(100)).await;
     {
+        let held = server.decide_ok("", &s1, &look);
+        tokio::pin!(held);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut held)
+                .await
+                .is_err(),
+            "a stalled store holds every answer after UNSYNCED_FOR"
+        );
+        // A new call id is a change its answer reveals: that answer waits
+        // until its batch is on disk, so not while the store is stalled.
         let new = proposal("c2", "agent", "look", 0, "{}");
         let decided = server.decide_ok("", &s1, &new);
         tokio::pin!(decided);
@@ -468,6 +483,7 @@ async fn no_answer_waits_for_the_write_of_a_sessions_last_activity() {
             "a new call id is answered only once it is durable"
         );
         stall.set(false);
+        assert_eq!(held.await.reason, "allowed");
         assert_eq!(decided.await.reason, "allowed");
     }
     server.stop().await;

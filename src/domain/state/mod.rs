@@ -67,7 +67,6 @@ pub struct ListedResource {
     pub item_count: Option<u64>,
 }
 
-/// Sizes of the state, for metrics and tests.
 /// The changes taken from the state for the store ([`State::take`]).
 #[derive(Debug)]
 pub struct Taken {
@@ -76,6 +75,7 @@ pub struct Taken {
     pub observable: bool,
 }
 
+/// Sizes of the state, for metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stats {
     pub sessions: usize,
