@@ -719,6 +719,19 @@ async fn the_actor_can_come_from_a_jwt_claim() {
     server.stop().await;
 }
 
+/// A Check of `body` in session `s1`, from the peer `principal`.
+fn from_principal(principal: &str, body: &str) -> CheckRequest {
+    let mut request = post(&[("mcp-session-id", "s1")], body);
+    if let Some(source) = request
+        .attributes
+        .as_mut()
+        .and_then(|attributes| attributes.source.as_mut())
+    {
+        source.principal = principal.to_string();
+    }
+    request
+}
+
 #[tokio::test]
 async fn the_actor_can_come_from_the_peer_principal() {
     let server = start(
@@ -727,35 +740,14 @@ async fn the_actor_can_come_from_the_peer_principal() {
     )
     .await;
     let body = tool_call(json!(1), "read_balance", json!({}));
-    let mut request = post(&[("mcp-session-id", "s1")], &body);
-    if let Some(source) = request
-        .attributes
-        .as_mut()
-        .and_then(|attributes| attributes.source.as_mut())
-    {
-        source.principal = "spiffe://cluster.local/ns/agents/sa/payer".to_string();
-    }
+    let request = from_principal("spiffe://cluster.local/ns/agents/sa/payer", &body);
     assert_allowed(&check(&server, request).await, "allowed");
-    let mut stranger = post(&[("mcp-session-id", "s1")], &body);
-    if let Some(source) = stranger
-        .attributes
-        .as_mut()
-        .and_then(|attributes| attributes.source.as_mut())
-    {
-        source.principal = "spiffe://cluster.local/ns/x/sa/y".to_string();
-    }
+    let stranger = from_principal("spiffe://cluster.local/ns/x/sa/y", &body);
     assert_denied(&check(&server, stranger).await, "actor-missing");
     // A principal that is itself an actor name is that actor, which the
     // host credential must be allowed to assert: a denied answer with the
     // call's JSON-RPC id, not a failed Check.
-    let mut unlisted = post(&[("mcp-session-id", "s1")], &body);
-    if let Some(source) = unlisted
-        .attributes
-        .as_mut()
-        .and_then(|attributes| attributes.source.as_mut())
-    {
-        source.principal = "mallory".to_string();
-    }
+    let unlisted = from_principal("mallory", &body);
     let error = assert_denied(&check(&server, unlisted).await, "actor-not-permitted");
     assert_eq!(error["id"], 1);
     assert_eq!(error["error"]["code"], -32001);

@@ -386,6 +386,14 @@ async fn a_clean_shutdown_keeps_every_sessions_last_activity() {
     second.stop().await;
 }
 
+/// Whether `answer` is still unanswered 200 ms on (it can only be if it
+/// waits for a stalled store).
+async fn unanswered<F: std::future::Future>(answer: std::pin::Pin<&mut F>) -> bool {
+    tokio::time::timeout(Duration::from_millis(200), answer)
+        .await
+        .is_err()
+}
+
 /// Whether the commits of a store stall (see [`StallGuard::wait`]); releases
 /// them when dropped.
 struct StallGuard(Arc<(Mutex<bool>, Condvar)>);
@@ -466,9 +474,7 @@ async fn no_answer_waits_for_the_write_of_a_sessions_last_activity() {
         let held = server.decide_ok("", &s1, &look);
         tokio::pin!(held);
         assert!(
-            tokio::time::timeout(Duration::from_millis(200), &mut held)
-                .await
-                .is_err(),
+            unanswered(held.as_mut()).await,
             "a stalled store holds every answer after UNSYNCED_FOR"
         );
         // A new call id is a change its answer reveals: that answer waits
@@ -477,9 +483,7 @@ async fn no_answer_waits_for_the_write_of_a_sessions_last_activity() {
         let decided = server.decide_ok("", &s1, &new);
         tokio::pin!(decided);
         assert!(
-            tokio::time::timeout(Duration::from_millis(200), &mut decided)
-                .await
-                .is_err(),
+            unanswered(decided.as_mut()).await,
             "a new call id is answered only once it is durable"
         );
         stall.set(false);
