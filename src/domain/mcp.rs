@@ -121,6 +121,15 @@ impl RequestRefusal {
         }
     }
 
+    /// The HTTP status of the denied answer: 429 for a limit the call may
+    /// pass later, 403 otherwise.
+    pub fn http_status(self) -> u16 {
+        match self {
+            RequestRefusal::ResourceExhausted => 429,
+            _ => 403,
+        }
+    }
+
     /// The JSON-RPC error code of the denied answer.
     pub fn json_rpc_code(self) -> i64 {
         match self {
@@ -130,17 +139,6 @@ impl RequestRefusal {
             | RequestRefusal::ActorNotPermitted
             | RequestRefusal::ResourceExhausted => DENIED,
             _ => INVALID_REQUEST,
-        }
-    }
-}
-
-impl RequestRefusal {
-    /// The HTTP status of the denied answer: 429 for a limit the call may
-    /// pass later, 403 otherwise.
-    pub fn http_status(self) -> u16 {
-        match self {
-            RequestRefusal::ResourceExhausted => 429,
-            _ => 403,
         }
     }
 }
