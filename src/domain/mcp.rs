@@ -563,6 +563,22 @@ pub fn error_body(id: &Value, code: i64, message: &str, data: Object) -> String 
 mod tests {
     use super::*;
 
+    /// Every reason a Check can be refused with is one the contract names
+    /// (§9), and no two refusals share one.
+    #[test]
+    fn every_refusal_reason_is_in_the_contract_once() {
+        let contract = include_str!("../../docs/contract.md");
+        let mut reasons = std::collections::BTreeSet::new();
+        for refusal in RequestRefusal::ALL {
+            let reason = refusal.as_str();
+            assert!(
+                contract.contains(&format!("`{reason}`")),
+                "docs/contract.md does not name {reason}"
+            );
+            assert!(reasons.insert(reason), "{reason} twice");
+        }
+    }
+
     struct Request {
         method: &'static str,
         headers: Vec<(&'static str, &'static str)>,
