@@ -152,6 +152,16 @@ pub struct Session {
     stored: Option<Written>,
 }
 
+/// Why a session is written ([`Session::due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// New, or a counter changed: a write an answer can reveal.
+    Counted,
+    /// Its last activity alone: a write no answer reveals (it only times
+    /// the session's eviction).
+    Touched,
+}
+
 /// What a session record holds that can change: its counters and its last
 /// activity. A session whose counters are as written is written again only
 /// once its last activity is [`touch_every`] past the written one, so that
@@ -212,32 +222,25 @@ impl Session {
         }
     }
 
-    /// Whether the store must be told of this session now: it was never
-    /// written, a counter changed, or its last activity is `touch_every`
-    /// milliseconds past the stored one (0: whenever it changed).
-    fn to_write(&self, touch_every: u64) -> bool {
+    /// Whether, and why, the store must be told of this session now: it
+    /// was never written or a counter changed ([`Due::Counted`]), or its
+    /// last activity alone is `touch_every` milliseconds past the stored
+    /// one (0: whenever it changed; [`Due::Touched`]).
+    fn due(&self, touch_every: u64) -> Option<Due> {
         let Some(stored) = self.stored else {
-            return true;
+            return Some(Due::Counted);
         };
         let now = self.written();
         let counted = Written {
             last_seen: stored.last_seen,
             ..now
         } != stored;
+        if counted {
+            return Some(Due::Counted);
+        }
         let touched = now.last_seen != stored.last_seen
             && now.last_seen.millis_since(stored.last_seen) >= touch_every;
-        counted || touched
-    }
-
-    /// Whether the session was stored and differs from it in its last
-    /// activity alone: a write no answer can reveal.
-    fn only_touched(&self) -> bool {
-        self.stored.is_some_and(|stored| {
-            Written {
-                last_seen: stored.last_seen,
-                ..self.written()
-            } == stored
-        })
+        touched.then_some(Due::Touched)
     }
 
     /// Counts the call ids the session remembers as decisions, when its
@@ -463,7 +466,7 @@ pub struct Sessions {
     /// Sessions opened or changed since then (written whole when the
     /// changes are taken, so that a session changed twice is written once;
     /// one whose only change is its last activity, only when
-    /// [`Session::to_write`] says).
+    /// [`Session::due`] says).
     changed: Vec<(String, String)>,
     /// [`touch_every`] of the policy the last session was opened under.
     touch_every: u64,
@@ -902,8 +905,9 @@ impl Sessions {
             let found = self.sessions.find_mut(hash, |session| {
                 session.host == host && session.session_id == session_id
             });
-            if let Some(session) = found.filter(|session| session.to_write(touch_every)) {
-                touches += usize::from(session.only_touched());
+            let Some(session) = found else { continue };
+            if let Some(due) = session.due(touch_every) {
+                touches += usize::from(due == Due::Touched);
                 session.stored = Some(session.written());
                 let key = session_key(&host, &session_id);
                 self.journal.put(Kind::Session, key, &**session);
@@ -922,7 +926,7 @@ impl Sessions {
         }
         self.touch_every = 0;
         for session in self.sessions.iter() {
-            if session.to_write(0) {
+            if session.due(0).is_some() {
                 self.changed
                     .push((session.host.clone(), session.session_id.clone()));
             }

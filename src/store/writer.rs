@@ -166,6 +166,10 @@ impl Pending {
     /// committing for longer than [`UNSYNCED_FOR`]: then everything
     /// appended.
     fn unobserved_wait(&self) -> u64 {
+        if self.observable == self.last {
+            // Nothing unobserved is pending: no clock to read.
+            return self.last;
+        }
         match self.in_flight_since {
             Some(since) if since.elapsed() > UNSYNCED_FOR => self.last,
             _ => self.observable,
@@ -381,10 +385,12 @@ impl Writer {
         }
         pending.last += 1;
         let number = pending.last;
-        if observable {
+        let answer_waits_for = if observable {
             pending.observable = number;
-        }
-        let answer_waits_for = pending.unobserved_wait();
+            number
+        } else {
+            pending.unobserved_wait()
+        };
         if let Some(store) = &self.in_place {
             drop(pending);
             self.commit_in_place(store, number, &changes);
