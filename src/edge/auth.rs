@@ -88,6 +88,12 @@ impl Caller {
         self.kind == CredentialKind::Host && self.0.may_assert(actor)
     }
 
+    /// Why this caller may not act for `actor` (when [`Caller::may_assert`]
+    /// says it may not).
+    pub(crate) fn may_not_act_for(&self, actor: &str) -> String {
+        format!("host {:?} may not act for actor {actor:?}", self.identity)
+    }
+
     /// Refuses a host that may not speak for `actor`, with an `auth_failed`
     /// line (reason `actor-not-permitted`) for the call being served.
     pub(crate) fn require_actor(&self, actor: &str) -> Result<(), Error> {
@@ -95,10 +101,7 @@ impl Caller {
             return Ok(());
         }
         let refused = Refused {
-            error: Error::PermissionDenied(format!(
-                "host {:?} may not act for actor {actor:?}",
-                self.identity
-            )),
+            error: Error::PermissionDenied(self.may_not_act_for(actor)),
             reason: "actor-not-permitted",
             identity: Some(self.identity.clone()),
         };

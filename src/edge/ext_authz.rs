@@ -99,10 +99,7 @@ impl ExtAuthzService {
                 decision_id,
                 Refused {
                     refusal: RequestRefusal::ActorNotPermitted,
-                    message: format!(
-                        "host {:?} may not act for actor {:?}",
-                        caller.identity, call.session.actor
-                    ),
+                    message: caller.may_not_act_for(&call.session.actor),
                     id: call.id,
                     fingerprint: None,
                 },
