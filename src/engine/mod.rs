@@ -299,7 +299,7 @@ impl Engine {
             audit!(
                 event.kind.audit_name(),
                 approval_id = %approval.id,
-                fingerprint = %approval.request.fingerprint,
+                fingerprint = approval.request.fingerprint.hex().as_str(),
                 actor = approval.request.actor.as_str(),
                 session_id = approval.request.session_id.as_str(),
                 workspace = approval.request.workspace.as_str(),
@@ -399,7 +399,7 @@ impl Engine {
             "decision",
             outcome = decision.outcome.as_str(),
             reason = decision.reason.as_str(),
-            fingerprint = %decision.fingerprint,
+            fingerprint = decision.fingerprint.hex().as_str(),
             actor = session.actor.as_str(),
             session_id = session.session_id.as_str(),
             workspace = session.workspace.as_str(),
@@ -439,10 +439,12 @@ impl Engine {
             status = dispatched.status.as_str(),
             reason = dispatched.reason.as_str(),
             replayed = dispatched.replayed,
-            fingerprint = %dispatched.fingerprint,
+            fingerprint = dispatched.fingerprint.hex().as_str(),
             receipt_id = blank(dispatched.receipt_id),
             version = result.map_or(0, |result| result.version),
-            resource = result.and_then(|result| result.resource.as_deref()).unwrap_or(""),
+            resource = result
+                .and_then(|result| result.resource.as_deref())
+                .unwrap_or(""),
             actor = session.actor.as_str(),
             session_id = session.session_id.as_str(),
             tool = proposal.name.as_str(),
@@ -787,7 +789,7 @@ impl Engine {
         audit!(
             "manifest_assessed",
             server_id = %manifest.server_id,
-            fingerprint = %assessment.fingerprint,
+            fingerprint = assessment.fingerprint.hex().as_str(),
             pinned_fingerprint = blank(assessment.pinned_fingerprint),
             reason = assessment.reason.as_str(),
             changed_tools = assessment.diffs.len(),
@@ -830,7 +832,7 @@ fn audit_pin_change(action: &'static str, record: &PinRecord, reviewer: &str) {
         "pin_changed",
         action,
         server_id = record.server_id.as_str(),
-        fingerprint = %record.fingerprint,
+        fingerprint = record.fingerprint.hex().as_str(),
         reviewer,
     );
 }

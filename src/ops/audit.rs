@@ -16,6 +16,8 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::Context;
 
+use crate::domain::canonical;
+
 /// The tracing target every audit event is emitted on.
 pub const TARGET: &str = "toolgate::audit";
 
@@ -241,7 +243,14 @@ fn format_line(
         AuditFormat::Text => {
             push_timestamp(line, now);
             // fmt right-aligns the level in five columns.
-            let _ = write!(line, " {:>5} {TARGET}:", level.as_str());
+            line.push(' ');
+            for _ in level.as_str().len()..5 {
+                line.push(' ');
+            }
+            line.push_str(level.as_str());
+            line.push(' ');
+            line.push_str(TARGET);
+            line.push(':');
         }
     }
     let mut fields = Fields {
@@ -388,8 +397,16 @@ impl Visit for Fields<'_> {
 /// the line or forge another field.
 fn push_quoted(line: &mut String, value: &str) {
     line.push('"');
+    let bytes = value.as_bytes();
     let mut plain_from = 0;
-    for (index, byte) in value.bytes().enumerate() {
+    let mut at = 0;
+    loop {
+        // Runs of printable ASCII are copied whole; UTF-8 beyond ASCII is
+        // kept as it is, so only its bytes are looked at one by one.
+        at += canonical::plain_prefix_len(&bytes[at..]);
+        let Some(&byte) = bytes.get(at) else {
+            break;
+        };
         let escaped = match byte {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -397,15 +414,20 @@ fn push_quoted(line: &mut String, value: &str) {
             b'\r' => "\\r",
             b'\t' => "\\t",
             0x00..=0x1f | 0x7f => "",
-            _ => continue,
+            _ => {
+                at += 1;
+                continue;
+            }
         };
-        line.push_str(&value[plain_from..index]);
+        // `at` is a char boundary: the byte there is ASCII.
+        line.push_str(&value[plain_from..at]);
         if escaped.is_empty() {
             let _ = write!(line, "\\u{byte:04x}");
         } else {
             line.push_str(escaped);
         }
-        plain_from = index + 1;
+        at += 1;
+        plain_from = at;
     }
     line.push_str(&value[plain_from..]);
     line.push('"');
@@ -469,6 +491,22 @@ mod tests {
             last = blank::<u32>(None),
         );
         tracing::info!(target: "toolgate::other", "not an audit event");
+    }
+
+    proptest::proptest! {
+        /// Any text, quoted, is one JSON string on one line that reads back
+        /// as the text: no control character (nor DEL) left raw.
+        #[test]
+        fn any_text_is_quoted_into_one_line(text in "\\PC*|[\\x00-\\x7f\\u{e9}\\u{1f600}]{0,40}") {
+            let mut line = String::new();
+            push_quoted(&mut line, &text);
+            proptest::prop_assert!(
+                !line.bytes().any(|byte| byte < 0x20 || byte == 0x7f),
+                "{line:?}"
+            );
+            let read: String = serde_json::from_str(&line).unwrap();
+            proptest::prop_assert_eq!(read, text);
+        }
     }
 
     #[test]

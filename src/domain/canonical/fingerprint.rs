@@ -14,11 +14,12 @@ pub struct Fingerprint(pub [u8; 32]);
 impl Fingerprint {
     /// Lowercase hex (64 chars).
     pub fn to_hex(&self) -> String {
-        self.hex_buf().as_str().to_owned()
+        self.hex().as_str().to_owned()
     }
 
-    /// Lowercase hex in a stack buffer: no allocation, one `write_str`.
-    fn hex_buf(&self) -> HexBuf {
+    /// Lowercase hex in a stack buffer, no allocation: an audit field is
+    /// `fingerprint = x.fingerprint.hex().as_str()`, a plain string.
+    pub fn hex(&self) -> HexBuf {
         let mut digits = [0u8; 64];
         for (pair, byte) in digits.chunks_exact_mut(2).zip(self.0) {
             pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
@@ -45,10 +46,11 @@ impl Fingerprint {
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
-struct HexBuf([u8; 64]);
+/// A fingerprint's 64 hex digits ([`Fingerprint::hex`]).
+pub struct HexBuf([u8; 64]);
 
 impl HexBuf {
-    fn as_str(&self) -> &str {
+    pub fn as_str(&self) -> &str {
         // Only ASCII hex digits are ever written.
         std::str::from_utf8(&self.0).unwrap_or_default()
     }
@@ -56,7 +58,7 @@ impl HexBuf {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.hex_buf().as_str())
+        f.write_str(self.hex().as_str())
     }
 }
 

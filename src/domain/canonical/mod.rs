@@ -182,7 +182,7 @@ mod print;
 
 pub use fingerprint::{Fingerprint, Members, fingerprint, fingerprint_object};
 pub use parse::{canonicalize, parse, parse_str};
-pub use print::{canonical_len, to_canonical, write_canonical};
+pub use print::{canonical_len, plain_prefix_len, to_canonical, write_canonical};
 
 // ---------------------------------------------------------------------------
 // Conveniences

@@ -238,9 +238,10 @@ pub(super) fn write_string<S: Sink>(s: &str, out: &mut S) {
     out.put_ascii(b'"');
 }
 
-/// Length of the leading run of [`is_plain`] bytes.
+/// Length of the leading run of [`is_plain`] bytes: printable ASCII
+/// other than `"` and `\`, which a JSON string holds as they are.
 #[inline]
-pub(super) fn plain_prefix_len(bytes: &[u8]) -> usize {
+pub fn plain_prefix_len(bytes: &[u8]) -> usize {
     first_flagged::<true>(bytes).unwrap_or(bytes.len())
 }
 
