@@ -30,6 +30,7 @@ use envoy_types::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse};
 use toolgate::pb;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
+use crate::callgrind::Instructions;
 use crate::grpc::{self, Caller, Connection, Method};
 use crate::servers::{DatabaseCounters, ServerProcess, StoreCounters, machine_busy, own_cpu_time};
 
@@ -326,6 +327,8 @@ pub struct RoundStats {
     pub store: StoreCounters,
     /// What `pg_stat_statements` counted meanwhile (postgres servers).
     pub database: Option<DatabaseCounters>,
+    /// The server's instructions in the measured window (`--callgrind`).
+    pub instructions: Option<Instructions>,
 }
 
 impl RoundStats {
@@ -349,6 +352,7 @@ impl RoundStats {
             exhausted: false,
             store: StoreCounters::default(),
             database: None,
+            instructions: None,
         }
     }
 
@@ -406,6 +410,11 @@ impl RoundStats {
         match (&mut self.database, &other.database) {
             (Some(mine), Some(theirs)) => mine.add(theirs),
             (None, Some(theirs)) => self.database = Some(*theirs),
+            _ => {}
+        }
+        match (&mut self.instructions, &other.instructions) {
+            (Some(mine), Some(theirs)) => mine.add(theirs),
+            (None, Some(theirs)) => self.instructions = Some(*theirs),
             _ => {}
         }
     }

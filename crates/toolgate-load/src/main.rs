@@ -27,6 +27,7 @@
 //! - `scaling`: commit callers, memory, tool count, worker threads.
 //! - `recovery`: bytes on disk and restart time of a filled durable store.
 //! - `report`: markdown tables.
+//! - `callgrind`: `run --callgrind`, instructions per request under valgrind.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,6 +37,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 mod baseline;
+mod callgrind;
 mod grpc;
 mod load;
 mod policies;
@@ -191,6 +193,14 @@ pub struct RunArgs {
     /// one tokio worker unless --workers says. PostgreSQL is not pinned.
     #[arg(long)]
     pub pin_cores: bool,
+    /// Run every server under valgrind's callgrind and count the
+    /// instructions it executes per request in the closed-loop rounds'
+    /// measured windows (a figure the machine's drifting speed does not
+    /// move); the profiles go to this directory. Servers run some 50 times
+    /// slower there: give rounds 10 s and a warm-up of 10 s, one
+    /// alternation.
+    #[arg(long)]
+    pub callgrind: Option<PathBuf>,
 }
 
 impl RunArgs {

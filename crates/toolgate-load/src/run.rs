@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::callgrind;
 use crate::load::{RoundStats, Target, Window, closed_loop, open_loop, wait_for_quiet};
 use crate::policies::{Workdir, manifest_json, throughput_policy};
 use crate::recovery;
@@ -151,6 +152,13 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
         data_root,
         postgres: args.postgres_url().map(Postgres::new),
         cpus: args.pin_cores.then_some(SERVER_CPUS),
+        callgrind: match &args.callgrind {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)?;
+                Some(std::path::absolute(dir)?)
+            }
+            None => None,
+        },
     };
     let started = Instant::now();
 
@@ -237,6 +245,13 @@ async fn run_all(args: RunArgs) -> BoxResult<()> {
             );
         }
         None => header.push_str("- the load generator and the servers share the machine's CPUs\n"),
+    }
+    if let Some(dir) = &launcher.callgrind {
+        let _ = writeln!(
+            header,
+            "- under callgrind (`--callgrind`): every server runs in valgrind, counting instructions only in the closed-loop rounds' measured windows; profiles in {}",
+            dir.display()
+        );
     }
     println!("{header}");
 
@@ -551,6 +566,7 @@ async fn one_round(
 ) -> BoxResult<RoundStats> {
     let connected = &server.connected;
     let kind = connected.kind();
+    let measured = window;
     let mut window = window;
     let prepared = if matches!(
         scenario,
@@ -596,6 +612,18 @@ async fn one_round(
     let target = connected.target();
     let counters_before = connected.server.store_counters();
     let statements_before = connected.server.database_statements();
+    // Counting starts when the round's warm-up ends (a commit round has
+    // none, and runs until its pool is used up: counted for the duration).
+    let counting = match (&args.callgrind, model) {
+        (Some(dir), Model::Closed) => Some(tokio::spawn(callgrind::measure(
+            std::path::absolute(dir)?,
+            connected.server.label.clone(),
+            connected.server.pid(),
+            window.warmup,
+            measured.duration,
+        ))),
+        _ => None,
+    };
     let mut stats = match model {
         Model::Closed => closed_loop(&target, generator, args.concurrency, window).await,
         Model::Open(rate) => {
@@ -603,6 +631,9 @@ async fn one_round(
             open_loop(&target, generator, rate, tick, window).await
         }
     };
+    if let Some(counting) = counting {
+        stats.instructions = Some(counting.await??);
+    }
     stats.store = connected.server.store_counters().since(&counters_before);
     stats.database = statements_before
         .zip(connected.server.database_statements())
@@ -689,6 +720,37 @@ fn scenario_table(
             report::mib(rss_after[index])
         ))
     );
+    let per_request = |index: usize| {
+        result.closed[index]
+            .instructions
+            .and_then(|instructions| instructions.per_request())
+    };
+    if (0..kinds.len()).any(|index| per_request(index).is_some()) {
+        let ratios = ratio_pairs(kinds)
+            .into_iter()
+            .filter_map(|(a, b)| {
+                Some(format!(
+                    "{} {:.2}×",
+                    ratio_label(kinds, a, b),
+                    per_request(a)? / per_request(b)?
+                ))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            text,
+            "- instructions per request (callgrind, closed loop, measured windows): {}; {ratios}",
+            list(&|index| match result.closed[index].instructions {
+                Some(instructions) => format!(
+                    "{:.0} ({:.0} in sha2's portable SHA-256; {} requests)",
+                    instructions.per_request().unwrap_or(0.0),
+                    instructions.portable_sha_per_request().unwrap_or(0.0),
+                    instructions.requests
+                ),
+                None => "–".to_string(),
+            })
+        );
+    }
     let rounds_p99 = |stats: &RoundStats| {
         stats
             .round_p99s

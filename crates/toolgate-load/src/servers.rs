@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::BoxResult;
+use crate::callgrind;
 use crate::grpc::Connection;
 
 /// Where toolgate keeps its state.
@@ -255,6 +256,9 @@ pub struct Launcher {
     pub postgres: Option<Postgres>,
     /// The CPUs every server process is pinned to (`taskset -c`), if any.
     pub cpus: Option<&'static str>,
+    /// Every server runs under callgrind, its profiles written here
+    /// (`--callgrind`).
+    pub callgrind: Option<PathBuf>,
 }
 
 /// What the "state recovered" line of toolgate's log says.
@@ -298,6 +302,8 @@ impl<'a> Start<'a> {
 #[derive(Debug)]
 pub struct ServerProcess {
     pub kind: Kind,
+    /// The label it was started with (its callgrind profiles' name).
+    pub label: String,
     pub address: String,
     /// Process start to `toolgate listening on` (policy, store opening and
     /// recovery included).
@@ -380,13 +386,22 @@ impl Launcher {
         };
         // taskset executes the server in its own process: the pid is the
         // server's.
-        let mut command = match self.cpus {
-            Some(cpus) => {
+        let mut command = match (self.cpus, &self.callgrind) {
+            (Some(cpus), _) => {
                 let mut command = Command::new("taskset");
-                command.args(["-c", cpus]).arg(program);
+                command.args(["-c", cpus]);
+                if let Some(dir) = &self.callgrind {
+                    command.arg("valgrind").args(callgrind::options(dir, label));
+                }
+                command.arg(program);
                 command
             }
-            None => Command::new(program),
+            (None, Some(dir)) => {
+                let mut command = Command::new("valgrind");
+                command.args(callgrind::options(dir, label)).arg(program);
+                command
+            }
+            (None, None) => Command::new(program),
         };
         match kind {
             Kind::Toolgate(store) => {
@@ -479,6 +494,7 @@ impl Launcher {
         }
         Ok(ServerProcess {
             kind,
+            label: label.to_string(),
             address,
             startup,
             metrics_address,
