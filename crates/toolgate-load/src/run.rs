@@ -614,9 +614,9 @@ async fn one_round(
     let statements_before = connected.server.database_statements();
     // Counting starts when the round's warm-up ends (a commit round has
     // none, and runs until its pool is used up: counted for the duration).
-    let counting = match (&args.callgrind, model) {
+    let counting = match (&connected.server.callgrind, model) {
         (Some(dir), Model::Closed) => Some(tokio::spawn(callgrind::measure(
-            std::path::absolute(dir)?,
+            dir.clone(),
             connected.server.label.clone(),
             connected.server.pid(),
             window.warmup,

@@ -304,6 +304,8 @@ pub struct ServerProcess {
     pub kind: Kind,
     /// The label it was started with (its callgrind profiles' name).
     pub label: String,
+    /// Where its callgrind profiles go, when it runs under callgrind.
+    pub callgrind: Option<PathBuf>,
     pub address: String,
     /// Process start to `toolgate listening on` (policy, store opening and
     /// recovery included).
@@ -384,25 +386,19 @@ impl Launcher {
             Kind::Toolgate(_) => &self.toolgate_bin,
             Kind::Baseline => &self.load_bin,
         };
-        // taskset executes the server in its own process: the pid is the
-        // server's.
-        let mut command = match (self.cpus, &self.callgrind) {
-            (Some(cpus), _) => {
-                let mut command = Command::new("taskset");
-                command.args(["-c", cpus]);
-                if let Some(dir) = &self.callgrind {
-                    command.arg("valgrind").args(callgrind::options(dir, label));
-                }
-                command.arg(program);
-                command
-            }
-            (None, Some(dir)) => {
-                let mut command = Command::new("valgrind");
-                command.args(callgrind::options(dir, label)).arg(program);
-                command
-            }
-            (None, None) => Command::new(program),
-        };
+        // taskset and valgrind execute the server in their own process: the
+        // pid is the server's.
+        let mut argv: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(cpus) = self.cpus {
+            argv.extend(["taskset".into(), "-c".into(), cpus.into()]);
+        }
+        if let Some(dir) = &self.callgrind {
+            argv.push("valgrind".into());
+            argv.extend(callgrind::options(dir, label).map(Into::into));
+        }
+        argv.push(program.into());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
         match kind {
             Kind::Toolgate(store) => {
                 command.arg("serve");
@@ -495,6 +491,7 @@ impl Launcher {
         Ok(ServerProcess {
             kind,
             label: label.to_string(),
+            callgrind: self.callgrind.clone(),
             address,
             startup,
             metrics_address,
