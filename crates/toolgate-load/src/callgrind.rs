@@ -1,8 +1,8 @@
 //! `run --callgrind DIR`: the instructions each server executes per request,
 //! counted by valgrind's callgrind. On a VM whose speed drifts within a run
-//! (BENCHMARKS.md), CPU time per request moves by half from one minute to
-//! the next; a count of instructions does not, so a change of a fraction of
-//! a percent shows.
+//! (BENCHMARKS.md), the CPU time of the same request moves by up to 1.7×
+//! from one minute to the next; a count of instructions does not, so a
+//! change of a fraction of a percent shows.
 //!
 //! Every server runs under `valgrind --tool=callgrind --instr-atstart=no`:
 //! nothing is counted until the closed-loop round's warm-up has passed,
@@ -10,8 +10,9 @@
 //! (`callgrind_control -i on`), dumped at its end (`-d`, one file
 //! `DIR/LABEL.PID.N` per window) and switched off. The requests are the
 //! calls of h2's `Recv::take_request` in the dump (one per request the
-//! server accepted, in both binaries), so that requests still in flight at
-//! either edge of the window cost no more than their share.
+//! server accepted, in both binaries): a request accepted before the
+//! window and one accepted just before its end are each counted in part,
+//! and the two edges about balance.
 //!
 //! What the count leaves out: the kernel (system calls, the socket, the
 //! sync of a durable store), and the cost of an instruction (a cache miss,
