@@ -231,7 +231,7 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
             ));
         }
     };
-    let message = match canonical::parse(body) {
+    let mut message = match canonical::parse(body) {
         Ok(Value::Object(message)) => message,
         Ok(Value::Array(_)) => {
             return Err(refused(
@@ -287,12 +287,13 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
     check_header(request, MCP_NAME_HEADER, name, &id)?;
     let session = session_of(settings, request, &id)?;
     let call_id = call_id_of(request, &session.session_id, name, arguments);
+    let name = name.to_string();
     let proposal = Proposal::with_arguments(
         call_id,
         session.actor.clone(),
-        name.to_string(),
+        name,
         0,
-        arguments.clone(),
+        take_arguments(&mut message),
     )
     .map_err(|error| match error {
         Error::InvalidArgument { field, rule } => refused(
@@ -409,6 +410,18 @@ fn tool_call_params<'m>(
         }
     };
     Ok((name, arguments))
+}
+
+/// `params.arguments`, moved out of a message [`tool_call_params`] accepted
+/// (an object, or absent: `{}`), so that the proposal owns it uncopied.
+fn take_arguments(message: &mut Object) -> Object {
+    match message.get_mut("params") {
+        Some(Value::Object(params)) => match params.remove("arguments") {
+            Some(Value::Object(arguments)) => arguments,
+            _ => Object::new(),
+        },
+        _ => Object::new(),
+    }
 }
 
 /// The trusted session: actor, session id and workspace as the mapping says.
