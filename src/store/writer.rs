@@ -377,8 +377,11 @@ impl Writer {
     /// (an answer can reveal it), otherwise the last observable batch
     /// appended before it, which holds everything the operation could have
     /// observed. A change no answer reveals (a session's last activity)
-    /// is still written in order, but nobody waits for it.
+    /// is still written in order, but nobody waits for it. No changes are
+    /// never `observable` ([`State::take`](crate::domain::state::State::take)
+    /// says so): such a call waits as one whose changes no answer reveals.
     pub fn append(&self, mut changes: Vec<Change>, observable: bool) -> u64 {
+        debug_assert!(!observable || !changes.is_empty(), "nothing to observe");
         let mut pending = self.shared.pending();
         if changes.is_empty() {
             return pending.unobserved_wait();
@@ -986,14 +989,14 @@ mod tests {
         writer: Writer,
         mut stored: impl FnMut() -> usize,
     ) {
-        assert_eq!(writer.append(Vec::new(), true), 0);
+        assert_eq!(writer.append(Vec::new(), false), 0);
         let first = writer.append(vec![put(b"a", b"1")], true);
         let second = writer.append(vec![put(b"b", b"2")], true);
         assert_eq!((first, second), (1, 2));
         // A change no answer reveals is written after them, but its answer
         // (and a later one that changed nothing) waits only for theirs.
         assert_eq!(writer.append(vec![put(b"t", b"1")], false), 2);
-        assert_eq!(writer.append(Vec::new(), true), 2);
+        assert_eq!(writer.append(Vec::new(), false), 2);
         writer.durable(second).await.unwrap();
         assert!(stored() >= 2);
         writer.close();
@@ -1108,7 +1111,8 @@ mod tests {
                 let _state = lock(state);
                 if gate.open_at().is_some() {
                     writer.ran_in_turn(ticket);
-                    return writer.append(changes, true);
+                    let observable = !changes.is_empty();
+                    return writer.append(changes, observable);
                 }
                 ticket = Some(writer.want_turn());
             }
@@ -1160,7 +1164,7 @@ mod tests {
         assert_eq!(error.0, "the disk is gone");
         assert_eq!(writer.failure(), Some(error.clone()));
         // A call that changed nothing could have observed the refused change.
-        let observed = writer.append(Vec::new(), true);
+        let observed = writer.append(Vec::new(), false);
         assert_eq!(writer.durable(observed).await, Err(error.clone()));
         let later = writer.append(vec![put(b"b", b"1")], true);
         assert_eq!(writer.durable(later).await, Err(error));
