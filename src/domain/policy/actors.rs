@@ -1,12 +1,12 @@
 //! `[profiles]`, `[actors]` and `[reviewers]`: who calls tools and who
 //! reviews the calls.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::PolicyError;
 use super::parse::Loader;
+use super::{PolicyError, PolicyMap};
 
 /// An actor's resolved profile.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,8 +71,8 @@ pub(super) fn actors(
     loader: &Loader<'_>,
     raw_actors: BTreeMap<String, RawActor>,
     profiles: &BTreeMap<String, RawProfile>,
-) -> Result<HashMap<String, ActorProfile>, PolicyError> {
-    let mut actors = HashMap::new();
+) -> Result<PolicyMap<String, ActorProfile>, PolicyError> {
+    let mut actors = PolicyMap::default();
     for (name, actor) in raw_actors {
         let key = format!("actors.{name}");
         loader.identifier(&key, &name)?;
@@ -122,8 +122,8 @@ pub(super) fn check_profiles(
 pub(super) fn reviewers(
     loader: &Loader<'_>,
     raw_reviewers: BTreeMap<String, RawReviewer>,
-) -> Result<HashMap<String, Reviewer>, PolicyError> {
-    let mut reviewers = HashMap::new();
+) -> Result<PolicyMap<String, Reviewer>, PolicyError> {
+    let mut reviewers = PolicyMap::default();
     for (identity, raw_reviewer) in raw_reviewers {
         let key = format!("reviewers.{identity}");
         loader.identifier(&key, &identity)?;

@@ -2,13 +2,12 @@
 //! client-certificate identities they may be bound to), and how hosts
 //! authenticate.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::parse::Loader;
-use super::{Policy, PolicyError, Reviewer};
+use super::{Policy, PolicyError, PolicyMap, Reviewer};
 use crate::domain::canonical::Fingerprint;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -100,14 +99,14 @@ pub(super) fn host_credential_count(credentials: &[RawCredential]) -> usize {
 /// once too).
 #[derive(Debug, Default)]
 pub(super) struct Credentials {
-    pub by_token: HashMap<Fingerprint, Arc<Credential>>,
-    pub by_certificate: HashMap<ClientIdentity, Arc<Credential>>,
+    pub by_token: PolicyMap<Fingerprint, Arc<Credential>>,
+    pub by_certificate: PolicyMap<ClientIdentity, Arc<Credential>>,
 }
 
 pub(super) fn credentials(
     loader: &Loader<'_>,
     raw_credentials: Vec<RawCredential>,
-    reviewers: &HashMap<String, Reviewer>,
+    reviewers: &PolicyMap<String, Reviewer>,
 ) -> Result<Credentials, PolicyError> {
     let mut credentials = Credentials::default();
     for (index, raw_credential) in raw_credentials.into_iter().enumerate() {
@@ -155,7 +154,7 @@ fn credential(
     loader: &Loader<'_>,
     key: &impl Fn(&str) -> String,
     raw: RawCredential,
-    reviewers: &HashMap<String, Reviewer>,
+    reviewers: &PolicyMap<String, Reviewer>,
 ) -> Result<(Option<Fingerprint>, Credential), PolicyError> {
     loader.identifier(&key("identity"), &raw.identity)?;
     let digest = match &raw.sha256 {

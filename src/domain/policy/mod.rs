@@ -46,6 +46,16 @@ pub use state::{StatePolicy, VersionScope};
 pub use tools::{ApprovalRule, Mode, Tool};
 pub use warnings::PolicyWarning;
 
+/// A map of the policy. Its keys are the operator's (names written in the
+/// file, digests of configured tokens), never a client's: a client only
+/// looks keys up, which cannot lengthen a probe sequence, so the map needs
+/// no defence against chosen colliding keys (HashDoS) and takes foldhash,
+/// seeded per map, which hashes a short name in a fraction of SipHash's
+/// instructions. Every Decide looks up its tool and actor several times
+/// (BENCHMARKS.md, "Fewer hashes per call"). The state's tables, whose
+/// keys clients choose, stay on SipHash (`domain::table`).
+pub type PolicyMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The policy `toolgate serve` uses when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../../../examples/policy.toml");
 
@@ -77,15 +87,15 @@ fn join_parts(parts: &[&String]) -> String {
 pub struct Policy {
     /// Short SHA-256 of the file text, reported with every decision.
     pub revision: String,
-    pub tools: HashMap<String, Tool>,
-    pub actors: HashMap<String, ActorProfile>,
-    pub reviewers: HashMap<String, Reviewer>,
+    pub tools: PolicyMap<String, Tool>,
+    pub actors: PolicyMap<String, ActorProfile>,
+    pub reviewers: PolicyMap<String, Reviewer>,
     /// Credentials by the SHA-256 digest of their bearer token.
-    pub credentials: HashMap<Fingerprint, Arc<Credential>>,
+    pub credentials: PolicyMap<Fingerprint, Arc<Credential>>,
     /// Credentials without a token, by the client certificate identity
     /// (mTLS) that is the credential.
-    pub certificate_credentials: HashMap<ClientIdentity, Arc<Credential>>,
-    pub pins: HashMap<String, PolicyPin>,
+    pub certificate_credentials: PolicyMap<ClientIdentity, Arc<Credential>>,
+    pub pins: PolicyMap<String, PolicyPin>,
     pub limits: Limits,
     pub state: StatePolicy,
     /// Listener settings; applied at start (a reload does not change them).

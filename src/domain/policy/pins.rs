@@ -1,13 +1,12 @@
 //! `[[pins]]`: the reviewed manifest fingerprints of tool servers.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::PolicyError;
 use super::parse::Loader;
+use super::{PolicyError, PolicyMap};
 use crate::domain::canonical::Fingerprint;
 use crate::domain::manifest::{Manifest, PinReference};
 
@@ -43,8 +42,8 @@ pub(super) struct RawPin {
 pub(super) fn pins(
     loader: &Loader<'_>,
     raw_pins: Vec<RawPin>,
-) -> Result<HashMap<String, PolicyPin>, PolicyError> {
-    let mut pins = HashMap::new();
+) -> Result<PolicyMap<String, PolicyPin>, PolicyError> {
+    let mut pins = PolicyMap::default();
     for (index, raw_pin) in raw_pins.into_iter().enumerate() {
         let key = |field: &str| format!("pins[{index}].{field}");
         let pin = pin(loader, &key, &raw_pin)?;

@@ -1,14 +1,14 @@
 //! `[tools]`: each tool's mode, callers, approval rule, input schema and
 //! effect.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
 use super::decode::toml_to_json;
 use super::effects::{Effect, RawEffect, effect};
 use super::parse::Loader;
-use super::{PolicyError, StatePolicy};
+use super::{PolicyError, PolicyMap, StatePolicy};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -85,8 +85,8 @@ pub(super) fn tools(
     loader: &Loader<'_>,
     raw_tools: BTreeMap<String, RawTool>,
     state: &StatePolicy,
-) -> Result<HashMap<String, Tool>, PolicyError> {
-    let mut tools = HashMap::new();
+) -> Result<PolicyMap<String, Tool>, PolicyError> {
+    let mut tools = PolicyMap::default();
     for (name, raw_tool) in raw_tools {
         let tool = tool(loader, name.clone(), raw_tool, state)?;
         tools.insert(name, tool);
