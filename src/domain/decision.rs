@@ -2,7 +2,7 @@
 
 use uuid::Uuid;
 
-use crate::domain::canonical::Fingerprint;
+use crate::domain::canonical::{self, Fingerprint};
 use crate::domain::clock::Timestamp;
 use crate::domain::manifest::ManifestStatus;
 use crate::domain::policy::Mode;
@@ -86,7 +86,7 @@ impl Cause {
     pub fn message(&self, proposal: &Proposal, session: &SessionRef) -> String {
         let tool = &proposal.name;
         match self {
-            Cause::Allowed => format!("{tool:?} may run"),
+            Cause::Allowed => quoted_then(tool, " may run"),
             Cause::Approved => "approved by a reviewer; Dispatch consumes the grant".to_string(),
             Cause::GrantConsumed => {
                 "approved by a reviewer; this call consumed the grant".to_string()
@@ -119,7 +119,7 @@ impl Cause {
                 proposal.call_id
             ),
             Cause::Replayed => "the stored receipt of the earlier commit".to_string(),
-            Cause::Committed => format!("{tool:?} committed"),
+            Cause::Committed => quoted_then(tool, " committed"),
             Cause::StaleVersion { current } => format!(
                 "the proposal was made against version {}, the state is at {current}",
                 proposal.version
@@ -130,6 +130,21 @@ impl Cause {
             }
         }
     }
+}
+
+/// `format!("{text:?}{rest}")`, without `fmt` when `text` is printable
+/// ASCII without `"` or `\` (as a tool name of the policy always is), which
+/// Debug writes as it is: every ALLOW's message names its tool.
+fn quoted_then(text: &str, rest: &str) -> String {
+    if canonical::plain_prefix_len(text.as_bytes()) < text.len() {
+        return format!("{text:?}{rest}");
+    }
+    let mut message = String::with_capacity(text.len() + rest.len() + 2);
+    message.push('"');
+    message.push_str(text);
+    message.push('"');
+    message.push_str(rest);
+    message
 }
 
 /// The message of a policy refusal.
@@ -239,6 +254,31 @@ impl Dispatched {
             receipt_id: None,
             replayed: false,
             approval_id: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quoted_name_reads_as_debug_writes_it() {
+        for text in [
+            "read_file",
+            "",
+            "a b~!'#$%&()*+,-./:;<=>?@[]^_`{|}",
+            "say \"hi\"",
+            "back\\slash",
+            "tab\there",
+            "new\nline",
+            "nul\u{0}",
+            "del\u{7f}",
+            "caf\u{e9}",
+            "zero\u{200b}width",
+            "\u{1f600}",
+        ] {
+            assert_eq!(quoted_then(text, " may run"), format!("{text:?} may run"));
         }
     }
 }
