@@ -315,6 +315,11 @@ struct Fields<'a> {
 impl Fields<'_> {
     /// Writes the declared fields before index `until` that recorded nothing.
     fn absent_before(&mut self, until: usize) {
+        // Fields are recorded in their declared order, so nearly always
+        // the next one comes, with none absent before it.
+        if self.next >= until {
+            return;
+        }
         let declared = self.declared;
         for field in declared.iter().skip(self.next) {
             if field.index() >= until {
