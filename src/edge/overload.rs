@@ -396,7 +396,7 @@ impl Limits {
         let mut outgoing = Outgoing {
             inner: body,
             first: None,
-            slot: Arc::new(Mutex::new(Slot::default())),
+            slot: None,
             limits: Arc::clone(self),
             generation: 0,
             done: false,
@@ -597,7 +597,9 @@ struct Outgoing {
     inner: Body,
     /// A frame taken from `inner` before hyper asked for one.
     first: Option<Result<http_body::Frame<Bytes>, Status>>,
-    slot: Arc<Mutex<Slot>>,
+    /// Made for the first message too large for one chunk: a small answer
+    /// (nearly every one) needs no slot, no lock and no watchdog.
+    slot: Option<Arc<Mutex<Slot>>>,
     limits: Arc<Limits>,
     /// Counts messages, so that a watchdog acts on its own message only.
     generation: u64,
@@ -660,19 +662,20 @@ impl Outgoing {
             return Err(EdgeError::ResponseBufferFull);
         }
         self.generation += 1;
+        let slot = self.slot.get_or_insert_default();
         {
-            let mut slot = lock(&self.slot);
+            let mut slot = lock(slot);
             slot.pending = data;
             slot.held = Some(held);
             slot.generation = self.generation;
         }
-        self.watch();
+        let slot = Arc::downgrade(slot);
+        self.watch(slot);
         Ok(None)
     }
 
-    /// Arms the watchdog for the message now pending.
-    fn watch(&self) {
-        let slot = Arc::downgrade(&self.slot);
+    /// Arms the watchdog for the message now pending in `slot`.
+    fn watch(&self, slot: Weak<Mutex<Slot>>) {
         let generation = self.generation;
         let timeout = self.limits.settings.write_timeout;
         let limits = Arc::clone(&self.limits);
@@ -707,8 +710,8 @@ impl http_body::Body for Outgoing {
             if self.done {
                 return Poll::Ready(None);
             }
-            {
-                let mut slot = lock(&self.slot);
+            if let Some(slot) = &self.slot {
+                let mut slot = lock(slot);
                 if slot.timed_out {
                     drop(slot);
                     self.done = true;
@@ -745,7 +748,10 @@ impl http_body::Body for Outgoing {
     fn is_end_stream(&self) -> bool {
         self.done
             || (self.first.is_none()
-                && lock(&self.slot).pending.is_empty()
+                && self
+                    .slot
+                    .as_ref()
+                    .is_none_or(|slot| lock(slot).pending.is_empty())
                 && self.inner.is_end_stream())
     }
 
