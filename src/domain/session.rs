@@ -451,6 +451,24 @@ impl Charge {
     }
 }
 
+/// A request's session with its hash in the sessions table
+/// ([`Sessions::key`]): made once per call, so that the steps of a Decide,
+/// which look its session up several times, hash it once (SipHash, since
+/// clients choose session ids).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionKey<'a> {
+    session: &'a SessionRef,
+    hash: u64,
+}
+
+impl std::ops::Deref for SessionKey<'_> {
+    type Target = SessionRef;
+
+    fn deref(&self) -> &SessionRef {
+        self.session
+    }
+}
+
 /// Sessions by (host identity, session id). Boxed, so that growing the
 /// table moves pointers only.
 #[derive(Debug, Default)]
@@ -586,7 +604,7 @@ impl Sessions {
     /// nothing). The caller makes room for it before anything changes.
     pub fn bytes_to_remember(
         &self,
-        session: &SessionRef,
+        session: SessionKey<'_>,
         call_id: &str,
         standing: CallStanding,
         budget: &Budget,
@@ -600,6 +618,14 @@ impl Sessions {
 
     fn hash(&self, host: &str, session_id: &str) -> u64 {
         self.sessions.hash(&(host, session_id))
+    }
+
+    /// The key of the session a request names, for the lookups of one call.
+    pub fn key<'a>(&self, session: &'a SessionRef) -> SessionKey<'a> {
+        SessionKey {
+            session,
+            hash: self.hash(&session.host, &session.session_id),
+        }
     }
 
     /// The session `session_id` of host `host`.
@@ -623,13 +649,15 @@ impl Sessions {
     }
 
     /// The session a request names, if it exists.
-    pub fn find(&self, session: &SessionRef) -> Option<&Session> {
-        self.get(&session.host, &session.session_id)
+    pub fn find(&self, session: SessionKey<'_>) -> Option<&Session> {
+        self.sessions
+            .find(session.hash, |existing| existing.is(&session))
+            .map(|existing| &**existing)
     }
 
     /// A session id is bound to the actor and workspace it started with
     /// (part of SPEC §4 step 1: the session must be valid).
-    pub fn check_binding(&self, session: &SessionRef) -> Result<()> {
+    pub fn check_binding(&self, session: SessionKey<'_>) -> Result<()> {
         let Some(existing) = self.find(session) else {
             return Ok(());
         };
@@ -650,7 +678,12 @@ impl Sessions {
 
     /// Room for the session a request names, if it is new: checked before
     /// anything else changes, so that an answer never fails to charge.
-    pub fn reserve(&mut self, session: &SessionRef, now: Timestamp, limits: &Limits) -> Result<()> {
+    pub fn reserve(
+        &mut self,
+        session: SessionKey<'_>,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> Result<()> {
         if self.find(session).is_some() {
             return Ok(());
         }
@@ -660,27 +693,23 @@ impl Sessions {
     /// The session for `session`, created if new.
     pub fn open(
         &mut self,
-        session: &SessionRef,
+        session: SessionKey<'_>,
         now: Timestamp,
         limits: &Limits,
     ) -> Result<&mut Session> {
         self.check_binding(session)?;
-        let hash = self.hash(&session.host, &session.session_id);
-        if self
-            .sessions
-            .find(hash, |existing| existing.is(session))
-            .is_none()
-        {
+        let hash = session.hash;
+        if self.find(session).is_none() {
             self.check_room(&session.host, now, limits)?;
             self.sessions
-                .insert_unique(hash, Box::new(Session::new(session, now)));
+                .insert_unique(hash, Box::new(Session::new(&session, now)));
             *self.per_host.entry(session.host.clone()).or_insert(0) += 1;
         }
         self.note_changed(&session.host, &session.session_id);
         self.touch_every = touch_every(limits);
         let entry = self
             .sessions
-            .find_mut(hash, |existing| existing.is(session))
+            .find_mut(hash, |existing| existing.is(&session))
             .ok_or_else(|| Error::Internal("session vanished while opening it".into()))?;
         entry.last_seen = now;
         Ok(entry)
@@ -690,7 +719,7 @@ impl Sessions {
     /// applies what the answer costs.
     pub fn settle(
         &mut self,
-        session: &SessionRef,
+        session: SessionKey<'_>,
         call_id: &str,
         fingerprint: Fingerprint,
         charge: Charge,

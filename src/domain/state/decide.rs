@@ -84,7 +84,7 @@ impl State {
     /// forwards it once, so it counts the tool's cost as a commit does.
     fn forwarded(&mut self, call: &Call<'_>, tool: &Tool) -> Result<()> {
         self.sessions
-            .open(call.session, call.now, &call.policy.limits)?
+            .open(call.session_key, call.now, &call.policy.limits)?
             .executed(tool.cost);
         Ok(())
     }

@@ -212,7 +212,7 @@ impl State {
     ) -> Result<Answer> {
         let (session, proposal) = (call.session, call.proposal);
         self.sessions
-            .open(session, call.now, &call.policy.limits)?
+            .open(call.session_key, call.now, &call.policy.limits)?
             .executed(tool.cost);
         let mut events = Vec::new();
         if let Some(grant) = grant {

@@ -11,7 +11,7 @@ use crate::domain::ledger::{ApprovalEvent, ApprovalRef, NewApproval, Standing};
 use crate::domain::manifest::ManifestStatus;
 use crate::domain::policy::{Mode, Policy, Tool};
 use crate::domain::proposal::{self, Admitted, Proposal, Refusal, SessionRef};
-use crate::domain::session::{Budget, CallStanding, Charge, Repeats};
+use crate::domain::session::{Budget, CallStanding, Charge, Repeats, SessionKey};
 
 use super::*;
 
@@ -28,10 +28,12 @@ pub(super) struct Asked<'a> {
 }
 
 /// One Decide or Dispatch being answered: what its steps read (what it
-/// asked, through `Deref`, and what the session knows of its call id).
+/// asked, through `Deref`, its session's key, and what the session knows
+/// of its call id).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Call<'a> {
     asked: Asked<'a>,
+    pub(super) session_key: SessionKey<'a>,
     /// What the session already knows of the call id.
     pub(super) standing: CallStanding,
 }
@@ -95,7 +97,7 @@ impl State {
     /// SPEC §4 "Charging": once the decisions are spent, a new call id is
     /// refused `decision-budget` before anything else, and costs nothing.
     pub(super) fn check_decisions_left<A>(&self, call: &Call<'_>) -> Step<(), A> {
-        let session = self.sessions.find(call.session);
+        let session = self.sessions.find(call.session_key);
         if call.standing == CallStanding::New && call.budget().decisions_spent(session) {
             return Err(Halt::Cause(Cause::Budget(Reason::DecisionBudget)));
         }
@@ -118,7 +120,7 @@ impl State {
     /// it): `call-id-conflict`, the verdict a decided call id got, or the
     /// budget of a new one (`tool-budget`, `session-expired`).
     pub(super) fn check_budget<A>(&self, call: &Call<'_>, is_tool_call: bool) -> Step<(), A> {
-        let session = self.sessions.find(call.session);
+        let session = self.sessions.find(call.session_key);
         match call
             .budget()
             .check(call.standing, session, is_tool_call, call.now, call.repeats)
@@ -216,10 +218,11 @@ impl State {
             proposal,
             repeats,
         } = asked;
-        self.sessions.check_binding(session_ref)?;
-        self.sessions.reserve(session_ref, now, &policy.limits)?;
+        let session_key = self.sessions.key(session_ref);
+        self.sessions.check_binding(session_key)?;
+        self.sessions.reserve(session_key, now, &policy.limits)?;
         let standing = CallStanding::of(
-            self.sessions.find(session_ref),
+            self.sessions.find(session_key),
             &proposal.call_id,
             proposal.fingerprint,
         );
@@ -228,19 +231,23 @@ impl State {
         let budget = Budget::of(policy.actors.get(&session_ref.actor));
         let call_bytes =
             self.sessions
-                .bytes_to_remember(session_ref, &proposal.call_id, standing, &budget);
+                .bytes_to_remember(session_key, &proposal.call_id, standing, &budget);
         if call_bytes > 0 {
             self.make_byte_room(call_bytes, now, &policy.limits)?;
         }
         self.charging_bytes = call_bytes;
-        let call = Call { asked, standing };
+        let call = Call {
+            asked,
+            session_key,
+            standing,
+        };
         let answered = answered(steps(self, &call), word);
         self.charging_bytes = 0;
         let (answer, refused) = answered?;
         let charge = Charge::of(standing, is_tool_call(policy, proposal), refused, repeats);
         // Counts the bytes of a call id it remembers.
         self.sessions.settle(
-            session_ref,
+            session_key,
             &proposal.call_id,
             proposal.fingerprint,
             charge,
