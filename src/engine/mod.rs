@@ -39,7 +39,7 @@ use crate::domain::resources::{PagePosition, ResourcePage};
 use crate::domain::session::SessionSummary;
 use crate::domain::state::{Grants, State, Stats};
 use crate::ops::audit;
-use crate::ops::audit::blank;
+use crate::ops::audit::{IdText, blank};
 use crate::ops::metrics::Metrics;
 use crate::store::memory::MemoryStore;
 use crate::store::writer::Gate;
@@ -296,9 +296,10 @@ impl Engine {
     fn publish(&self, events: impl IntoIterator<Item = ApprovalEvent>) {
         for event in events {
             let approval = &event.approval;
+            let approval_id = IdText::of(approval.id);
             audit!(
                 event.kind.audit_name(),
-                approval_id = %approval.id,
+                approval_id = &*approval_id,
                 fingerprint = approval.request.fingerprint.hex().as_str(),
                 actor = approval.request.actor.as_str(),
                 session_id = approval.request.session_id.as_str(),
@@ -395,6 +396,8 @@ impl Engine {
         if let Some(metrics) = self.metrics() {
             metrics.decision(decision.reason);
         }
+        let approval_id = decision.approval.map(|(id, _)| IdText::of(id));
+        let decision_id = decision_id.map(IdText::of);
         audit!(
             "decision",
             outcome = decision.outcome.as_str(),
@@ -405,8 +408,8 @@ impl Engine {
             workspace = session.workspace.as_str(),
             tool = proposal.name.as_str(),
             call_id = proposal.call_id.as_str(),
-            approval_id = blank(decision.approval.map(|(id, _)| id)),
-            decision_id = blank(decision_id),
+            approval_id = approval_id.as_deref(),
+            decision_id = decision_id.as_deref(),
             policy_revision = policy.revision.as_str(),
         );
         Ok((decision, policy.revision.clone()))
@@ -434,13 +437,15 @@ impl Engine {
             DispatchStatus::Ok => "tool_call_dispatched",
             _ => "dispatch_refused",
         };
+        let receipt_id = dispatched.receipt_id.map(IdText::of);
+        let approval_id = dispatched.approval_id.map(IdText::of);
         audit!(
             event,
             status = dispatched.status.as_str(),
             reason = dispatched.reason.as_str(),
             replayed = dispatched.replayed,
             fingerprint = dispatched.fingerprint.hex().as_str(),
-            receipt_id = blank(dispatched.receipt_id),
+            receipt_id = receipt_id.as_deref(),
             version = result.map_or(0, |result| result.version),
             resource = result
                 .and_then(|result| result.resource.as_deref())
@@ -449,7 +454,7 @@ impl Engine {
             session_id = session.session_id.as_str(),
             tool = proposal.name.as_str(),
             call_id = proposal.call_id.as_str(),
-            approval_id = blank(dispatched.approval_id),
+            approval_id = approval_id.as_deref(),
             policy_revision = policy.revision.as_str(),
         );
         Ok((dispatched, policy.revision.clone()))

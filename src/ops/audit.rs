@@ -46,6 +46,30 @@ pub fn blank<T: std::fmt::Display>(value: Option<T>) -> Option<tracing::field::D
     value.map(tracing::field::display)
 }
 
+/// An id as audit text, written into a stack buffer without `fmt` (`%id`
+/// formats through `Display` into a scratch string first): `let receipt =
+/// id.map(IdText::of);` then `receipt_id = receipt.as_deref()`, which is
+/// absent, as [`blank`] is, when there is no id. Every commit writes two or
+/// three ids.
+pub struct IdText([u8; uuid::fmt::Hyphenated::LENGTH]);
+
+impl IdText {
+    pub fn of(id: uuid::Uuid) -> Self {
+        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+        id.hyphenated().encode_lower(&mut text);
+        IdText(text)
+    }
+}
+
+impl std::ops::Deref for IdText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // Hex digits and hyphens: always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
 /// The audit events a client can cause at will, as often as it likes:
 /// refusals of malformed, unauthorised or unauthenticated calls. Their
 /// lines go through a [`Coalescer`], so that a flood of them cannot fill the
@@ -448,6 +472,13 @@ mod tests {
 
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    #[test]
+    fn an_id_as_text_is_its_display() {
+        for id in [uuid::Uuid::nil(), uuid::Uuid::max(), uuid::Uuid::new_v4()] {
+            assert_eq!(&*IdText::of(id), id.to_string());
+        }
+    }
 
     impl std::io::Write for Captured {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
