@@ -203,6 +203,11 @@ pub fn screen<'p>(policy: &'p Policy, session: &SessionRef, proposal: &Proposal)
 /// names the argument path (`proposal.arguments.amount`) and the rule.
 pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {
     let instance = canonical::object_to_serde_json(arguments);
+    // The fast check first (no error values, no boxed iterator); only a
+    // failure collects the errors, for the first one's path and rule.
+    if tool.input_schema.is_valid(&instance) {
+        return Ok(());
+    }
     let Some(error) = tool.input_schema.iter_errors(&instance).next() else {
         return Ok(());
     };
