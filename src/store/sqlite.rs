@@ -47,7 +47,9 @@ use std::time::Duration;
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::hooks::Wal;
 use rusqlite::wal::CheckpointMode;
-use rusqlite::{Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior};
+use rusqlite::{
+    CachedStatement, Connection, ErrorCode, OpenFlags, Transaction, TransactionBehavior,
+};
 
 use super::{Store, StoreError, StoreResult};
 use crate::domain::records::{Change, Kind, Record};
@@ -357,25 +359,37 @@ impl Store for SqliteStore {
         let transaction = connection
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|error| failed("beginning a commit", error))?;
+        // Each statement is taken from the cache once per commit, not once
+        // per record: a take and a return hash its SQL text and move it in
+        // the cache's LRU list, about as much as a small insert costs, and
+        // a batch holds dozens of records of the same few kinds.
+        let mut prepared: [[Option<CachedStatement<'_>>; 2]; Kind::ALL.len()] =
+            std::array::from_fn(|_| [None, None]);
         for change in changes {
             let table = change.kind.table();
-            let statements = statements
+            let index = statements
                 .iter()
-                .find(|statements| statements.kind == change.kind)
+                .position(|statements| statements.kind == change.kind)
                 .ok_or_else(|| {
                     StoreError(format!(
                         "the SQLite store at {}: no statements for the {table} table",
                         dir.display()
                     ))
                 })?;
-            let applied = match &change.value {
-                Some(value) => transaction
-                    .prepare_cached(&statements.upsert)
-                    .and_then(|mut upsert| upsert.execute((&change.key, value))),
-                None => transaction
-                    .prepare_cached(&statements.delete)
-                    .and_then(|mut delete| delete.execute([&change.key])),
+            let (slot, sql) = match change.value {
+                Some(_) => (0, &statements[index].upsert),
+                None => (1, &statements[index].delete),
             };
+            let statement = match &mut prepared[index][slot] {
+                Some(statement) => Ok(statement),
+                empty => transaction
+                    .prepare_cached(sql)
+                    .map(|statement| empty.insert(statement)),
+            };
+            let applied = statement.and_then(|statement| match &change.value {
+                Some(value) => statement.execute((&change.key, value)),
+                None => statement.execute([&change.key]),
+            });
             applied.map_err(|error| {
                 let what = if change.value.is_some() {
                     "writing"
@@ -385,6 +399,7 @@ impl Store for SqliteStore {
                 failed(&format!("{what} a {table} record"), error)
             })?;
         }
+        drop(prepared);
         transaction
             .commit()
             .map_err(|error| failed("committing", error))
