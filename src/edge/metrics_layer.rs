@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use tower::{Layer, Service};
 
 use crate::edge::BoxFuture;
+use crate::edge::status::GRPC_STATUS;
 use crate::engine::Engine;
 use crate::ops::methods::method_index;
 use crate::ops::metrics::Metrics;
@@ -90,7 +91,7 @@ fn accepts_gzip(headers: &http::HeaderMap) -> bool {
 pub(crate) fn response_code<B>(response: &http::Response<B>) -> i32 {
     response
         .headers()
-        .get("grpc-status")
+        .get(&GRPC_STATUS)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse().ok())
         .unwrap_or(0)
@@ -156,7 +157,7 @@ where
                 started,
             };
             match future.await {
-                Ok(response) if response.headers().contains_key("grpc-status") => {
+                Ok(response) if response.headers().contains_key(&GRPC_STATUS) => {
                     handled.record(response_code(&response));
                     Ok(response.map(|body| Counted {
                         body,
@@ -218,7 +219,7 @@ where
         let code = match &polled {
             Poll::Ready(Some(Ok(frame))) => frame.trailers_ref().map(|trailers| {
                 trailers
-                    .get("grpc-status")
+                    .get(&GRPC_STATUS)
                     .and_then(|value| value.to_str().ok())
                     .and_then(|value| value.parse().ok())
                     .unwrap_or(0)

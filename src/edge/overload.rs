@@ -44,7 +44,7 @@ use tower::{Layer, Service};
 
 use crate::edge::BoxFuture;
 use crate::edge::connections::{CallGuard, ConnectionInfo};
-use crate::edge::status::EdgeError;
+use crate::edge::status::{EdgeError, GRPC_MESSAGE, GRPC_STATUS};
 use crate::ops::logwriter::SinkStatus;
 use crate::ops::methods;
 use crate::ops::metrics::Metrics;
@@ -388,7 +388,7 @@ impl Limits {
         if let Some(refused) = normalised(&parts.headers) {
             return refused.into_http();
         }
-        if parts.headers.contains_key("grpc-status") {
+        if parts.headers.contains_key(&GRPC_STATUS) {
             // Trailers-only: there is no body to bound.
             return http::Response::from_parts(parts, body);
         }
@@ -521,7 +521,7 @@ const UNDECODABLE: &str = "failed to decode Protobuf message: ";
 
 fn grpc_message(headers: &HeaderMap) -> Option<String> {
     // grpc-message is percent-encoded on the wire.
-    headers.get("grpc-message").map(|message| {
+    headers.get(&GRPC_MESSAGE).map(|message| {
         percent_encoding::percent_decode(message.as_bytes())
             .decode_utf8_lossy()
             .into_owned()
@@ -532,7 +532,7 @@ fn grpc_message(headers: &HeaderMap) -> Option<String> {
 /// for an oversize message is RESOURCE_EXHAUSTED, INTERNAL for undecodable
 /// protobuf is INVALID_ARGUMENT with the field path.
 fn normalised(headers: &HeaderMap) -> Option<EdgeError> {
-    let code = headers.get("grpc-status")?.as_bytes();
+    let code = headers.get(&GRPC_STATUS)?.as_bytes();
     if code != b"11" && code != b"13" {
         return None;
     }
@@ -617,9 +617,9 @@ impl Outgoing {
     fn trailers(refused: EdgeError) -> http_body::Frame<Bytes> {
         let mut trailers = HeaderMap::new();
         let response = refused.into_http();
-        for name in ["grpc-status", "grpc-message"] {
+        for name in [&GRPC_STATUS, &GRPC_MESSAGE] {
             if let Some(value) = response.headers().get(name) {
-                trailers.insert(name, value.clone());
+                trailers.insert(name.clone(), value.clone());
             }
         }
         http_body::Frame::trailers(trailers)
@@ -640,7 +640,7 @@ impl Outgoing {
                     Ok(mut trailers) => {
                         if let Some(refused) = normalised(&trailers) {
                             trailers.insert(
-                                "grpc-status",
+                                GRPC_STATUS.clone(),
                                 http::HeaderValue::from(refused.code() as i32),
                             );
                         }

@@ -32,6 +32,13 @@ use crate::domain::proposal::SessionRef;
 use crate::engine::Engine;
 use crate::ops::audit::{Rejection, blank};
 
+/// `grpc-status`, as a header name made once: a header looked up by a
+/// `&str` has its name parsed first, on every lookup, and each call looks
+/// its status up several times (the metrics and the overload layer).
+pub(crate) static GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+/// `grpc-message`, likewise.
+pub(crate) static GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+
 impl From<Error> for Status {
     fn from(error: Error) -> Status {
         match error {
