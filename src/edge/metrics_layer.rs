@@ -89,8 +89,12 @@ fn accepts_gzip(headers: &http::HeaderMap) -> bool {
 /// The status code of a response: `grpc-status` in the headers (errors are
 /// trailers-only responses), OK otherwise (it then comes in the trailers).
 pub(crate) fn response_code<B>(response: &http::Response<B>) -> i32 {
-    response
-        .headers()
+    status_code(response.headers())
+}
+
+/// The `grpc-status` of headers or trailers, OK when absent or unreadable.
+fn status_code(headers: &http::HeaderMap) -> i32 {
+    headers
         .get(&GRPC_STATUS)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse().ok())
@@ -217,13 +221,7 @@ where
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let polled = std::pin::Pin::new(&mut self.body).poll_frame(context);
         let code = match &polled {
-            Poll::Ready(Some(Ok(frame))) => frame.trailers_ref().map(|trailers| {
-                trailers
-                    .get(&GRPC_STATUS)
-                    .and_then(|value| value.to_str().ok())
-                    .and_then(|value| value.parse().ok())
-                    .unwrap_or(0)
-            }),
+            Poll::Ready(Some(Ok(frame))) => frame.trailers_ref().map(status_code),
             Poll::Ready(Some(Err(_))) => Some(2),
             Poll::Ready(None) => Some(0),
             Poll::Pending => None,
