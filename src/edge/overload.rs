@@ -385,11 +385,12 @@ impl Limits {
         call: Option<CallGuard>,
     ) -> http::Response<Body> {
         let (mut parts, body) = response.into_parts();
-        if let Some(refused) = normalised(&parts.headers) {
-            return refused.into_http();
-        }
         if parts.headers.contains_key(&GRPC_STATUS) {
-            // Trailers-only: there is no body to bound.
+            // Trailers-only (a status in the headers, as every error has):
+            // there is no body to bound.
+            if let Some(refused) = normalised(&parts.headers) {
+                return refused.into_http();
+            }
             return http::Response::from_parts(parts, body);
         }
         parts.headers.remove(http::header::CONTENT_LENGTH);
