@@ -55,6 +55,11 @@ impl Kind {
         Kind::Assessment,
     ];
 
+    /// Its place in [`Kind::ALL`], for tables indexed by kind.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The table this kind is kept in (a plain SQL identifier).
     pub fn table(self) -> &'static str {
         match self {
@@ -296,6 +301,13 @@ impl<'de> Deserialize<'de> for Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kind_is_at_its_index_in_all() {
+        for (index, kind) in Kind::ALL.into_iter().enumerate() {
+            assert_eq!(kind.index(), index, "{kind:?}");
+        }
+    }
 
     #[test]
     fn keys_keep_their_parts_apart() {

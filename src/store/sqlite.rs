@@ -163,7 +163,8 @@ pub struct SqliteStore {
     // (the last connection, which checkpoints the WAL as it closes), before
     // the lock is released.
     connection: Connection,
-    statements: Vec<KindStatements>,
+    /// By [`Kind::index`].
+    statements: [KindStatements; Kind::ALL.len()],
     _checkpointer: Checkpointer,
     dir: PathBuf,
     _lock: File,
@@ -172,7 +173,6 @@ pub struct SqliteStore {
 /// The SQL of one kind's table.
 #[derive(Debug)]
 struct KindStatements {
-    kind: Kind,
     upsert: String,
     delete: String,
 }
@@ -181,7 +181,6 @@ impl KindStatements {
     fn new(kind: Kind) -> Self {
         let table = kind.table();
         KindStatements {
-            kind,
             upsert: format!(
                 "INSERT INTO {table}(k, v) VALUES (?1, ?2) \
                  ON CONFLICT(k) DO UPDATE SET v = excluded.v"
@@ -295,7 +294,7 @@ impl SqliteStore {
             .map_err(failed("setting the WAL hook"))?;
         Ok(SqliteStore {
             connection,
-            statements: Kind::ALL.into_iter().map(KindStatements::new).collect(),
+            statements: Kind::ALL.map(KindStatements::new),
             _checkpointer: checkpointer,
             dir: dir.to_path_buf(),
             _lock: lock,
@@ -366,16 +365,7 @@ impl Store for SqliteStore {
         let mut prepared: [[Option<CachedStatement<'_>>; 2]; Kind::ALL.len()] =
             std::array::from_fn(|_| [None, None]);
         for change in changes {
-            let table = change.kind.table();
-            let index = statements
-                .iter()
-                .position(|statements| statements.kind == change.kind)
-                .ok_or_else(|| {
-                    StoreError(format!(
-                        "the SQLite store at {}: no statements for the {table} table",
-                        dir.display()
-                    ))
-                })?;
+            let index = change.kind.index();
             let (slot, sql) = match change.value {
                 Some(_) => (0, &statements[index].upsert),
                 None => (1, &statements[index].delete),
@@ -396,7 +386,7 @@ impl Store for SqliteStore {
                 } else {
                     "deleting"
                 };
-                failed(&format!("{what} a {table} record"), error)
+                failed(&format!("{what} a {} record", change.kind.table()), error)
             })?;
         }
         drop(prepared);
