@@ -5,6 +5,42 @@ use uuid::Uuid;
 
 use crate::domain::error::{Error, Result};
 
+/// Text of a fixed length in a stack buffer: a fingerprint's hex digits
+/// ([`Fingerprint::hex`](crate::domain::canonical::Fingerprint::hex)) or an
+/// id's ([`id_text`]), for an audit line or a record without an allocation
+/// or `fmt`. Only ASCII is ever written into it. Read it as `text.as_str()`,
+/// or through `Deref` (`id.as_deref()` for an id that may be absent).
+#[derive(Clone, Copy)]
+pub struct AsciiText<const N: usize>([u8; N]);
+
+impl<const N: usize> AsciiText<N> {
+    /// `bytes`, which the caller wrote from ASCII only.
+    pub(crate) fn new(bytes: [u8; N]) -> Self {
+        debug_assert!(bytes.is_ascii());
+        AsciiText(bytes)
+    }
+
+    pub fn as_str(&self) -> &str {
+        // ASCII only: always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl<const N: usize> std::ops::Deref for AsciiText<N> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+/// An id's text as its `Display` writes it (lowercase, hyphenated).
+pub fn id_text(id: Uuid) -> AsciiText<{ uuid::fmt::Hyphenated::LENGTH }> {
+    let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+    id.hyphenated().encode_lower(&mut text);
+    AsciiText::new(text)
+}
+
 /// Longest identifier allowed by `[A-Za-z][A-Za-z0-9_-]{0,39}`.
 pub const MAX_IDENTIFIER_LEN: usize = 40;
 
@@ -87,6 +123,14 @@ pub fn approval_id(field: &str, text: &str) -> Result<Uuid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_as_text_is_its_display() {
+        for id in [Uuid::nil(), Uuid::max(), Uuid::new_v4()] {
+            assert_eq!(&*id_text(id), id.to_string());
+            assert_eq!(id_text(id).as_str(), id.to_string());
+        }
+    }
 
     #[test]
     fn identifiers_follow_the_spec_pattern() {

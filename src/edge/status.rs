@@ -30,7 +30,7 @@ use crate::domain::error::Error;
 use crate::domain::policy::Credential;
 use crate::domain::proposal::SessionRef;
 use crate::engine::Engine;
-use crate::ops::audit::{Rejection, blank};
+use crate::ops::audit::Rejection;
 
 /// `grpc-status`, as a header name made once: a header looked up by a
 /// `&str` has its name parsed first, on every lookup, and each call looks
@@ -236,13 +236,13 @@ pub(crate) fn audit_rejected(field: &str, rule: &str) {
         // no engine to coalesce with, and nothing to flood.
         crate::audit!(
             "request_rejected",
-            method = blank::<&str>(None),
+            method = None::<&str>,
             field,
             rule,
-            caller = blank::<&str>(None),
-            actor = blank::<&str>(None),
-            session_id = blank::<&str>(None),
-            policy_revision = blank::<&str>(None),
+            caller = None::<&str>,
+            actor = None::<&str>,
+            session_id = None::<&str>,
+            policy_revision = None::<&str>,
             coalesced = 0u64,
         );
     }

@@ -29,6 +29,7 @@ use crate::domain::canonical::Value;
 use crate::domain::clock::{Clock, Timestamp};
 use crate::domain::decision::{ANSWER_OVERHEAD_BYTES, Decision, DispatchStatus, Dispatched};
 use crate::domain::error::{Error, Result};
+use crate::domain::ids::id_text;
 use crate::domain::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
 use crate::domain::limits::ResourceRead;
 use crate::domain::manifest::{Assessment, Manifest};
@@ -39,7 +40,6 @@ use crate::domain::resources::{PagePosition, ResourcePage};
 use crate::domain::session::SessionSummary;
 use crate::domain::state::{Grants, State, Stats};
 use crate::ops::audit;
-use crate::ops::audit::{IdText, blank};
 use crate::ops::metrics::Metrics;
 use crate::store::memory::MemoryStore;
 use crate::store::writer::Gate;
@@ -296,7 +296,7 @@ impl Engine {
     fn publish(&self, events: impl IntoIterator<Item = ApprovalEvent>) {
         for event in events {
             let approval = &event.approval;
-            let approval_id = IdText::of(approval.id);
+            let approval_id = id_text(approval.id);
             audit!(
                 event.kind.audit_name(),
                 approval_id = &*approval_id,
@@ -396,8 +396,8 @@ impl Engine {
         if let Some(metrics) = self.metrics() {
             metrics.decision(decision.reason);
         }
-        let approval_id = decision.approval.map(|(id, _)| IdText::of(id));
-        let decision_id = decision_id.map(IdText::of);
+        let approval_id = decision.approval.map(|(id, _)| id_text(id));
+        let decision_id = decision_id.map(id_text);
         audit!(
             "decision",
             outcome = decision.outcome.as_str(),
@@ -437,8 +437,8 @@ impl Engine {
             DispatchStatus::Ok => "tool_call_dispatched",
             _ => "dispatch_refused",
         };
-        let receipt_id = dispatched.receipt_id.map(IdText::of);
-        let approval_id = dispatched.approval_id.map(IdText::of);
+        let receipt_id = dispatched.receipt_id.map(id_text);
+        let approval_id = dispatched.approval_id.map(id_text);
         audit!(
             event,
             status = dispatched.status.as_str(),
@@ -791,11 +791,12 @@ impl Engine {
         let assessment = self
             .committed(|state, _| Ok(state.assess_manifest(&policy, manifest)))
             .await?;
+        let pinned_fingerprint = assessment.pinned_fingerprint.map(|pinned| pinned.hex());
         audit!(
             "manifest_assessed",
             server_id = %manifest.server_id,
             fingerprint = assessment.fingerprint.hex().as_str(),
-            pinned_fingerprint = blank(assessment.pinned_fingerprint),
+            pinned_fingerprint = pinned_fingerprint.as_deref(),
             reason = assessment.reason.as_str(),
             changed_tools = assessment.diffs.len(),
             accepted = assessment.accepted,

@@ -38,38 +38,6 @@ macro_rules! audit_warn {
     };
 }
 
-/// An optional value as an audit field: `approval_id = blank(id)`. When it
-/// is absent the field is still written, as `null` in JSON and as `""` in
-/// text, so that every line of an event has the same fields and no Rust
-/// `None`/`Some(…)` ever reaches the log.
-pub fn blank<T: std::fmt::Display>(value: Option<T>) -> Option<tracing::field::DisplayValue<T>> {
-    value.map(tracing::field::display)
-}
-
-/// An id as audit text, written into a stack buffer without `fmt` (`%id`
-/// formats through `Display` into a scratch string first): `let receipt =
-/// id.map(IdText::of);` then `receipt_id = receipt.as_deref()`, which is
-/// absent, as [`blank`] is, when there is no id. Every commit writes two or
-/// three ids.
-pub struct IdText([u8; uuid::fmt::Hyphenated::LENGTH]);
-
-impl IdText {
-    pub fn of(id: uuid::Uuid) -> Self {
-        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
-        id.hyphenated().encode_lower(&mut text);
-        IdText(text)
-    }
-}
-
-impl std::ops::Deref for IdText {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        // Hex digits and hyphens: always UTF-8.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
 /// The audit events a client can cause at will, as often as it likes:
 /// refusals of malformed, unauthorised or unauthenticated calls. Their
 /// lines go through a [`Coalescer`], so that a flood of them cannot fill the
@@ -473,13 +441,6 @@ mod tests {
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
 
-    #[test]
-    fn an_id_as_text_is_its_display() {
-        for id in [uuid::Uuid::nil(), uuid::Uuid::max(), uuid::Uuid::new_v4()] {
-            assert_eq!(&*IdText::of(id), id.to_string());
-        }
-    }
-
     impl std::io::Write for Captured {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(bytes);
@@ -522,9 +483,9 @@ mod tests {
             note = ?"dbg",
             ratio = f64::NAN,
             text = "caf\u{e9}\u{1}",
-            absent = blank::<u32>(None),
-            present = blank(Some(5)),
-            last = blank::<u32>(None),
+            absent = None::<u32>,
+            present = Some(5u32),
+            last = None::<&str>,
         );
         tracing::info!(target: "toolgate::other", "not an audit event");
     }
@@ -563,7 +524,7 @@ mod tests {
         assert_eq!(event["text"], "caf\u{e9}\u{1}");
         assert!(event.get("forged").is_none());
         assert_eq!(event["absent"], serde_json::Value::Null);
-        assert_eq!(event["present"], "5");
+        assert_eq!(event["present"], 5);
         assert_eq!(event["last"], serde_json::Value::Null);
         assert!(!lines[0].contains("None"), "{}", lines[0]);
         let timestamp = event["timestamp"].as_str().unwrap();
@@ -588,7 +549,7 @@ mod tests {
         assert_eq!(lines.len(), 1, "{lines:?}");
         let line = &lines[0];
         assert!(
-            line.ends_with(" text=\"caf\u{e9}\\u0001\" absent=\"\" present=\"5\" last=\"\""),
+            line.ends_with(" text=\"caf\u{e9}\\u0001\" absent=\"\" present=5 last=\"\""),
             "{line}"
         );
         assert!(

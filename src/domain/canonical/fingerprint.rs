@@ -2,6 +2,7 @@
 
 use super::print::{HashSink, Sink, write_number, write_object, write_string, write_value};
 use super::*;
+use crate::domain::ids::AsciiText;
 
 // ---------------------------------------------------------------------------
 // Fingerprints
@@ -19,13 +20,13 @@ impl Fingerprint {
 
     /// Lowercase hex in a stack buffer, no allocation: an audit field is
     /// `fingerprint = x.fingerprint.hex().as_str()`, a plain string.
-    pub fn hex(&self) -> HexBuf {
+    pub fn hex(&self) -> AsciiText<64> {
         let mut digits = [0u8; 64];
         for (pair, byte) in digits.chunks_exact_mut(2).zip(self.0) {
             pair[0] = HEX_DIGITS[usize::from(byte >> 4)];
             pair[1] = HEX_DIGITS[usize::from(byte & 0x0f)];
         }
-        HexBuf(digits)
+        AsciiText::new(digits)
     }
 
     /// SHA-256 of arbitrary bytes (e.g. an already canonical text).
@@ -45,16 +46,6 @@ impl Fingerprint {
 }
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
-
-/// A fingerprint's 64 hex digits ([`Fingerprint::hex`]).
-pub struct HexBuf([u8; 64]);
-
-impl HexBuf {
-    pub fn as_str(&self) -> &str {
-        // Only ASCII hex digits are ever written.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
