@@ -16,6 +16,7 @@ use crate::domain::proposal::{Proposal, SessionRef};
 use crate::domain::resources::{CommitResult, ResourcePage};
 use crate::domain::session::SessionSummary;
 use crate::domain::state::ResourceList;
+use crate::edge::status::note_session;
 use crate::pb;
 
 pub(crate) fn timestamp(time: Timestamp) -> prost_types::Timestamp {
@@ -226,7 +227,9 @@ fn json_text(value: Option<&Value>) -> String {
 }
 
 /// The trusted session and the proposal of a Decide or Dispatch request,
-/// validated in the order of the message (session first).
+/// validated in the order of the message (session first). A proposal
+/// refused after its session parsed has the session noted for its audit
+/// line ([`note_session`]).
 pub(crate) fn session_and_proposal(
     session: Option<pb::Session>,
     proposal: Option<pb::Proposal>,
@@ -234,16 +237,18 @@ pub(crate) fn session_and_proposal(
     let session = required(session, "session")?;
     let session = SessionRef::new(session.actor, session.session_id, session.workspace)
         .map_err(|error| error.under("session"))?;
-    crate::edge::status::note_session(&session);
-    let proposal = required(proposal, "proposal")?;
-    let proposal = Proposal::new(
-        proposal.call_id,
-        proposal.actor,
-        proposal.name,
-        proposal.version,
-        &proposal.arguments_json,
-    )
-    .map_err(|error| error.under("proposal"))?;
+    let proposal = required(proposal, "proposal")
+        .and_then(|proposal| {
+            Proposal::new(
+                proposal.call_id,
+                proposal.actor,
+                proposal.name,
+                proposal.version,
+                &proposal.arguments_json,
+            )
+            .map_err(|error| error.under("proposal"))
+        })
+        .inspect_err(|_| note_session(&session))?;
     Ok((session, proposal))
 }
 

@@ -106,11 +106,11 @@ impl ExtAuthzService {
             ));
         }
         let session = call.session.for_host(&caller.identity);
-        note_session(&session);
         match self
             .engine
             .authorize(&session, &call.proposal, decision_id)
             .await
+            .inspect_err(|_| note_session(&session))
         {
             Ok((decision, _revision)) => Ok(Answer::Decided {
                 decision_id,

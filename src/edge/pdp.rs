@@ -11,6 +11,7 @@ use crate::edge::auth::{Caller, Reach};
 use crate::edge::convert::{
     decide_response, dispatch_response, required, session_and_proposal, session_info,
 };
+use crate::edge::status::note_session;
 use crate::edge::unary::unary;
 use crate::engine::Engine;
 use crate::pb;
@@ -65,7 +66,11 @@ impl PolicyDecisionPoint for PdpService {
     ) -> Result<Response<pb::DecideResponse>, Status> {
         unary(request, Reach::Host, |caller, message| async move {
             let (session, proposal) = host_proposal(&caller, message.session, message.proposal)?;
-            let (decision, policy_revision) = self.engine.decide(&session, &proposal).await?;
+            let (decision, policy_revision) = self
+                .engine
+                .decide(&session, &proposal)
+                .await
+                .inspect_err(|_| note_session(&session))?;
             Ok(decide_response(decision, policy_revision))
         })
         .await
@@ -78,7 +83,11 @@ impl PolicyDecisionPoint for PdpService {
     ) -> Result<Response<pb::DispatchResponse>, Status> {
         unary(request, Reach::Host, |caller, message| async move {
             let (session, proposal) = host_proposal(&caller, message.session, message.proposal)?;
-            let (dispatched, policy_revision) = self.engine.dispatch(&session, &proposal).await?;
+            let (dispatched, policy_revision) = self
+                .engine
+                .dispatch(&session, &proposal)
+                .await
+                .inspect_err(|_| note_session(&session))?;
             Ok(dispatch_response(dispatched, policy_revision))
         })
         .await

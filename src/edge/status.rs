@@ -194,8 +194,10 @@ impl RequestContext {
     }
 }
 
-/// Notes the session of the call being served, so that a later rejection
-/// of the same call names its actor and session.
+/// Notes the session of the call being served, so that its rejection names
+/// its actor and session: called when a call whose session parsed fails,
+/// before its error becomes a status (a copy of both names per call
+/// otherwise).
 pub(crate) fn note_session(session: &SessionRef) {
     let _ = REQUEST.try_with(|context| {
         *context.session.borrow_mut() = Some((session.actor.clone(), session.session_id.clone()));

@@ -49,13 +49,13 @@ impl<'a> MakeWriter<'a> for Captured {
 }
 
 /// The audit lines written on this thread while it lives.
-struct AuditLog {
+pub(crate) struct AuditLog {
     captured: Captured,
     _guard: tracing::subscriber::DefaultGuard,
 }
 
 impl AuditLog {
-    fn capture(format: AuditFormat) -> AuditLog {
+    pub(crate) fn capture(format: AuditFormat) -> AuditLog {
         let captured = Captured::default();
         let subscriber =
             tracing_subscriber::registry().with(AuditLayer::new(captured.clone(), format));
@@ -77,7 +77,7 @@ impl AuditLog {
             .collect()
     }
 
-    fn named(&self, name: &str) -> Vec<Value> {
+    pub(crate) fn named(&self, name: &str) -> Vec<Value> {
         self.events()
             .into_iter()
             .filter(|event| event["event"] == name)

@@ -17,9 +17,10 @@ use serde_json::{Value, json};
 use tonic::Code;
 use tonic::transport::Channel;
 
+use crate::audit_events::AuditLog;
 use crate::support::policies::decide_text;
 use crate::support::tokens::{ALICE, HOST, OTHER_HOST};
-use crate::support::{TestServer, authed, pb};
+use crate::support::{AuditFormat, TestServer, authed, pb};
 
 /// The mapping most tests use: the actor from a header, sessions from
 /// `mcp-session-id`, workspace `acme` (alice reviews there).
@@ -422,6 +423,34 @@ async fn arguments_failing_the_input_schema_are_denied_with_the_field() {
     assert_eq!(fingerprint.map(str::len), Some(64), "{error}");
     let answer = check(&server, post(&PAYER, &body)).await;
     assert_eq!(metadata(&answer, "fingerprint"), fingerprint.unwrap_or(""));
+    server.stop().await;
+}
+
+/// A refused Check's `request_rejected` line names the session's actor and
+/// id once the mapping read them, and neither before.
+#[tokio::test]
+async fn a_refused_checks_audit_line_names_its_session_once_it_was_read() {
+    let audit = AuditLog::capture(AuditFormat::Json);
+    let server = start(MAPPING).await;
+    let body = tool_call(json!(5), "wire_transfer", json!({"to": 7}));
+    assert_denied(
+        &check(&server, post(&PAYER, &body)).await,
+        "invalid-arguments",
+    );
+    let no_actor = [("mcp-session-id", "s1")];
+    assert_denied(
+        &check(&server, post(&no_actor, &body)).await,
+        "actor-missing",
+    );
+    let lines = audit.named("request_rejected");
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let (schema, anonymous) = (&lines[0], &lines[1]);
+    assert_eq!(schema["field"], "invalid-arguments", "{schema}");
+    assert_eq!(schema["actor"], "payer", "{schema}");
+    assert_eq!(schema["session_id"], "s1", "{schema}");
+    assert_eq!(anonymous["field"], "actor-missing", "{anonymous}");
+    assert_eq!(anonymous["actor"], Value::Null, "{anonymous}");
+    assert_eq!(anonymous["session_id"], Value::Null, "{anonymous}");
     server.stop().await;
 }
 
