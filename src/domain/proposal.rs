@@ -3,7 +3,7 @@
 
 use jsonschema::error::ValidationErrorKind;
 
-use crate::domain::canonical::{self, Fingerprint, Object, Value};
+use crate::domain::canonical::{self, Fingerprint, Instance, Object, Value};
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::check_identifier;
 use crate::domain::manifest::ManifestStatus;
@@ -202,13 +202,14 @@ pub fn screen<'p>(policy: &'p Policy, session: &SessionRef, proposal: &Proposal)
 /// SPEC §4 step 5: arguments against the tool's input schema. The error
 /// names the argument path (`proposal.arguments.amount`) and the rule.
 pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {
-    let instance = canonical::object_to_serde_json(arguments);
-    // The fast check first (no error values, no boxed iterator); only a
-    // failure collects the errors, for the first one's path and rule.
-    if tool.input_schema.is_valid(&instance) {
+    // The arguments where they are (no serde_json copy); the fast check
+    // first (no error values, no boxed iterator); only a failure collects
+    // the errors, for the first one's path and rule.
+    let instance = Instance::Object(arguments);
+    if tool.input_schema.is_valid(instance) {
         return Ok(());
     }
-    let Some(error) = tool.input_schema.iter_errors(&instance).next() else {
+    let Some(error) = tool.input_schema.iter_errors(instance).next() else {
         return Ok(());
     };
     let mut field = String::from("proposal.arguments");

@@ -179,10 +179,12 @@ impl CanonicalError {
 mod fingerprint;
 mod parse;
 mod print;
+mod schema;
 
 pub use fingerprint::{Fingerprint, Members, fingerprint, fingerprint_object};
 pub use parse::{canonicalize, parse, parse_str};
 pub use print::{canonical_len, plain_prefix_len, to_canonical, write_canonical};
+pub use schema::{Canonical, Instance};
 
 // ---------------------------------------------------------------------------
 // Conveniences

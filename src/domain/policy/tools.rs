@@ -9,6 +9,7 @@ use super::decode::toml_to_json;
 use super::effects::{Effect, RawEffect, effect};
 use super::parse::Loader;
 use super::{PolicyError, PolicyMap, StatePolicy};
+use crate::domain::canonical::Canonical;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -40,7 +41,7 @@ pub struct Tool {
     pub name: String,
     pub mode: Mode,
     /// Compiled once at load; never per request.
-    pub input_schema: jsonschema::Validator,
+    pub input_schema: jsonschema::Validator<Canonical>,
     /// Actor roles that may call it.
     pub roles: Vec<String>,
     /// Reviewer roles that may approve it.
@@ -197,7 +198,7 @@ fn input_schema(
     loader: &Loader<'_>,
     key: &str,
     raw: Option<toml::Value>,
-) -> Result<jsonschema::Validator, PolicyError> {
+) -> Result<jsonschema::Validator<Canonical>, PolicyError> {
     let schema_json = match raw {
         None => serde_json::json!({"type": "object"}),
         Some(toml::Value::String(text)) => serde_json::from_str(&text).map_err(|error| {
@@ -212,12 +213,14 @@ fn input_schema(
             "must be a JSON Schema object",
         ));
     }
-    jsonschema::validator_for(&schema_json).map_err(|error| {
-        loader.error(
-            format!("{key}.input_schema"),
-            schema_error_message(&schema_json, &error),
-        )
-    })
+    jsonschema::options_for::<Canonical>()
+        .build(&schema_json)
+        .map_err(|error| {
+            loader.error(
+                format!("{key}.input_schema"),
+                schema_error_message(&schema_json, &error),
+            )
+        })
 }
 
 /// Why a schema does not compile, with the JSON pointer inside the schema.
