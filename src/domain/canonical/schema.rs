@@ -129,6 +129,23 @@ impl<'a> json::Node<'a, Canonical> for Instance<'a> {
         }
     }
 
+    /// `minLength` and `maxLength` without counting when the length in
+    /// bytes decides: a code point takes one to four bytes.
+    fn string_length_within(&self, min: u64, max: u64) -> Option<bool> {
+        let Some(Value::String(text)) = self.value() else {
+            return None;
+        };
+        let bytes = text.len() as u64;
+        let fewest = bytes.div_ceil(4);
+        if bytes < min || fewest > max {
+            return Some(false);
+        }
+        if min <= fewest && bytes <= max {
+            return Some(true);
+        }
+        Some((min..=max).contains(&(text.chars().count() as u64)))
+    }
+
     /// Scalars compared in place; containers through the copy.
     fn equals_value(&self, expected: &serde_json::Value) -> bool {
         match self.value() {
@@ -251,6 +268,7 @@ mod tests {
                    "then": {"required": ["b"]}, "else": {"required": ["c"]}}),
             json!({"type": "object", "properties": {"a": {}}, "unevaluatedProperties": false}),
             json!({"type": "object", "properties": {"d": {"type": "array", "uniqueItems": true},
+                   "c": {"minLength": 2, "maxLength": 3},
                    "e": {"const": [1, {"k": "x"}]}}}),
         ]
     }
@@ -362,6 +380,9 @@ mod tests {
             "\"y\"",
             "\"ab\"",
             "\"é😀\"",
+            "\"ééé\"",
+            "\"éééé\"",
+            "\"abcd\"",
             "0",
             "1",
             "-1",
