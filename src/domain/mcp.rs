@@ -472,36 +472,31 @@ fn actor_of(
     request: &impl HttpRequest,
     id: &Value,
 ) -> Refusable<String> {
-    let (found, from) = match &settings.actor {
-        ActorSource::Header(header) => (
-            request
-                .header(header)
-                .map(Cow::into_owned)
-                .ok_or_else(|| format!("no {header} header")),
-            format!("header {header}"),
-        ),
-        ActorSource::Claim { claim, payload } => (
-            request.jwt_claim(payload, claim),
-            format!("JWT claim {claim:?}"),
-        ),
-        ActorSource::Principal(principals) => {
-            let principal = request
-                .principal()
-                .filter(|principal| !principal.is_empty())
-                .ok_or_else(|| "no peer principal (attributes.source.principal)".to_string());
-            (
-                principal.map(|principal| {
-                    principals
-                        .get(principal)
-                        .cloned()
-                        .unwrap_or_else(|| principal.to_string())
-                }),
-                "the peer principal".to_string(),
-            )
-        }
+    let found = match &settings.actor {
+        ActorSource::Header(header) => request
+            .header(header)
+            .map(Cow::into_owned)
+            .ok_or_else(|| format!("no {header} header")),
+        ActorSource::Claim { claim, payload } => request.jwt_claim(payload, claim),
+        ActorSource::Principal(principals) => request
+            .principal()
+            .filter(|principal| !principal.is_empty())
+            .ok_or_else(|| "no peer principal (attributes.source.principal)".to_string())
+            .map(|principal| {
+                principals
+                    .get(principal)
+                    .cloned()
+                    .unwrap_or_else(|| principal.to_string())
+            }),
     };
     let actor = found.map_err(|why| refused(RequestRefusal::ActorMissing, why, id))?;
     check_identifier("actor", &actor).map_err(|_| {
+        // Where it came from, for the message only.
+        let from = match &settings.actor {
+            ActorSource::Header(header) => format!("header {header}"),
+            ActorSource::Claim { claim, .. } => format!("JWT claim {claim:?}"),
+            ActorSource::Principal(_) => "the peer principal".to_string(),
+        };
         refused(
             RequestRefusal::ActorMissing,
             format!(
@@ -531,7 +526,7 @@ fn call_id_of(
         action.member_str("name", name);
         action.member_str("session_id", session_id);
     });
-    format!("mcp-{}", hex32(&action))
+    prefixed_hex32("mcp-", &action)
 }
 
 /// `text` when it is an identifier; otherwise `prefix` and 32 hex digits of
@@ -541,13 +536,12 @@ fn as_identifier(prefix: &str, text: &str) -> String {
     if check_identifier("", text).is_ok() {
         return text.to_string();
     }
-    format!("{prefix}{}", hex32(&Fingerprint::of_bytes(text.as_bytes())))
+    prefixed_hex32(prefix, &Fingerprint::of_bytes(text.as_bytes()))
 }
 
-fn hex32(fingerprint: &Fingerprint) -> String {
-    let mut hex = fingerprint.to_hex();
-    hex.truncate(32);
-    hex
+/// `prefix` and the first 32 hex digits of `fingerprint`.
+fn prefixed_hex32(prefix: &str, fingerprint: &Fingerprint) -> String {
+    [prefix, &fingerprint.hex()[..32]].concat()
 }
 
 /// At most 64 characters of a client's text, for a message.

@@ -688,8 +688,9 @@ fn jwt_metadata(claims: &[(&str, &str)]) -> Metadata {
 }
 
 /// The workspace from a header (`workspace_header`), refused when it is
-/// missing or no workspace name; a tools/call sent as a notification (no
-/// `id`) is decided like any other, its denied answer with `"id": null`.
+/// missing or no workspace name (and an actor header that is no actor name,
+/// naming the header); a tools/call sent as a notification (no `id`) is
+/// decided like any other, its denied answer with `"id": null`.
 #[tokio::test]
 async fn the_workspace_can_come_from_a_header() {
     let server = start(
@@ -709,6 +710,20 @@ host_credential = "agent-host"
     assert_denied(
         &check(&server, post(&PAYER, &read)).await,
         "workspace-missing",
+    );
+    let odd_actor = [
+        ("x-agent", "9-payer"),
+        ("mcp-session-id", "s1"),
+        ("x-workspace", "acme"),
+    ];
+    let error = assert_denied(
+        &check(&server, post(&odd_actor, &read)).await,
+        "actor-missing",
+    );
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("header x-agent: \"9-payer\" is not an actor name"),
+        "{message}"
     );
     let mut bad = PAYER.to_vec();
     bad.push(("x-workspace", "9-not-a-name"));
@@ -745,6 +760,17 @@ async fn the_actor_can_come_from_a_jwt_claim() {
     // No verified JWT: no actor (the header is not trusted under this mapping).
     let unverified = post(&[("mcp-session-id", "s2"), ("x-agent", "payer")], &body);
     assert_denied(&check(&server, unverified).await, "actor-missing");
+    // A claim that is no actor name: the message says which claim.
+    let mut odd = post(&[("mcp-session-id", "s3")], &body);
+    if let Some(attributes) = odd.attributes.as_mut() {
+        attributes.metadata_context = Some(jwt_metadata(&[("sub", "9-payer")]));
+    }
+    let error = assert_denied(&check(&server, odd).await, "actor-missing");
+    let message = error["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with("JWT claim \"sub\": \"9-payer\" is not an actor name"),
+        "{message}"
+    );
     server.stop().await;
 }
 
@@ -772,7 +798,12 @@ async fn the_actor_can_come_from_the_peer_principal() {
     let request = from_principal("spiffe://cluster.local/ns/agents/sa/payer", &body);
     assert_allowed(&check(&server, request).await, "allowed");
     let stranger = from_principal("spiffe://cluster.local/ns/x/sa/y", &body);
-    assert_denied(&check(&server, stranger).await, "actor-missing");
+    let error = assert_denied(&check(&server, stranger).await, "actor-missing");
+    let message = error["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with("the peer principal: \"spiffe://"),
+        "{message}"
+    );
     // A principal that is itself an actor name is that actor, which the
     // host credential must be allowed to assert: a denied answer with the
     // call's JSON-RPC id, not a failed Check.
