@@ -2,7 +2,8 @@
 //! command-line types. Each operation is a method on [`state::State`],
 //! called with the policy snapshot and the time.
 //!
-//! - [`canonical`]: canonical JSON: parse, print, fingerprint (SPEC §1).
+//! - [`canonical`]: canonical JSON: parse, print, fingerprint (SPEC §1),
+//!   and validation against a JSON Schema in place.
 //! - [`ids`]: identifier rules shared by proposals, sessions, manifests,
 //!   resources and approvals.
 //! - [`limits`]: what one request may ask for (page sizes, page tokens,

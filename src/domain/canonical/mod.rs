@@ -13,6 +13,9 @@
 //! `NaN`/`Infinity`, integers outside `[-2^63, 2^64-1]`, overflowing doubles,
 //! nesting deeper than [`MAX_DEPTH`]) is rejected instead of being silently
 //! changed. Unicode is never normalised.
+//!
+//! Values are also what a tool's input schema validates, in place
+//! ([`Canonical`], jsonschema's representation trait).
 
 use std::fmt::{self, Write as _};
 
