@@ -321,6 +321,21 @@ impl From<Vec<Value>> for Value {
     }
 }
 
+/// `number` as a serde_json number: an integer as one, any other number as
+/// an `f64`; `None` for a float that is not finite, which the parser never
+/// makes.
+fn serde_number(number: Number) -> Option<serde_json::Number> {
+    match number {
+        Number::Int(int) => match (i64::try_from(int), u64::try_from(int)) {
+            (Ok(int), _) => Some(int.into()),
+            (_, Ok(int)) => Some(int.into()),
+            // Outside the documented invariant (a hand-built value).
+            _ => serde_json::Number::from_f64(int as f64),
+        },
+        Number::Float(float) => serde_json::Number::from_f64(float),
+    }
+}
+
 /// An object as a serde_json object (for JSON Schema validation), without
 /// cloning it into a `Value` first.
 pub fn object_to_serde_json(object: &Object) -> serde_json::Value {
@@ -339,19 +354,7 @@ pub fn to_serde_json(value: &Value) -> serde_json::Value {
     match value {
         Value::Null => J::Null,
         Value::Bool(b) => J::Bool(*b),
-        Value::Number(Number::Int(i)) => {
-            if let Ok(v) = i64::try_from(*i) {
-                J::from(v)
-            } else if let Ok(v) = u64::try_from(*i) {
-                J::from(v)
-            } else {
-                // Outside the documented invariant (hand-built value).
-                serde_json::Number::from_f64(*i as f64).map_or(J::Null, J::Number)
-            }
-        }
-        Value::Number(Number::Float(f)) => {
-            serde_json::Number::from_f64(*f).map_or(J::Null, J::Number)
-        }
+        Value::Number(number) => serde_number(*number).map_or(J::Null, J::Number),
         Value::String(s) => J::String(s.clone()),
         Value::Array(items) => J::Array(items.iter().map(to_serde_json).collect()),
         Value::Object(obj) => J::Object(

@@ -1,9 +1,9 @@
 //! Canonical values as a JSON representation of jsonschema's own
 //! ([`jsonschema::json::Json`]), so that a tool's input schema checks a
 //! proposal's arguments where they are, instead of on a `serde_json` copy
-//! made for every call. Numbers are read as the `serde_json` numbers
-//! [`to_serde_json`] makes of them, so that every rule reads a value exactly
-//! as it did on that copy; only the cold paths (an error's instance, a
+//! made for every call. Numbers go through the conversion
+//! [`to_serde_json`] uses, so that every rule reads a value exactly as it
+//! did on that copy; only the cold paths (an error's instance, a
 //! container's `const`, `enum` or `uniqueItems`) still build the copy.
 
 use std::borrow::Cow;
@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use jsonschema::json::{self, Json, NodeIdentity};
 use jsonschema::types::JsonType;
 
-use super::{Number, Object, Value, object_to_serde_json, to_serde_json};
+use super::{Object, Value, object_to_serde_json, serde_number, to_serde_json};
 
 /// The representation: [`Validator<Canonical>`](jsonschema::Validator)
 /// validates an [`Instance`].
@@ -44,20 +44,6 @@ impl Json for Canonical {
     /// For `propertyNames` only.
     fn with_string_node<T>((): &mut (), string: &str, f: impl FnOnce(Instance<'_>) -> T) -> T {
         f(Instance::Value(&Value::String(string.to_owned())))
-    }
-}
-
-/// `number` as [`to_serde_json`] writes it; `None` for a float that is not
-/// finite, which the parser never makes (the copy was `null` then).
-fn serde_number(number: Number) -> Option<serde_json::Number> {
-    match number {
-        Number::Int(int) => match (i64::try_from(int), u64::try_from(int)) {
-            (Ok(int), _) => Some(int.into()),
-            (_, Ok(int)) => Some(int.into()),
-            // Outside the parser's range (a hand-built value), as the copy.
-            _ => serde_json::Number::from_f64(int as f64),
-        },
-        Number::Float(float) => serde_json::Number::from_f64(float),
     }
 }
 
