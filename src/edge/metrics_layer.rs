@@ -86,13 +86,8 @@ fn accepts_gzip(headers: &http::HeaderMap) -> bool {
         })
 }
 
-/// The status code of a response: `grpc-status` in the headers (errors are
-/// trailers-only responses), OK otherwise (it then comes in the trailers).
-pub(crate) fn response_code<B>(response: &http::Response<B>) -> i32 {
-    status_code(response.headers())
-}
-
-/// The `grpc-status` of headers or trailers, OK when absent or unreadable.
+/// The `grpc-status` of headers or trailers, OK when absent or unreadable
+/// (an error is a trailers-only response, its status in the headers).
 fn status_code(headers: &http::HeaderMap) -> i32 {
     headers
         .get(&GRPC_STATUS)
@@ -162,7 +157,7 @@ where
             };
             match future.await {
                 Ok(response) if response.headers().contains_key(&GRPC_STATUS) => {
-                    handled.record(response_code(&response));
+                    handled.record(status_code(response.headers()));
                     Ok(response.map(|body| Counted {
                         body,
                         handled: None,

@@ -170,24 +170,24 @@ pub struct SqliteStore {
     _lock: File,
 }
 
-/// The SQL of one kind's table.
-#[derive(Debug)]
-struct KindStatements {
-    upsert: String,
-    delete: String,
+/// The SQL of one kind's table: its upsert, then its delete (indexed by
+/// [`statement_of`]).
+type KindStatements = [String; 2];
+
+fn kind_statements(kind: Kind) -> KindStatements {
+    let table = kind.table();
+    [
+        format!(
+            "INSERT INTO {table}(k, v) VALUES (?1, ?2) \
+             ON CONFLICT(k) DO UPDATE SET v = excluded.v"
+        ),
+        format!("DELETE FROM {table} WHERE k = ?1"),
+    ]
 }
 
-impl KindStatements {
-    fn new(kind: Kind) -> Self {
-        let table = kind.table();
-        KindStatements {
-            upsert: format!(
-                "INSERT INTO {table}(k, v) VALUES (?1, ?2) \
-                 ON CONFLICT(k) DO UPDATE SET v = excluded.v"
-            ),
-            delete: format!("DELETE FROM {table} WHERE k = ?1"),
-        }
-    }
+/// Which of its kind's statements a change runs: 0 writes, 1 deletes.
+fn statement_of(change: &Change) -> usize {
+    usize::from(change.value.is_none())
 }
 
 impl SqliteStore {
@@ -294,7 +294,7 @@ impl SqliteStore {
             .map_err(failed("setting the WAL hook"))?;
         Ok(SqliteStore {
             connection,
-            statements: Kind::ALL.map(KindStatements::new),
+            statements: Kind::ALL.map(kind_statements),
             _checkpointer: checkpointer,
             dir: dir.to_path_buf(),
             _lock: lock,
@@ -365,15 +365,11 @@ impl Store for SqliteStore {
         let mut prepared: [[Option<CachedStatement<'_>>; 2]; Kind::ALL.len()] =
             std::array::from_fn(|_| [None, None]);
         for change in changes {
-            let index = change.kind.index();
-            let (slot, sql) = match change.value {
-                Some(_) => (0, &statements[index].upsert),
-                None => (1, &statements[index].delete),
-            };
-            let statement = match &mut prepared[index][slot] {
+            let (kind, which) = (change.kind.index(), statement_of(change));
+            let statement = match &mut prepared[kind][which] {
                 Some(statement) => Ok(statement),
                 empty => transaction
-                    .prepare_cached(sql)
+                    .prepare_cached(&statements[kind][which])
                     .map(|statement| empty.insert(statement)),
             };
             let applied = statement.and_then(|statement| match &change.value {

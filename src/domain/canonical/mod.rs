@@ -336,9 +336,9 @@ fn serde_number(number: Number) -> Option<serde_json::Number> {
     }
 }
 
-/// An object as a serde_json object (for JSON Schema validation), without
-/// cloning it into a `Value` first.
-pub fn object_to_serde_json(object: &Object) -> serde_json::Value {
+/// An object as a serde_json object (an error's instance in JSON Schema
+/// validation), without cloning it into a `Value` first.
+fn object_to_serde_json(object: &Object) -> serde_json::Value {
     serde_json::Value::Object(
         object
             .members
