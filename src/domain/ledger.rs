@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use uuid::Uuid;
 
-use crate::domain::table::Table;
+use crate::domain::table::{IdTable, Table};
 
 use crate::domain::canonical::Fingerprint;
 use crate::domain::clock::Timestamp;
@@ -233,7 +233,7 @@ struct Current {
 }
 
 /// Records are boxed so that growing the table moves pointers, not records.
-type Records = Table<Box<Approval>>;
+type Records = IdTable<Box<Approval>>;
 
 fn find_record(records: &Records, id: Uuid) -> Option<&Approval> {
     records

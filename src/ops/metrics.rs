@@ -181,6 +181,11 @@ struct RpcSeries {
     handled: [OnceLock<Counter>; CODES.len()],
 }
 
+/// Counters by label, looked up on every call: the keys are this
+/// program's own (reasons, statuses, event names), so foldhash, without
+/// SipHash's defence against chosen keys.
+type Counters<K> = HashMap<K, Counter, foldhash::fast::RandomState>;
+
 /// The registered handles.
 pub struct Metrics {
     recorder: PrometheusRecorder,
@@ -193,15 +198,15 @@ pub struct Metrics {
     /// By result: success, failure.
     reloads: [Counter; 2],
     /// Every reason Decide answers, with the outcome it comes with.
-    decisions: HashMap<Reason, Counter>,
-    dispatches: HashMap<DispatchStatus, Counter>,
-    transitions: HashMap<&'static str, Counter>,
+    decisions: Counters<Reason>,
+    dispatches: Counters<DispatchStatus>,
+    transitions: Counters<&'static str>,
     load_shed: Counter,
-    audit_coalesced: HashMap<&'static str, Counter>,
+    audit_coalesced: Counters<&'static str>,
     connections_open: Gauge,
-    connections_closed: HashMap<&'static str, Counter>,
+    connections_closed: Counters<&'static str>,
     log_refused: Counter,
-    transport_refused: HashMap<&'static str, Counter>,
+    transport_refused: Counters<&'static str>,
     log_sink: std::sync::OnceLock<SinkStatus>,
     store_batch_operations: Histogram,
     store_sync_seconds: Histogram,
