@@ -491,16 +491,11 @@ fn actor_of(
     };
     let actor = found.map_err(|why| refused(RequestRefusal::ActorMissing, why, id))?;
     check_identifier("actor", &actor).map_err(|_| {
-        // Where it came from, for the message only.
-        let from = match &settings.actor {
-            ActorSource::Header(header) => format!("header {header}"),
-            ActorSource::Claim { claim, .. } => format!("JWT claim {claim:?}"),
-            ActorSource::Principal(_) => "the peer principal".to_string(),
-        };
         refused(
             RequestRefusal::ActorMissing,
             format!(
-                "{from}: {:?} is not an actor name ([A-Za-z][A-Za-z0-9_-]{{0,39}})",
+                "{}: {:?} is not an actor name ([A-Za-z][A-Za-z0-9_-]{{0,39}})",
+                settings.actor,
                 shown(&actor)
             ),
             id,

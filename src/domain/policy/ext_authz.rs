@@ -25,6 +25,17 @@ pub enum ActorSource {
     Principal(BTreeMap<String, String>),
 }
 
+/// Where an actor came from, for a refusal's message.
+impl std::fmt::Display for ActorSource {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ActorSource::Header(header) => write!(formatter, "header {header}"),
+            ActorSource::Claim { claim, .. } => write!(formatter, "JWT claim {claim:?}"),
+            ActorSource::Principal(_) => formatter.write_str("the peer principal"),
+        }
+    }
+}
+
 /// Where the workspace of a Check comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkspaceSource {
