@@ -52,8 +52,9 @@ pub use warnings::PolicyWarning;
 /// no defence against chosen colliding keys (HashDoS) and takes foldhash,
 /// seeded per map, which hashes a short name in a fraction of SipHash's
 /// instructions. Every Decide looks up its tool and actor several times
-/// (BENCHMARKS.md, "Fewer hashes per call"). The state's tables, whose
-/// keys clients choose, stay on SipHash (`domain::table`).
+/// (BENCHMARKS.md, "Fewer hashes per call"). The state's tables whose
+/// keys clients choose stay on SipHash (`domain::table`); the ledger's,
+/// keyed by ids this process draws, takes foldhash too.
 pub type PolicyMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The policy `toolgate serve` uses when no `--config` is given.
