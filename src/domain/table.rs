@@ -14,8 +14,8 @@
 //! lookup allocates nothing. The hasher is `std`'s randomly keyed SipHash
 //! by default: keys are chosen by clients, and a predictable hash would let
 //! them flood one bucket chain (HashDoS). A table whose keys only this
-//! process makes (approval ids, random UUIDs) takes foldhash ([`IdTable`]),
-//! a fraction of SipHash's instructions per lookup.
+//! process makes (approval ids, random UUIDs) takes [`OwnKeys`] instead
+//! ([`IdTable`]).
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
@@ -50,8 +50,18 @@ pub(crate) struct Table<T, S = RandomState> {
     len: usize,
 }
 
-/// A [`Table`] of keys no client chooses (see the module docs).
-pub(crate) type IdTable<T> = Table<T, foldhash::fast::RandomState>;
+/// The hasher of every map and table whose keys no client chooses: the
+/// program's own labels, the operator's names in the policy, ids this
+/// process draws. A client can at most look such keys up, which cannot
+/// lengthen a probe sequence, so these need no defence against chosen
+/// colliding keys (HashDoS) and take foldhash, seeded per map, which hashes
+/// a short key in a fraction of SipHash's instructions (BENCHMARKS.md,
+/// "Fewer hashes per call"). Maps keyed by what clients send keep `std`'s
+/// SipHash.
+pub(crate) type OwnKeys = foldhash::fast::RandomState;
+
+/// A [`Table`] of keys no client chooses: approval ids.
+pub(crate) type IdTable<T> = Table<T, OwnKeys>;
 
 impl<T, S: Default> Default for Table<T, S> {
     fn default() -> Self {

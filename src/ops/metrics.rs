@@ -26,6 +26,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 
 use crate::domain::decision::{DispatchStatus, Reason};
 use crate::domain::state::Stats;
+use crate::domain::table::OwnKeys;
 use crate::ops::build_info;
 use crate::ops::logwriter::SinkStatus;
 use crate::ops::methods::{METHODS, grpc_labels};
@@ -182,9 +183,8 @@ struct RpcSeries {
 }
 
 /// Counters by label, looked up on every call: the keys are this
-/// program's own (reasons, statuses, event names), so foldhash, without
-/// SipHash's defence against chosen keys.
-type Counters<K> = HashMap<K, Counter, foldhash::fast::RandomState>;
+/// program's own (reasons, statuses, event names), so [`OwnKeys`].
+type Counters<K> = HashMap<K, Counter, OwnKeys>;
 
 /// The registered handles.
 pub struct Metrics {

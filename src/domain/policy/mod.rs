@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::domain::canonical::Fingerprint;
+use crate::domain::table::OwnKeys;
 
 mod actors;
 mod credentials;
@@ -46,16 +47,10 @@ pub use state::{StatePolicy, VersionScope};
 pub use tools::{ApprovalRule, Mode, Tool};
 pub use warnings::PolicyWarning;
 
-/// A map of the policy. Its keys are the operator's (names written in the
-/// file, digests of configured tokens), never a client's: a client only
-/// looks keys up, which cannot lengthen a probe sequence, so the map needs
-/// no defence against chosen colliding keys (HashDoS) and takes foldhash,
-/// seeded per map, which hashes a short name in a fraction of SipHash's
-/// instructions. Every Decide looks up its tool and actor several times
-/// (BENCHMARKS.md, "Fewer hashes per call"). The state's tables whose
-/// keys clients choose stay on SipHash (`domain::table`); the ledger's,
-/// keyed by ids this process draws, takes foldhash too.
-pub type PolicyMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// A map of the policy: its keys are the operator's (names written in the
+/// file, digests of configured tokens), never a client's, so it takes
+/// [`OwnKeys`]; every Decide looks up its tool and actor several times.
+pub type PolicyMap<K, V> = HashMap<K, V, OwnKeys>;
 
 /// The policy `toolgate serve` uses when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../../../examples/policy.toml");
