@@ -6,7 +6,10 @@
 //! and for watchers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
 
+use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::domain::table::{IdTable, Table};
@@ -59,6 +62,7 @@ impl ApprovalStatus {
 pub struct Approval {
     pub id: Uuid,
     /// What was asked for, as the request was made.
+    #[serde(serialize_with = "encoded_once")]
     pub request: NewApproval,
     pub status: ApprovalStatus,
     pub requested_at: Timestamp,
@@ -86,6 +90,63 @@ pub struct NewApproval {
     /// real values are bound by the fingerprint and never stored here.
     pub arguments_view: String,
     pub reason: Reason,
+    /// This request as its record encodes it, while the record has a write
+    /// to come (see [`EncodedRequest`]).
+    #[serde(skip)]
+    pub encoded: EncodedRequest,
+}
+
+/// A request's JSON as the approval's record holds it, made when a grant
+/// is written and dropped at the approval's end, so that the record written
+/// then (consumed, revoked, expired) copies the request's JSON instead of
+/// escaping the same strings (the arguments view most of all) again
+/// (BENCHMARKS.md, "The approval's request encoded once"). Only granted
+/// approvals of a durable store hold one, about the size of their request,
+/// and the record cap bounds them; the byte budget does not count it, so
+/// that a ledger restored from its records counts what the live one did.
+/// Never stored and never compared: a request equals another whether or
+/// not it holds one.
+#[derive(Clone, Default)]
+pub struct EncodedRequest(Option<Arc<Box<RawValue>>>);
+
+impl EncodedRequest {
+    /// `request` encoded; none when it cannot be (its record is then
+    /// encoded field by field, which reports the failure).
+    fn of(request: &NewApproval) -> EncodedRequest {
+        EncodedRequest(serde_json::value::to_raw_value(request).ok().map(Arc::new))
+    }
+}
+
+#[cfg(test)]
+impl EncodedRequest {
+    pub(crate) fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl PartialEq for EncodedRequest {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for EncodedRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EncodedRequest")
+    }
+}
+
+/// Serializes an approval's request: the JSON it was encoded to when it
+/// holds it (the same bytes), otherwise field by field.
+fn encoded_once<S: serde::Serializer>(
+    request: &NewApproval,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::Serialize as _;
+    match &request.encoded.0 {
+        Some(json) => json.serialize(serializer),
+        None => request.serialize(serializer),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -791,6 +852,11 @@ impl Ledger {
                 approval.decided_by = Some(reviewer.to_string());
                 approval.decided_at = Some(now);
                 approval.decision_note = note;
+                // The record is written again at its end: the request
+                // encoded once for both writes.
+                if self.journal.is_on() {
+                    approval.request.encoded = EncodedRequest::of(&approval.request);
+                }
                 self.bytes = (self.bytes + record_bytes(approval)).saturating_sub(bytes_before);
                 self.journal
                     .put(Kind::Approval, record_key(approval), &*approval);
@@ -922,6 +988,8 @@ impl Ledger {
         self.evictable_bytes = self.evictable_bytes.saturating_add(bytes_after);
         self.journal
             .put(Kind::Approval, record_key(approval), &*approval);
+        // Its last write: the encoded request has served.
+        approval.request.encoded = EncodedRequest::default();
         let kind = match status {
             ApprovalStatus::Denied => EventKind::Denied,
             ApprovalStatus::Revoked => EventKind::Revoked,

@@ -8,7 +8,9 @@ use super::{Grants, Taken};
 use crate::domain::clock::Timestamp;
 use crate::domain::decision::{DispatchStatus, Dispatched, Outcome};
 use crate::domain::error::Error;
-use crate::domain::ledger::{ApprovalEvent, ApprovalStatus, EventKind, ListQuery, Verdict};
+use crate::domain::ledger::{
+    ApprovalEvent, ApprovalStatus, EncodedRequest, EventKind, ListQuery, Verdict,
+};
 use crate::domain::manifest::Manifest;
 use crate::domain::policy::Policy;
 use crate::domain::proposal::{self, Proposal, SessionRef};
@@ -1254,4 +1256,64 @@ fn a_new_call_id_of_a_read_writes_its_call_id_not_its_session() {
     assert_eq!(held(&replicas.a), Some((3, 0)));
     let restored = State::restore(&replicas.policy, replicas.store.load().unwrap()).unwrap();
     assert_eq!(held(&restored), Some((3, 0)));
+}
+
+/// A grant encodes its request once for the approval's two writes to come
+/// (the grant's and its end's): both records are the bytes the approval
+/// encodes to field by field, and the encoded request is dropped at the end.
+#[test]
+fn a_granted_request_is_encoded_once_and_stored_as_before() {
+    let mut replicas = Replicas::new();
+    let session = replicas.sessions[0].clone();
+    // The arguments view is JSON inside a string: its quotes are escaped.
+    let arguments = r#"{"ticket":"sensor","status":"done"}"#;
+    let call = Call::of(&session, "first", "set_ticket", 0, arguments);
+    let asked = replicas.dispatch(&call).unwrap();
+    assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
+    let id = asked.approval_id.unwrap();
+    replicas.a.take_changes().unwrap();
+    let now = replicas.now;
+    replicas
+        .a
+        .review(
+            &replicas.policy,
+            now,
+            id,
+            Verdict::Grant,
+            REVIEWER,
+            String::new(),
+        )
+        .unwrap();
+    // The record as the approval encodes field by field, without its
+    // encoded request.
+    let field_by_field = |state: &State| {
+        let mut approval = state.ledger.get(id).unwrap().clone();
+        approval.request.encoded = EncodedRequest::default();
+        serde_json::to_vec(&approval).unwrap()
+    };
+    let written = |changes: &[Change]| {
+        let approvals: Vec<&Change> = changes
+            .iter()
+            .filter(|change| change.kind == Kind::Approval)
+            .collect();
+        assert_eq!(approvals.len(), 1, "{changes:?}");
+        approvals[0].value.clone().unwrap()
+    };
+    assert!(replicas.a.ledger.get(id).unwrap().request.encoded.is_held());
+    let granted = replicas.a.take_changes().unwrap();
+    assert_eq!(written(&granted), field_by_field(&replicas.a));
+    replicas.store.commit(&granted).unwrap();
+    let done = replicas.dispatch(&call).unwrap();
+    assert_eq!(done.status, DispatchStatus::Ok, "{done:?}");
+    let held = replicas.a.ledger.get(id).unwrap();
+    assert_eq!(held.status, ApprovalStatus::Consumed);
+    assert!(!held.request.encoded.is_held());
+    let consumed = replicas.a.take_changes().unwrap();
+    assert_eq!(written(&consumed), field_by_field(&replicas.a));
+    replicas.store.commit(&consumed).unwrap();
+    let restored = State::restore(&replicas.policy, replicas.store.load().unwrap()).unwrap();
+    assert_eq!(
+        restored.ledger.get(id).unwrap(),
+        replicas.a.ledger.get(id).unwrap()
+    );
 }
