@@ -747,6 +747,17 @@ fn the_replica_that_applied_takes_over() {
 }
 
 impl Replicas {
+    /// Dispatches a change that needs approval on `a`: the call and the
+    /// approval it asked for.
+    fn ask_approval(&mut self) -> (Call, Uuid) {
+        let session = self.sessions[0].clone();
+        let arguments = r#"{"ticket":"sensor","status":"done"}"#;
+        let call = Call::of(&session, "first", "set_ticket", 0, arguments);
+        let asked = self.dispatch(&call).unwrap();
+        assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
+        (call, asked.approval_id.unwrap())
+    }
+
     /// Decides `call` on `a` (it must be allowed) and commits what that
     /// changed; the changes.
     fn decide_and_commit(&mut self, call: &Call) -> Taken {
@@ -991,12 +1002,7 @@ fn a_corrupt_change_is_an_error_naming_its_kind() {
 #[test]
 fn events_are_the_status_changes_whatever_came_before() {
     let mut replicas = Replicas::new();
-    let session = replicas.sessions[0].clone();
-    let arguments = r#"{"ticket":"sensor","status":"done"}"#;
-    let call = Call::of(&session, "first", "set_ticket", 0, arguments);
-    let asked = replicas.dispatch(&call).unwrap();
-    assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
-    let id = asked.approval_id.unwrap();
+    let (_, id) = replicas.ask_approval();
     let policy = &replicas.policy;
     replicas
         .a
@@ -1264,13 +1270,8 @@ fn a_new_call_id_of_a_read_writes_its_call_id_not_its_session() {
 #[test]
 fn a_granted_request_is_encoded_once_and_stored_as_before() {
     let mut replicas = Replicas::new();
-    let session = replicas.sessions[0].clone();
-    // The arguments view is JSON inside a string: its quotes are escaped.
-    let arguments = r#"{"ticket":"sensor","status":"done"}"#;
-    let call = Call::of(&session, "first", "set_ticket", 0, arguments);
-    let asked = replicas.dispatch(&call).unwrap();
-    assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
-    let id = asked.approval_id.unwrap();
+    // Its arguments view is JSON inside a string: quotes to escape.
+    let (call, id) = replicas.ask_approval();
     replicas.a.take_changes().unwrap();
     let now = replicas.now;
     replicas
