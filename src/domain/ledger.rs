@@ -93,7 +93,7 @@ pub struct NewApproval {
     /// This request as its record encodes it, while the record has a write
     /// to come (see [`EncodedRequest`]).
     #[serde(skip)]
-    pub encoded: EncodedRequest,
+    pub(crate) encoded: EncodedRequest,
 }
 
 /// A request's JSON as the approval's record holds it, made when a grant
@@ -107,13 +107,13 @@ pub struct NewApproval {
 /// Never stored and never compared: a request equals another whether or
 /// not it holds one.
 #[derive(Clone, Default)]
-pub struct EncodedRequest(Option<Arc<Box<RawValue>>>);
+pub(crate) struct EncodedRequest(Option<Arc<RawValue>>);
 
 impl EncodedRequest {
     /// `request` encoded; none when it cannot be (its record is then
     /// encoded field by field, which reports the failure).
     fn of(request: &NewApproval) -> EncodedRequest {
-        EncodedRequest(serde_json::value::to_raw_value(request).ok().map(Arc::new))
+        EncodedRequest(serde_json::value::to_raw_value(request).ok().map(Arc::from))
     }
 }
 
