@@ -5,11 +5,10 @@
 //! expired`. Every transition returns an [`ApprovalEvent`] for the audit log
 //! and for watchers.
 
+use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt;
-use std::sync::Arc;
 
-use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::domain::table::{IdTable, Table};
@@ -52,6 +51,15 @@ impl ApprovalStatus {
         }
     }
 
+    /// How far along its lifecycle: requested, granted, ended.
+    fn stage(self) -> u8 {
+        match self {
+            ApprovalStatus::Pending => 0,
+            ApprovalStatus::Granted => 1,
+            _ => 2,
+        }
+    }
+
     fn is_live(self) -> bool {
         matches!(self, ApprovalStatus::Pending | ApprovalStatus::Granted)
     }
@@ -62,7 +70,6 @@ impl ApprovalStatus {
 pub struct Approval {
     pub id: Uuid,
     /// What was asked for, as the request was made.
-    #[serde(serialize_with = "encoded_once")]
     pub request: NewApproval,
     pub status: ApprovalStatus,
     pub requested_at: Timestamp,
@@ -90,64 +97,62 @@ pub struct NewApproval {
     /// real values are bound by the fingerprint and never stored here.
     pub arguments_view: String,
     pub reason: Reason,
-    /// This request as its record encodes it, while the record has a write
-    /// to come (see [`EncodedRequest`]).
-    #[serde(skip)]
-    pub(crate) encoded: EncodedRequest,
 }
 
-/// A request's JSON as the approval's record holds it, made when a grant
-/// is written and dropped at the approval's end, so that the record written
-/// then (consumed, revoked, expired) copies the request's JSON instead of
-/// escaping the same strings (the arguments view most of all) again
-/// (BENCHMARKS.md, "The approval's request encoded once"). Only granted
-/// approvals of a durable store hold one, about the size of their request,
-/// and the record cap bounds them; the byte budget does not count it, so
-/// that a ledger restored from its records counts what the live one did.
-/// Never stored and never compared: a request equals another whether or
-/// not it holds one.
-#[derive(Clone, Default)]
-pub(crate) struct EncodedRequest(Option<Arc<RawValue>>);
+/// A step of an approval after its request, as its change record is keyed:
+/// in the order they happen (an end after its grant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Step {
+    /// Granted (the grant's reviewer, note and expiry).
+    Granted = 1,
+    /// Denied, revoked, consumed or expired.
+    Ended = 2,
+}
 
-impl EncodedRequest {
-    /// `request` encoded; none when it cannot be (its record is then
-    /// encoded field by field, which reports the failure).
-    fn of(request: &NewApproval) -> EncodedRequest {
-        EncodedRequest(serde_json::value::to_raw_value(request).ok().map(Arc::from))
+/// What an approval's step changed: every field that changes after the
+/// request, as they are after that step. An approval's record is written
+/// once, at its request; each later step is one of these, appended under
+/// its own key ([`change_key`]) where the changes of the same moment are,
+/// so that consuming a grant writes a small record at the end of the
+/// store's tree instead of rewriting the approval's record in its page
+/// (which made the approvals' pages three quarters of a durable commit's
+/// writes: BENCHMARKS.md). Recovery applies the latest step's change to
+/// the record ([`Ledger::restore`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ApprovalChange<'a> {
+    pub status: ApprovalStatus,
+    pub expires_at: Timestamp,
+    pub decided_by: Option<Cow<'a, str>>,
+    pub decided_at: Option<Timestamp>,
+    pub decision_note: Cow<'a, str>,
+    pub finished_at: Option<Timestamp>,
+}
+
+impl<'a> ApprovalChange<'a> {
+    /// The fields of `approval` that its steps change.
+    fn of(approval: &'a Approval) -> Self {
+        ApprovalChange {
+            status: approval.status,
+            expires_at: approval.expires_at,
+            decided_by: approval.decided_by.as_deref().map(Cow::Borrowed),
+            decided_at: approval.decided_at,
+            decision_note: Cow::Borrowed(&approval.decision_note),
+            finished_at: approval.finished_at,
+        }
+    }
+
+    fn apply_to(self, approval: &mut Approval) {
+        approval.status = self.status;
+        approval.expires_at = self.expires_at;
+        approval.decided_by = self.decided_by.map(Cow::into_owned);
+        approval.decided_at = self.decided_at;
+        approval.decision_note = self.decision_note.into_owned();
+        approval.finished_at = self.finished_at;
     }
 }
 
-#[cfg(test)]
-impl EncodedRequest {
-    pub(crate) fn is_held(&self) -> bool {
-        self.0.is_some()
-    }
-}
-
-impl PartialEq for EncodedRequest {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl fmt::Debug for EncodedRequest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("EncodedRequest")
-    }
-}
-
-/// Serializes an approval's request: the JSON it was encoded to when it
-/// holds it (the same bytes), otherwise field by field.
-fn encoded_once<S: serde::Serializer>(
-    request: &NewApproval,
-    serializer: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    use serde::Serialize as _;
-    match &request.encoded.0 {
-        Some(json) => json.serialize(serializer),
-        None => request.serialize(serializer),
-    }
-}
+/// A stored step of one approval ([`parse_change_key`], the change decoded).
+pub type StoredChange = (Uuid, Step, ApprovalChange<'static>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -382,6 +387,29 @@ fn record_key(approval: &Approval) -> Vec<u8> {
     ])
 }
 
+/// The key a step's change is stored under: by the time it happened, so
+/// that changes land at the end of the store's tree, with the step last
+/// (an approval granted and consumed in one millisecond).
+fn change_key(at: Timestamp, id: Uuid, step: Step) -> Vec<u8> {
+    records::key(&[&records::time_part(at), id.as_bytes(), &[step as u8]])
+}
+
+/// The keys of every change stored for a finished `approval`: its end's,
+/// and its grant's when it was granted and that change is still stored (a
+/// revoke drops it, see [`Ledger::finish`]).
+fn finished_change_keys(approval: &Approval) -> impl Iterator<Item = Vec<u8>> {
+    let id = approval.id;
+    let granted_at = match approval.status {
+        ApprovalStatus::Consumed | ApprovalStatus::Expired => approval.decided_at,
+        _ => None,
+    };
+    let ended = approval
+        .finished_at
+        .map(|at| change_key(at, id, Step::Ended));
+    let granted = granted_at.map(|at| change_key(at, id, Step::Granted));
+    ended.into_iter().chain(granted)
+}
+
 impl Ledger {
     pub fn len(&self) -> usize {
         self.records.len()
@@ -541,10 +569,39 @@ impl Ledger {
     /// operations that made the records left it: the latest request per
     /// (workspace, fingerprint) is current, live records have deadlines,
     /// finished ones queue for eviction in the order they finished. (Of two
-    /// records with one id, the earlier request is kept.)
-    pub fn restore(mut approvals: Vec<Approval>) -> Ledger {
+    /// records with one id, the earlier request is kept.) Each record is as
+    /// the change of its latest step left it (none: as requested, or as a
+    /// store written before changes were kept apart left it); a change of
+    /// no record is a corrupt store, since a record and its changes are
+    /// dropped together.
+    pub fn restore(mut approvals: Vec<Approval>, changes: Vec<StoredChange>) -> Result<Ledger> {
         approvals.sort_unstable_by_key(|approval| (approval.id, approval.requested_at));
         approvals.dedup_by_key(|approval| approval.id);
+        let mut latest: HashMap<Uuid, (Step, ApprovalChange<'static>)> =
+            HashMap::with_capacity(changes.len());
+        for (id, step, change) in changes {
+            match latest.entry(id) {
+                Entry::Occupied(held) if held.get().0 >= step => {}
+                Entry::Occupied(mut held) => {
+                    held.insert((step, change));
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert((step, change));
+                }
+            }
+        }
+        for approval in &mut approvals {
+            if let Some((_, change)) = latest.remove(&approval.id) {
+                change.apply_to(approval);
+            }
+        }
+        if !latest.is_empty() {
+            return Err(Error::Internal(format!(
+                "the store holds changes of {} approval(s) it holds no record of; \
+                 run `toolgate store check`",
+                latest.len()
+            )));
+        }
         // Finished records are put in the order they finished (by request
         // among those of one millisecond), so that they queue in that order.
         approvals.sort_unstable_by_key(|approval| {
@@ -559,11 +616,12 @@ impl Ledger {
         for approval in approvals {
             ledger.put(approval);
         }
-        ledger
+        Ok(ledger)
     }
 
     /// A record as another replica wrote it (or stored it): added, or
-    /// replacing the record of its id whole, every index kept as
+    /// replacing the record of its id whole unless that one is further
+    /// along its lifecycle, every index kept as
     /// [`Ledger::restore`] of the records would build it; nothing is
     /// journaled. The transition it represents, for watchers: a new pending
     /// record is `Requested`, a status changed (or a record first seen in a
@@ -571,6 +629,14 @@ impl Ledger {
     /// none.
     pub fn apply(&mut self, approval: Approval) -> Option<ApprovalEvent> {
         let id = approval.id;
+        // A record is written at its request and its steps apart: the
+        // request read again after them (the store's records read again)
+        // takes nothing back.
+        if find_record(&self.records, id)
+            .is_some_and(|held| held.status.stage() > approval.status.stage())
+        {
+            return None;
+        }
         let before = self.put(approval);
         let approval = find_record(&self.records, id)?;
         if before == Some(approval.status) {
@@ -588,6 +654,16 @@ impl Ledger {
             kind,
             approval: approval.clone(),
         })
+    }
+
+    /// A step's change as another replica stored it, applied to the record
+    /// of its id as [`Ledger::apply`] applies a record (a grant's change
+    /// once the record has ended changes nothing), with its transition. A
+    /// change of a record not held is none.
+    pub fn apply_change(&mut self, id: Uuid, change: ApprovalChange<'_>) -> Option<ApprovalEvent> {
+        let mut approval = find_record(&self.records, id)?.clone();
+        change.apply_to(&mut approval);
+        self.apply(approval)
     }
 
     /// Drops the record stored under (`requested_at`, `id`) as another
@@ -852,14 +928,12 @@ impl Ledger {
                 approval.decided_by = Some(reviewer.to_string());
                 approval.decided_at = Some(now);
                 approval.decision_note = note;
-                // The record is written again at its end: the request
-                // encoded once for both writes.
-                if self.journal.is_on() {
-                    approval.request.encoded = EncodedRequest::of(&approval.request);
-                }
                 self.bytes = (self.bytes + record_bytes(approval)).saturating_sub(bytes_before);
-                self.journal
-                    .put(Kind::Approval, record_key(approval), &*approval);
+                self.journal.put(
+                    Kind::ApprovalChange,
+                    change_key(now, id, Step::Granted),
+                    &ApprovalChange::of(approval),
+                );
                 let approval = approval.clone();
                 self.deadlines.insert((expires_at, id));
                 Ok(ApprovalEvent {
@@ -979,6 +1053,15 @@ impl Ledger {
         approval.status = status;
         approval.finished_at = Some(now);
         if let Some(reviewer) = reviewer {
+            // A revoke replaces the grant's time, which finds its change
+            // (`finished_change_keys`): that change goes now, the end's
+            // holds all it held.
+            if let (ApprovalStatus::Granted, Some(granted_at)) = (was, approval.decided_at) {
+                self.journal.delete(
+                    Kind::ApprovalChange,
+                    change_key(granted_at, id, Step::Granted),
+                );
+            }
             approval.decided_by = Some(reviewer.to_string());
             approval.decided_at = Some(now);
             approval.decision_note = note;
@@ -986,10 +1069,11 @@ impl Ledger {
         let bytes_after = record_bytes(approval);
         self.bytes = (self.bytes + bytes_after).saturating_sub(bytes_before);
         self.evictable_bytes = self.evictable_bytes.saturating_add(bytes_after);
-        self.journal
-            .put(Kind::Approval, record_key(approval), &*approval);
-        // Its last write: the encoded request has served.
-        approval.request.encoded = EncodedRequest::default();
+        self.journal.put(
+            Kind::ApprovalChange,
+            change_key(now, id, Step::Ended),
+            &ApprovalChange::of(approval),
+        );
         let kind = match status {
             ApprovalStatus::Denied => EventKind::Denied,
             ApprovalStatus::Revoked => EventKind::Revoked,
@@ -1021,6 +1105,9 @@ impl Ledger {
             return;
         };
         self.journal.delete(Kind::Approval, record_key(&approval));
+        for key in finished_change_keys(&approval) {
+            self.journal.delete(Kind::ApprovalChange, key);
+        }
         let bytes = record_bytes(&approval);
         self.bytes = self.bytes.saturating_sub(bytes);
         self.evictable_bytes = self.evictable_bytes.saturating_sub(bytes);
@@ -1047,6 +1134,29 @@ pub fn parse_record_key(key: &[u8]) -> Option<(Timestamp, Uuid)> {
     let at = u64::from_be_bytes(at.try_into().ok()?);
     let id = Uuid::from_slice(id).ok()?;
     Some((Timestamp(at), id))
+}
+
+/// The (time, id, step) of the key a step's change is stored under; `None`
+/// when the key was not made by [`change_key`].
+pub fn parse_change_key(key: &[u8]) -> Option<(Timestamp, Uuid, Step)> {
+    let [at, id, step] = <[&[u8]; 3]>::try_from(records::split_key(key)?).ok()?;
+    let at = u64::from_be_bytes(at.try_into().ok()?);
+    let id = Uuid::from_slice(id).ok()?;
+    let step = match step {
+        [1] => Step::Granted,
+        [2] => Step::Ended,
+        _ => return None,
+    };
+    Some((Timestamp(at), id, step))
+}
+
+/// A stored change: its key and value decoded.
+pub fn decode_change(key: &[u8], value: &[u8]) -> Result<StoredChange> {
+    let (_, id, step) =
+        parse_change_key(key).ok_or_else(|| records::corrupt_key(Kind::ApprovalChange))?;
+    // Its text is owned whatever the value holds (no `serde(borrow)`).
+    let change = records::decode_value(Kind::ApprovalChange, value)?;
+    Ok((id, step, change))
 }
 
 /// A new pending record for `new`, requested `now`, expiring after the

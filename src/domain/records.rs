@@ -40,10 +40,15 @@ pub enum Kind {
     Pin,
     /// The latest assessment of a pinned server, by server id.
     Assessment,
+    /// What became of an approval after its request (its grant, its end),
+    /// by (changed at, id, step): a small record appended where the
+    /// changes of the same moment are, instead of the approval's record
+    /// rewritten in its place (see `ledger`).
+    ApprovalChange,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Meta,
         Kind::Approval,
         Kind::Session,
@@ -53,6 +58,7 @@ impl Kind {
         Kind::Receipt,
         Kind::Pin,
         Kind::Assessment,
+        Kind::ApprovalChange,
     ];
 
     /// Its place in [`Kind::ALL`], for tables indexed by kind.
@@ -72,6 +78,7 @@ impl Kind {
             Kind::Receipt => "receipts",
             Kind::Pin => "pins",
             Kind::Assessment => "assessments",
+            Kind::ApprovalChange => "approval_changes",
         }
     }
 }

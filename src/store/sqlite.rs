@@ -66,7 +66,11 @@ pub type Migration = fn(&Transaction<'_>) -> rusqlite::Result<()>;
 
 /// The schema's history, oldest first. Append only: a released migration is
 /// never changed, since stores made with it exist.
-pub const MIGRATIONS: &[Migration] = &[create_v1_tables, key_v2_decided_calls_by_time];
+pub const MIGRATIONS: &[Migration] = &[
+    create_v1_tables,
+    key_v2_decided_calls_by_time,
+    create_v3_approval_changes,
+];
 
 /// The schema version this binary writes (and the newest it can open).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -119,6 +123,17 @@ pub(super) fn key_v2_decided_calls_by_time(transaction: &Transaction<'_>) -> rus
     }
     transaction.execute_batch(
         "DROP TABLE decided_calls; ALTER TABLE decided_calls_v2 RENAME TO decided_calls",
+    )
+}
+
+/// Version 3: an approval's steps after its request are records of their
+/// own ([`Kind::ApprovalChange`]), keyed by time, instead of the approval's
+/// record written again. The records of version 2 stay as they are: an
+/// approval without changes is as its record says.
+pub(super) fn create_v3_approval_changes(transaction: &Transaction<'_>) -> rusqlite::Result<()> {
+    transaction.execute_batch(
+        "CREATE TABLE approval_changes \
+         (k BLOB PRIMARY KEY NOT NULL, v BLOB NOT NULL) WITHOUT ROWID",
     )
 }
 

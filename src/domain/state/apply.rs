@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::domain::clock::Timestamp;
 use crate::domain::error::{Error, Result};
-use crate::domain::ledger::{self, Approval, ApprovalEvent};
+use crate::domain::ledger::{self, Approval, ApprovalEvent, StoredChange};
 use crate::domain::manifest::LastAssessment;
 use crate::domain::pins::ApiPin;
 use crate::domain::policy::Policy;
@@ -25,6 +25,7 @@ use super::*;
 enum Decoded {
     Approval(Box<Approval>),
     ApprovalGone(Timestamp, Uuid),
+    ApprovalChange(StoredChange),
     Session(Box<Session>),
     SessionGone([String; 2]),
     Call(StoredCall),
@@ -84,6 +85,9 @@ impl State {
             match change {
                 Decoded::Approval(approval) => events.extend(self.ledger.apply(*approval)),
                 Decoded::ApprovalGone(requested_at, id) => self.ledger.remove(requested_at, id),
+                Decoded::ApprovalChange((id, _, change)) => {
+                    events.extend(self.ledger.apply_change(id, change));
+                }
                 Decoded::Session(session) => self.sessions.put_session(*session),
                 Decoded::SessionGone([host, session_id]) => {
                     self.sessions.delete_session(&host, &session_id);
@@ -141,6 +145,12 @@ fn decode(change: &Change, items: &mut QueueItemChanges) -> Result<Decoded> {
                     ledger::parse_record_key(key).ok_or_else(|| records::corrupt_key(kind))?;
                 Decoded::ApprovalGone(at, id)
             }
+            // Dropped with its approval's record, which the record's
+            // deletion drops from the state.
+            Kind::ApprovalChange => {
+                ledger::parse_change_key(key).ok_or_else(|| records::corrupt_key(kind))?;
+                Decoded::Nothing
+            }
             Kind::Session => Decoded::SessionGone(session::decode_session_key(key)?),
             Kind::DecidedCall => Decoded::CallGone(session::decode_call_key(key)?),
             Kind::Resource => Decoded::ResourceGone(resources::decode_resource_key(key)?),
@@ -160,6 +170,7 @@ fn decode(change: &Change, items: &mut QueueItemChanges) -> Result<Decoded> {
             ledger::parse_record_key(key).ok_or_else(|| records::corrupt_key(kind))?;
             Decoded::Approval(records::decode_value(kind, value)?)
         }
+        Kind::ApprovalChange => Decoded::ApprovalChange(ledger::decode_change(key, value)?),
         Kind::Session => {
             session::decode_session_key(key)?;
             Decoded::Session(records::decode_value(kind, value)?)

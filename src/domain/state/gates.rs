@@ -7,7 +7,7 @@ use crate::domain::canonical::Object;
 use crate::domain::clock::Timestamp;
 use crate::domain::decision::{Cause, Reason};
 use crate::domain::error::{Error, Result};
-use crate::domain::ledger::{ApprovalEvent, ApprovalRef, EncodedRequest, NewApproval, Standing};
+use crate::domain::ledger::{ApprovalEvent, ApprovalRef, NewApproval, Standing};
 use crate::domain::manifest::ManifestStatus;
 use crate::domain::policy::{Mode, Policy, Tool};
 use crate::domain::proposal::{self, Admitted, Proposal, Refusal, SessionRef};
@@ -180,7 +180,6 @@ impl State {
             version: proposal.version,
             arguments_view: proposal::redacted_arguments(tool, &proposal.arguments),
             reason,
-            encoded: EncodedRequest::default(),
         };
         let limit = policy.limits.max_approval_argument_bytes;
         if new.arguments_view.len() > limit {

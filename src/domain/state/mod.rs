@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use crate::domain::clock::Timestamp;
 use crate::domain::error::{Error, Result};
-use crate::domain::ledger::Ledger;
+use crate::domain::ledger::{self, Ledger};
 use crate::domain::manifest::LastAssessment;
 use crate::domain::pins::ApiPin;
 use crate::domain::policy::{Limits, Policy};
@@ -114,6 +114,10 @@ impl State {
             .iter()
             .map(records::decode)
             .collect::<Result<Vec<_>>>()?;
+        let approval_changes = take(Kind::ApprovalChange)
+            .iter()
+            .map(|record| ledger::decode_change(&record.key, &record.value))
+            .collect::<Result<Vec<_>>>()?;
         let mut resources =
             Resources::restore(&policy.state, &take(Kind::Resource), &take(Kind::QueueItem))?;
         for record in take(Kind::Meta) {
@@ -124,7 +128,7 @@ impl State {
         let mut restored = State {
             api_pins: HashMap::new(),
             last_assessed: HashMap::new(),
-            ledger: Ledger::restore(approvals),
+            ledger: Ledger::restore(approvals, approval_changes)?,
             sessions: Sessions::restore(&take(Kind::Session), &take(Kind::DecidedCall))?,
             resources,
             receipts: ReceiptLog::restore(&take(Kind::Receipt))?,

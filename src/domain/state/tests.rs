@@ -8,9 +8,7 @@ use super::{Grants, Taken};
 use crate::domain::clock::Timestamp;
 use crate::domain::decision::{DispatchStatus, Dispatched, Outcome};
 use crate::domain::error::Error;
-use crate::domain::ledger::{
-    ApprovalEvent, ApprovalStatus, EncodedRequest, EventKind, ListQuery, Verdict,
-};
+use crate::domain::ledger::{ApprovalEvent, ApprovalStatus, EventKind, ListQuery, Verdict};
 use crate::domain::manifest::Manifest;
 use crate::domain::policy::Policy;
 use crate::domain::proposal::{self, Proposal, SessionRef};
@@ -633,6 +631,7 @@ fn the_mixed_run_exercises_every_transition() {
         Kind::QueueItem,
         Kind::Receipt,
         Kind::Pin,
+        Kind::ApprovalChange,
     ] {
         assert!(deletions.contains(&kind), "no {kind:?} dropped in the run");
     }
@@ -996,8 +995,9 @@ fn a_corrupt_change_is_an_error_naming_its_kind() {
 }
 
 /// Changes read as the store's records (the last value of each key, in key
-/// order) rather than in the order they were made: a record first seen
-/// granted is a `Granted` event, the same record again none, and the state
+/// order) rather than in the order they were made: a record and its
+/// grant's change are a `Requested` and a `Granted` event, the same records
+/// again none (the request read again takes nothing back), and the state
 /// is the restore's.
 #[test]
 fn events_are_the_status_changes_whatever_came_before() {
@@ -1033,7 +1033,10 @@ fn events_are_the_status_changes_whatever_came_before() {
     let events = fresh.apply_changes(policy, &records).unwrap();
     assert_eq!(
         events_of(&events),
-        [(EventKind::Granted, id, ApprovalStatus::Granted)]
+        [
+            (EventKind::Requested, id, ApprovalStatus::Pending),
+            (EventKind::Granted, id, ApprovalStatus::Granted)
+        ]
     );
     assert!(fresh.apply_changes(policy, &records).unwrap().is_empty());
     let mut restored = State::restore(policy, replicas.store.load().unwrap()).unwrap();
@@ -1264,15 +1267,130 @@ fn a_new_call_id_of_a_read_writes_its_call_id_not_its_session() {
     assert_eq!(held(&restored), Some((3, 0)));
 }
 
-/// A grant encodes its request once for the approval's two writes to come
-/// (the grant's and its end's): both records are the bytes the approval
-/// encodes to field by field, and the encoded request is dropped at the end.
+/// An approval's record is written once, at its request; its grant and its
+/// end are each a small record of their own. A revoke drops the grant's
+/// record at once, an eviction drops the rest with the approval, and a
+/// restore of the store is the live ledger at every step.
 #[test]
-fn a_granted_request_is_encoded_once_and_stored_as_before() {
+fn an_approval_is_written_once_and_each_step_apart() {
     let mut replicas = Replicas::new();
-    // Its arguments view is JSON inside a string: quotes to escape.
+    let written = |changes: &[Change]| -> Vec<(Kind, bool)> {
+        changes
+            .iter()
+            .filter(|change| matches!(change.kind, Kind::Approval | Kind::ApprovalChange))
+            .map(|change| (change.kind, change.value.is_some()))
+            .collect()
+    };
+    let commit_and_restore = |replicas: &mut Replicas| {
+        let changes = replicas.a.take_changes().unwrap();
+        replicas.store.commit(&changes).unwrap();
+        let restored = State::restore(&replicas.policy, replicas.store.load().unwrap()).unwrap();
+        assert_eq!(
+            dump(&restored, &replicas.policy, false),
+            dump(&replicas.a, &replicas.policy, false)
+        );
+        changes
+    };
     let (call, id) = replicas.ask_approval();
-    replicas.a.take_changes().unwrap();
+    let asked = commit_and_restore(&mut replicas);
+    assert_eq!(written(&asked), [(Kind::Approval, true)]);
+    let review = |replicas: &mut Replicas, id, verdict| {
+        let now = replicas.now;
+        replicas
+            .a
+            .review(&replicas.policy, now, id, verdict, REVIEWER, "ok".into())
+            .unwrap();
+        commit_and_restore(replicas)
+    };
+    let granted = review(&mut replicas, id, Verdict::Grant);
+    assert_eq!(written(&granted), [(Kind::ApprovalChange, true)]);
+    let done = replicas.dispatch(&call).unwrap();
+    assert_eq!(done.status, DispatchStatus::Ok, "{done:?}");
+    let consumed = commit_and_restore(&mut replicas);
+    assert_eq!(written(&consumed), [(Kind::ApprovalChange, true)]);
+    let end = consumed
+        .iter()
+        .find(|change| change.kind == Kind::ApprovalChange)
+        .and_then(|change| change.value.as_ref())
+        .unwrap();
+    assert!(end.len() < 200, "{}", String::from_utf8_lossy(end));
+
+    // Granted, then revoked: the grant's record goes with the revoke.
+    replicas.now = Timestamp(replicas.now.0 + 1);
+    let session = replicas.sessions[1].clone();
+    let again = Call::of(
+        &session,
+        "second",
+        "set_ticket",
+        0,
+        r#"{"ticket":"lamp","status":"done"}"#,
+    );
+    let asked = replicas.dispatch(&again).unwrap();
+    let second = asked.approval_id.unwrap();
+    commit_and_restore(&mut replicas);
+    review(&mut replicas, second, Verdict::Grant);
+    let revoked = review(&mut replicas, second, Verdict::Revoke);
+    assert_eq!(
+        written(&revoked),
+        [(Kind::ApprovalChange, false), (Kind::ApprovalChange, true)]
+    );
+
+    // Granted, then expired.
+    let third_call = Call::of(
+        &session,
+        "third",
+        "set_ticket",
+        0,
+        r#"{"ticket":"lamp","status":"open"}"#,
+    );
+    let third = replicas.dispatch(&third_call).unwrap().approval_id.unwrap();
+    commit_and_restore(&mut replicas);
+    review(&mut replicas, third, Verdict::Grant);
+    // A day later: the third expired, the first two evicted past
+    // retention, each with every record it had (a request and its two
+    // steps; a revoked one's grant went already); a day after that the
+    // third too.
+    let counted = |changes: &[Change]| {
+        let written = written(changes);
+        let puts = written.iter().filter(|(_, put)| *put).count();
+        (puts, written.len() - puts)
+    };
+    let day = 86_400_000;
+    replicas.now = Timestamp(replicas.now.0 + day);
+    replicas.sweep_a();
+    let swept = commit_and_restore(&mut replicas);
+    assert_eq!(counted(&swept), (1, 3 + 2), "{swept:?}");
+    assert_eq!(
+        replicas.a.ledger.get(third).unwrap().status,
+        ApprovalStatus::Expired
+    );
+    replicas.now = Timestamp(replicas.now.0 + day);
+    replicas.sweep_a();
+    let swept = commit_and_restore(&mut replicas);
+    assert_eq!(counted(&swept), (0, 3), "{swept:?}");
+    for id in [id, second, third] {
+        assert!(replicas.a.ledger.get(id).is_err());
+    }
+    let stored = replicas.store.load().unwrap();
+    let held = |id: Uuid| {
+        stored.iter().any(|record| match record.kind {
+            Kind::Approval => ledger::parse_record_key(&record.key).map(|(_, of)| of) == Some(id),
+            Kind::ApprovalChange => {
+                ledger::parse_change_key(&record.key).map(|(_, of, _)| of) == Some(id)
+            }
+            _ => false,
+        })
+    };
+    assert!(!held(id) && !held(second) && !held(third));
+}
+
+/// A store an older toolgate wrote holds an approval's record as its last
+/// step left it, and no changes apart: it restores as such, and the steps
+/// to come are written apart.
+#[test]
+fn an_approval_stored_whole_by_an_older_toolgate_goes_on() {
+    let mut replicas = Replicas::new();
+    let (call, id) = replicas.ask_approval();
     let now = replicas.now;
     replicas
         .a
@@ -1282,39 +1400,50 @@ fn a_granted_request_is_encoded_once_and_stored_as_before() {
             id,
             Verdict::Grant,
             REVIEWER,
-            String::new(),
+            "ok".into(),
         )
         .unwrap();
-    // The record as the approval encodes field by field, without its
-    // encoded request.
-    let field_by_field = |state: &State| {
-        let mut approval = state.ledger.get(id).unwrap().clone();
-        approval.request.encoded = EncodedRequest::default();
-        serde_json::to_vec(&approval).unwrap()
-    };
-    let written = |changes: &[Change]| {
-        let approvals: Vec<&Change> = changes
-            .iter()
-            .filter(|change| change.kind == Kind::Approval)
-            .collect();
-        assert_eq!(approvals.len(), 1, "{changes:?}");
-        approvals[0].value.clone().unwrap()
-    };
-    assert!(replicas.a.ledger.get(id).unwrap().request.encoded.is_held());
-    let granted = replicas.a.take_changes().unwrap();
-    assert_eq!(written(&granted), field_by_field(&replicas.a));
-    replicas.store.commit(&granted).unwrap();
-    let done = replicas.dispatch(&call).unwrap();
+    replicas
+        .store
+        .commit(&replicas.a.take_changes().unwrap())
+        .unwrap();
+    let granted = replicas.a.ledger.get(id).unwrap().clone();
+    let mut older = MemoryStore::new();
+    let whole: Vec<Change> = replicas
+        .store
+        .load()
+        .unwrap()
+        .into_iter()
+        .filter(|record| record.kind != Kind::ApprovalChange)
+        .map(|record| Change {
+            kind: record.kind,
+            value: Some(match record.kind {
+                Kind::Approval => serde_json::to_vec(&granted).unwrap(),
+                _ => record.value,
+            }),
+            key: record.key,
+        })
+        .collect();
+    older.commit(&whole).unwrap();
+    let policy = &replicas.policy;
+    let mut state = State::restore(policy, older.load().unwrap()).unwrap();
+    older.commit(&state.take_changes().unwrap()).unwrap();
+    assert_eq!(state.ledger.get(id).unwrap(), &granted);
+    let (done, _) = dispatch_on(&mut state, policy, now, &call).unwrap();
     assert_eq!(done.status, DispatchStatus::Ok, "{done:?}");
-    let held = replicas.a.ledger.get(id).unwrap();
-    assert_eq!(held.status, ApprovalStatus::Consumed);
-    assert!(!held.request.encoded.is_held());
-    let consumed = replicas.a.take_changes().unwrap();
-    assert_eq!(written(&consumed), field_by_field(&replicas.a));
-    replicas.store.commit(&consumed).unwrap();
-    let restored = State::restore(&replicas.policy, replicas.store.load().unwrap()).unwrap();
-    assert_eq!(
-        restored.ledger.get(id).unwrap(),
-        replicas.a.ledger.get(id).unwrap()
+    let consumed = state.take_changes().unwrap();
+    assert!(
+        consumed
+            .iter()
+            .any(|change| change.kind == Kind::ApprovalChange)
+            && !consumed.iter().any(|change| change.kind == Kind::Approval),
+        "{consumed:?}"
     );
+    older.commit(&consumed).unwrap();
+    let restored = State::restore(policy, older.load().unwrap()).unwrap();
+    assert_eq!(
+        restored.ledger.get(id).unwrap().status,
+        ApprovalStatus::Consumed
+    );
+    assert_eq!(dump(&restored, policy, false), dump(&state, policy, false));
 }
