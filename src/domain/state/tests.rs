@@ -749,9 +749,13 @@ impl Replicas {
     /// Dispatches a change that needs approval on `a`: the call and the
     /// approval it asked for.
     fn ask_approval(&mut self) -> (Call, Uuid) {
-        let session = self.sessions[0].clone();
-        let arguments = r#"{"ticket":"sensor","status":"done"}"#;
-        let call = Call::of(&session, "first", "set_ticket", 0, arguments);
+        self.ask_approval_in(0, "first", r#"{"ticket":"sensor","status":"done"}"#)
+    }
+
+    /// The same in session `session` with `call_id` and `arguments`.
+    fn ask_approval_in(&mut self, session: usize, call_id: &str, arguments: &str) -> (Call, Uuid) {
+        let session = self.sessions[session].clone();
+        let call = Call::of(&session, call_id, "set_ticket", 0, arguments);
         let asked = self.dispatch(&call).unwrap();
         assert_eq!(asked.status, DispatchStatus::ApprovalRequired, "{asked:?}");
         (call, asked.approval_id.unwrap())
@@ -1317,16 +1321,7 @@ fn an_approval_is_written_once_and_each_step_apart() {
 
     // Granted, then revoked: the grant's record goes with the revoke.
     replicas.now = Timestamp(replicas.now.0 + 1);
-    let session = replicas.sessions[1].clone();
-    let again = Call::of(
-        &session,
-        "second",
-        "set_ticket",
-        0,
-        r#"{"ticket":"lamp","status":"done"}"#,
-    );
-    let asked = replicas.dispatch(&again).unwrap();
-    let second = asked.approval_id.unwrap();
+    let (_, second) = replicas.ask_approval_in(1, "second", r#"{"ticket":"lamp","status":"done"}"#);
     commit_and_restore(&mut replicas);
     review(&mut replicas, second, Verdict::Grant);
     let revoked = review(&mut replicas, second, Verdict::Revoke);
@@ -1336,14 +1331,7 @@ fn an_approval_is_written_once_and_each_step_apart() {
     );
 
     // Granted, then expired.
-    let third_call = Call::of(
-        &session,
-        "third",
-        "set_ticket",
-        0,
-        r#"{"ticket":"lamp","status":"open"}"#,
-    );
-    let third = replicas.dispatch(&third_call).unwrap().approval_id.unwrap();
+    let (_, third) = replicas.ask_approval_in(1, "third", r#"{"ticket":"lamp","status":"open"}"#);
     commit_and_restore(&mut replicas);
     review(&mut replicas, third, Verdict::Grant);
     // A day later: the third expired, the first two evicted past
