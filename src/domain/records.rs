@@ -6,8 +6,11 @@
 //!
 //! Values are JSON (serde), so that an operator can read a store with the
 //! engine's own tools; keys are binary and ordered so that new records of a
-//! growing kind land at the end of the engine's tree (approvals, decided
-//! call ids and receipts by time first).
+//! growing kind land at the end of the engine's tree (approvals and their
+//! changes, decided call ids and receipts by time first). A record that
+//! would be rewritten where it lies is split instead: an approval is written
+//! once and each later step apart ([`Kind::ApprovalChange`]), as a session's
+//! decided call ids are records of their own.
 
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
