@@ -51,7 +51,9 @@ impl ApprovalStatus {
         }
     }
 
-    /// How far along its lifecycle: requested, granted, ended.
+    /// How far along its lifecycle: requested (0), granted (1), ended (2).
+    /// Also the last byte of a change's key ([`change_key`]): stored, so
+    /// these numbers never change.
     fn stage(self) -> u8 {
         match self {
             ApprovalStatus::Pending => 0,
@@ -99,16 +101,6 @@ pub struct NewApproval {
     pub reason: Reason,
 }
 
-/// A step of an approval after its request, as its change record is keyed:
-/// in the order they happen (an end after its grant).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Step {
-    /// Granted (the grant's reviewer, note and expiry).
-    Granted = 1,
-    /// Denied, revoked, consumed or expired.
-    Ended = 2,
-}
-
 /// What an approval's step changed: every field that changes after the
 /// request, as they are after that step. An approval's record is written
 /// once, at its request; each later step is one of these, appended under
@@ -151,8 +143,9 @@ impl<'a> ApprovalChange<'a> {
     }
 }
 
-/// A stored step of one approval ([`parse_change_key`], the change decoded).
-pub type StoredChange = (Uuid, Step, ApprovalChange<'static>);
+/// A stored step of one approval: its id ([`parse_change_key`]) and the
+/// change decoded.
+pub type StoredChange = (Uuid, ApprovalChange<'static>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -387,11 +380,11 @@ fn record_key(approval: &Approval) -> Vec<u8> {
     ])
 }
 
-/// The key a step's change is stored under: by the time it happened, so
-/// that changes land at the end of the store's tree, with the step last
-/// (an approval granted and consumed in one millisecond).
-fn change_key(at: Timestamp, id: Uuid, step: Step) -> Vec<u8> {
-    records::key(&[&records::time_part(at), id.as_bytes(), &[step as u8]])
+/// The key of the change that took an approval to `status`: by the time
+/// it happened, so that changes land at the end of the store's tree, with
+/// the status's stage last (a grant and its end in one millisecond).
+fn change_key(at: Timestamp, id: Uuid, status: ApprovalStatus) -> Vec<u8> {
+    records::key(&[&records::time_part(at), id.as_bytes(), &[status.stage()]])
 }
 
 /// The keys of every change stored for a finished `approval`: its end's,
@@ -405,8 +398,8 @@ fn finished_change_keys(approval: &Approval) -> impl Iterator<Item = Vec<u8>> {
     };
     let ended = approval
         .finished_at
-        .map(|at| change_key(at, id, Step::Ended));
-    let granted = granted_at.map(|at| change_key(at, id, Step::Granted));
+        .map(|at| change_key(at, id, approval.status));
+    let granted = granted_at.map(|at| change_key(at, id, ApprovalStatus::Granted));
     ended.into_iter().chain(granted)
 }
 
@@ -577,21 +570,21 @@ impl Ledger {
     pub fn restore(mut approvals: Vec<Approval>, changes: Vec<StoredChange>) -> Result<Ledger> {
         approvals.sort_unstable_by_key(|approval| (approval.id, approval.requested_at));
         approvals.dedup_by_key(|approval| approval.id);
-        let mut latest: HashMap<Uuid, (Step, ApprovalChange<'static>)> =
+        let mut latest: HashMap<Uuid, ApprovalChange<'static>> =
             HashMap::with_capacity(changes.len());
-        for (id, step, change) in changes {
+        for (id, change) in changes {
             match latest.entry(id) {
-                Entry::Occupied(held) if held.get().0 >= step => {}
+                Entry::Occupied(held) if held.get().status.stage() >= change.status.stage() => {}
                 Entry::Occupied(mut held) => {
-                    held.insert((step, change));
+                    held.insert(change);
                 }
                 Entry::Vacant(slot) => {
-                    slot.insert((step, change));
+                    slot.insert(change);
                 }
             }
         }
         for approval in &mut approvals {
-            if let Some((_, change)) = latest.remove(&approval.id) {
+            if let Some(change) = latest.remove(&approval.id) {
                 change.apply_to(approval);
             }
         }
@@ -931,7 +924,7 @@ impl Ledger {
                 self.bytes = (self.bytes + record_bytes(approval)).saturating_sub(bytes_before);
                 self.journal.put(
                     Kind::ApprovalChange,
-                    change_key(now, id, Step::Granted),
+                    change_key(now, id, ApprovalStatus::Granted),
                     &ApprovalChange::of(approval),
                 );
                 let approval = approval.clone();
@@ -1059,7 +1052,7 @@ impl Ledger {
             if let (ApprovalStatus::Granted, Some(granted_at)) = (was, approval.decided_at) {
                 self.journal.delete(
                     Kind::ApprovalChange,
-                    change_key(granted_at, id, Step::Granted),
+                    change_key(granted_at, id, ApprovalStatus::Granted),
                 );
             }
             approval.decided_by = Some(reviewer.to_string());
@@ -1071,7 +1064,7 @@ impl Ledger {
         self.evictable_bytes = self.evictable_bytes.saturating_add(bytes_after);
         self.journal.put(
             Kind::ApprovalChange,
-            change_key(now, id, Step::Ended),
+            change_key(now, id, status),
             &ApprovalChange::of(approval),
         );
         let kind = match status {
@@ -1136,27 +1129,24 @@ pub fn parse_record_key(key: &[u8]) -> Option<(Timestamp, Uuid)> {
     Some((Timestamp(at), id))
 }
 
-/// The (time, id, step) of the key a step's change is stored under; `None`
-/// when the key was not made by [`change_key`].
-pub fn parse_change_key(key: &[u8]) -> Option<(Timestamp, Uuid, Step)> {
-    let [at, id, step] = <[&[u8]; 3]>::try_from(records::split_key(key)?).ok()?;
+/// The (time, id) of the key a change is stored under; `None` when the key
+/// was not made by [`change_key`].
+pub fn parse_change_key(key: &[u8]) -> Option<(Timestamp, Uuid)> {
+    let [at, id, [1 | 2]] = <[&[u8]; 3]>::try_from(records::split_key(key)?).ok()? else {
+        return None;
+    };
     let at = u64::from_be_bytes(at.try_into().ok()?);
     let id = Uuid::from_slice(id).ok()?;
-    let step = match step {
-        [1] => Step::Granted,
-        [2] => Step::Ended,
-        _ => return None,
-    };
-    Some((Timestamp(at), id, step))
+    Some((Timestamp(at), id))
 }
 
 /// A stored change: its key and value decoded.
 pub fn decode_change(key: &[u8], value: &[u8]) -> Result<StoredChange> {
-    let (_, id, step) =
+    let (_, id) =
         parse_change_key(key).ok_or_else(|| records::corrupt_key(Kind::ApprovalChange))?;
     // Its text is owned whatever the value holds (no `serde(borrow)`).
     let change = records::decode_value(Kind::ApprovalChange, value)?;
-    Ok((id, step, change))
+    Ok((id, change))
 }
 
 /// A new pending record for `new`, requested `now`, expiring after the

@@ -85,7 +85,7 @@ impl State {
             match change {
                 Decoded::Approval(approval) => events.extend(self.ledger.apply(*approval)),
                 Decoded::ApprovalGone(requested_at, id) => self.ledger.remove(requested_at, id),
-                Decoded::ApprovalChange((id, _, change)) => {
+                Decoded::ApprovalChange((id, change)) => {
                     events.extend(self.ledger.apply_change(id, change));
                 }
                 Decoded::Session(session) => self.sessions.put_session(*session),

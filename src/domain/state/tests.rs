@@ -1364,7 +1364,7 @@ fn an_approval_is_written_once_and_each_step_apart() {
         stored.iter().any(|record| match record.kind {
             Kind::Approval => ledger::parse_record_key(&record.key).map(|(_, of)| of) == Some(id),
             Kind::ApprovalChange => {
-                ledger::parse_change_key(&record.key).map(|(_, of, _)| of) == Some(id)
+                ledger::parse_change_key(&record.key).map(|(_, of)| of) == Some(id)
             }
             _ => false,
         })
