@@ -320,6 +320,9 @@ pub struct RoundStats {
     pub repeated: u32,
     /// The p99 of each round, to tell one stall from a steady tail.
     pub round_p99s: Vec<Duration>,
+    /// The answers per second of each round, in the order they ran: one a
+    /// server per alternation, for a ratio per alternation.
+    pub round_rates: Vec<f64>,
     /// The generator ran out of requests before the round's end.
     pub exhausted: bool,
     /// What the store's group commit did during the round (toolgate's
@@ -332,7 +335,7 @@ pub struct RoundStats {
 }
 
 impl RoundStats {
-    fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         RoundStats {
             latency: new_histogram(),
             send_lag: None,
@@ -349,6 +352,7 @@ impl RoundStats {
             rounds: 0,
             repeated: 0,
             round_p99s: Vec::new(),
+            round_rates: Vec::new(),
             exhausted: false,
             store: StoreCounters::default(),
             database: None,
@@ -405,6 +409,7 @@ impl RoundStats {
         self.rounds += other.rounds;
         self.repeated += other.repeated;
         self.round_p99s.extend_from_slice(&other.round_p99s);
+        self.round_rates.extend_from_slice(&other.round_rates);
         self.exhausted |= other.exhausted;
         self.store.add(&other.store);
         match (&mut self.database, &other.database) {
@@ -582,6 +587,7 @@ pub async fn closed_loop(
     total.exhausted = exhausted.load(Ordering::Relaxed) > 0;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
+    total.round_rates = vec![total.throughput()];
     total
 }
 
@@ -703,6 +709,7 @@ pub async fn open_loop(
     total.exhausted = exhausted;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
+    total.round_rates = vec![total.throughput()];
     total
 }
 

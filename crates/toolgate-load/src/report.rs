@@ -37,6 +37,73 @@ pub fn ratio(numerator: f64, denominator: f64) -> String {
     format!("{:.2}×", numerator / denominator)
 }
 
+/// The closed-loop throughput of one server over another's in a scenario:
+/// over all their rounds, and per alternation. Each alternation runs every
+/// server's round once, one after the other, so a ratio per alternation
+/// compares rounds seconds apart, and the spread of those ratios shows how
+/// far the machine's drifting speed moves the whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ratio {
+    pub whole: f64,
+    pub per_alternation: Vec<f64>,
+}
+
+impl Ratio {
+    pub fn of(first: &RoundStats, second: &RoundStats) -> Ratio {
+        // Nothing to compare with (a server that answered nothing): NaN,
+        // shown as `–` and never meeting a goal.
+        let quotient = |numerator: f64, denominator: f64| match denominator > 0.0 {
+            true => numerator / denominator,
+            false => f64::NAN,
+        };
+        Ratio {
+            whole: quotient(first.throughput(), second.throughput()),
+            per_alternation: first
+                .round_rates
+                .iter()
+                .zip(&second.round_rates)
+                .map(|(first, second)| quotient(*first, *second))
+                .collect(),
+        }
+    }
+
+    /// `0.63×`, and with more than one alternation `0.63× (0.55–0.71 in 2
+    /// alternations)`.
+    pub fn text(&self) -> String {
+        if self.whole.is_nan() {
+            return "–".into();
+        }
+        let mut text = format!("{:.2}×", self.whole);
+        let low = self.per_alternation.iter().copied().reduce(f64::min);
+        let high = self.per_alternation.iter().copied().reduce(f64::max);
+        if let (Some(low), Some(high), 2..) = (low, high, self.per_alternation.len()) {
+            let _ = write!(
+                text,
+                " ({low:.2}–{high:.2} in {} alternations)",
+                self.per_alternation.len()
+            );
+        }
+        text
+    }
+
+    /// The goal's verdict on the whole ratio, with the alternations that
+    /// reached it: `met (in 1 of 2 alternations)`.
+    pub fn verdict(&self, goal: f64) -> String {
+        let verdict = if self.whole >= goal { "met" } else { "NOT MET" };
+        match self.per_alternation.len() {
+            0 | 1 => verdict.to_string(),
+            count => {
+                let reached = self
+                    .per_alternation
+                    .iter()
+                    .filter(|ratio| **ratio >= goal)
+                    .count();
+                format!("{verdict} (in {reached} of {count} alternations)")
+            }
+        }
+    }
+}
+
 fn errors(stats: &RoundStats) -> String {
     if stats.errors.is_empty() {
         return "0".into();
@@ -105,10 +172,7 @@ pub fn row(first: &str, stats: &RoundStats) -> String {
 /// A ratio row (`label`, e.g. durable/memory): throughput ratio (higher is
 /// better for the first) and latency ratios (lower is better).
 pub fn ratio_row(label: &str, first: &RoundStats, second: &RoundStats) -> String {
-    let mut line = format!(
-        "| **{label}** | **{}** |",
-        ratio(first.throughput(), second.throughput())
-    );
+    let mut line = format!("| **{label}** | **{}** |", Ratio::of(first, second).text());
     for (quantile, name) in QUANTILES {
         let text = ratio(
             first.percentile(quantile).as_secs_f64(),
@@ -148,4 +212,43 @@ pub fn notes(label: &str, stats: &RoundStats) -> String {
         );
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rounds(rates: &[f64]) -> RoundStats {
+        let mut stats = RoundStats::empty();
+        for rate in rates {
+            let mut round = RoundStats::empty();
+            round.completed = *rate as u64;
+            round.elapsed = Duration::from_secs(1);
+            round.round_rates = vec![*rate];
+            stats.merge(&round);
+        }
+        stats
+    }
+
+    #[test]
+    fn a_ratio_per_alternation_beside_the_whole() {
+        let ratio = Ratio::of(&rounds(&[600.0, 900.0]), &rounds(&[1000.0, 1000.0]));
+        assert_eq!(ratio.whole, 0.75);
+        assert_eq!(ratio.per_alternation, vec![0.6, 0.9]);
+        assert_eq!(ratio.text(), "0.75× (0.60–0.90 in 2 alternations)");
+        assert_eq!(ratio.verdict(0.7), "met (in 1 of 2 alternations)");
+        assert_eq!(ratio.verdict(0.8), "NOT MET (in 1 of 2 alternations)");
+        assert_eq!(ratio.verdict(0.95), "NOT MET (in 0 of 2 alternations)");
+    }
+
+    #[test]
+    fn one_alternation_is_the_whole_ratio_alone() {
+        let ratio = Ratio::of(&rounds(&[500.0]), &rounds(&[1000.0]));
+        assert_eq!(ratio.text(), "0.50×");
+        assert_eq!(ratio.verdict(0.5), "met");
+        // Against a server that answered nothing there is no ratio.
+        let none = Ratio::of(&rounds(&[500.0]), &rounds(&[0.0]));
+        assert_eq!(none.text(), "–");
+        assert_eq!(none.verdict(0.5), "NOT MET");
+    }
 }

@@ -12,7 +12,7 @@ use crate::callgrind;
 use crate::load::{RoundStats, Target, Window, closed_loop, open_loop, wait_for_quiet};
 use crate::policies::{Workdir, manifest_json, throughput_policy};
 use crate::recovery;
-use crate::report;
+use crate::report::{self, Ratio};
 use crate::scaling;
 use crate::scenarios::{self, CommitPool, Scenario, host_header, setup_fixtures};
 use crate::servers::{Kind, Launcher, Postgres, ServerProcess, Store};
@@ -892,10 +892,7 @@ fn summary(kinds: &[Kind], results: &[ScenarioResult], disk: &[(Kind, u64)]) -> 
             let _ = write!(
                 text,
                 " **{}** |",
-                report::ratio(
-                    result.closed[*a].throughput(),
-                    result.closed[*b].throughput()
-                )
+                Ratio::of(&result.closed[*a], &result.closed[*b]).text()
             );
         }
         let _ = write!(text, " {} |", report::rate(result.open_rate));
@@ -1013,14 +1010,15 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
                 verdict(rate >= 20_000.0)
             );
             if let Some(memory) = memory {
-                let ratio = rate / result.closed[memory].throughput().max(1e-9);
+                let ratio = Ratio::of(&result.closed[durable], &result.closed[memory]);
                 let _ = writeln!(
                     text,
-                    "- {}: durable ≥ 0.5× memory: {ratio:.2}× ({} vs {} /s) — {}",
+                    "- {}: durable ≥ 0.5× memory: {} ({} vs {} /s) — {}",
                     scenario.name(),
+                    ratio.text(),
                     report::rate(rate),
                     report::rate(result.closed[memory].throughput()),
-                    verdict(ratio >= 0.5)
+                    ratio.verdict(0.5)
                 );
             }
         }
@@ -1032,13 +1030,13 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
             (Scenario::DecideFewSessions, a_write),
         ] {
             if let (Some(memory), Some(result)) = (memory, find(scenario)) {
-                let ratio = result.closed[durable].throughput()
-                    / result.closed[memory].throughput().max(1e-9);
+                let ratio = Ratio::of(&result.closed[durable], &result.closed[memory]);
                 let _ = writeln!(
                     text,
-                    "- {}{what}: durable ≥ 0.8× memory: {ratio:.2}× — {}",
+                    "- {}{what}: durable ≥ 0.8× memory: {} — {}",
                     scenario.name(),
-                    verdict(ratio >= 0.8)
+                    ratio.text(),
+                    ratio.verdict(0.8)
                 );
             }
         }
@@ -1062,8 +1060,7 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
     {
         let name = kinds[first].name();
         for result in results {
-            let ratio =
-                result.closed[first].throughput() / result.closed[baseline].throughput().max(1e-9);
+            let ratio = Ratio::of(&result.closed[first], &result.closed[baseline]);
             let p99_ratio = result.open[first].percentile(0.99).as_secs_f64()
                 / result.open[baseline]
                     .percentile(0.99)
@@ -1073,8 +1070,9 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
                 Scenario::DecideAllow => {
                     let _ = writeln!(
                         text,
-                        "- decide-allow throughput ≥ 0.90× baseline ({name}): {ratio:.2}× — {}",
-                        verdict(ratio >= 0.90)
+                        "- decide-allow throughput ≥ 0.90× baseline ({name}): {} — {}",
+                        ratio.text(),
+                        ratio.verdict(0.90)
                     );
                     let _ = writeln!(
                         text,
@@ -1085,16 +1083,18 @@ fn targets(kinds: &[Kind], results: &[ScenarioResult]) -> String {
                 Scenario::DispatchCommit => {
                     let _ = writeln!(
                         text,
-                        "- dispatch-commit throughput ≥ 0.80× baseline ({name}): {ratio:.2}× — {}",
-                        verdict(ratio >= 0.80)
+                        "- dispatch-commit throughput ≥ 0.80× baseline ({name}): {} — {}",
+                        ratio.text(),
+                        ratio.verdict(0.80)
                     );
                 }
                 Scenario::ExtAuthzCheck => {
                     let p99 = result.open[first].percentile(0.99);
                     let _ = writeln!(
                         text,
-                        "- ext-authz-check throughput ≥ 0.80× baseline ({name}): {ratio:.2}× — {}",
-                        verdict(ratio >= 0.80)
+                        "- ext-authz-check throughput ≥ 0.80× baseline ({name}): {} — {}",
+                        ratio.text(),
+                        ratio.verdict(0.80)
                     );
                     let _ = writeln!(
                         text,
