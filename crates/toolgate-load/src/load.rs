@@ -320,8 +320,8 @@ pub struct RoundStats {
     pub repeated: u32,
     /// The p99 of each round, to tell one stall from a steady tail.
     pub round_p99s: Vec<Duration>,
-    /// The answers per second of each round, in the order they ran: one a
-    /// server per alternation, for a ratio per alternation.
+    /// The answers per second of each round, in the order they ran (a
+    /// server runs one round per alternation): for a ratio per alternation.
     pub round_rates: Vec<f64>,
     /// The generator ran out of requests before the round's end.
     pub exhausted: bool,

@@ -42,10 +42,10 @@ pub fn ratio(numerator: f64, denominator: f64) -> String {
 /// server's round once, one after the other, so a ratio per alternation
 /// compares rounds seconds apart, and the spread of those ratios shows how
 /// far the machine's drifting speed moves the whole.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Ratio {
-    pub whole: f64,
-    pub per_alternation: Vec<f64>,
+    whole: f64,
+    per_alternation: Vec<f64>,
 }
 
 impl Ratio {
