@@ -12,7 +12,11 @@
 //! calls of h2's `Recv::take_request` in the dump (one per request the
 //! server accepted, in both binaries): a request accepted before the
 //! window and one accepted just before its end are each counted in part,
-//! and the two edges about balance.
+//! and the two edges about balance. A build with link-time optimisation
+//! may inline `Recv::take_request` into its caller `StreamRef::take_request`,
+//! and that into hyper: then the calls of the first function of that chain
+//! still out of line count (each is called once per request where it
+//! takes the request, never two of them added).
 //!
 //! What the count leaves out: the kernel (system calls, the socket, the
 //! sync of a durable store), and the cost of an instruction (a cache miss,
@@ -26,8 +30,15 @@ use std::time::Duration;
 
 use crate::BoxResult;
 
-/// The function whose calls count the requests a server accepted.
-const PER_REQUEST: &str = "h2::proto::streams::recv::Recv::take_request";
+/// The functions whose calls count the requests a server accepted, the
+/// first one with calls in a profile: h2's chain that takes a request,
+/// innermost first, each called once per request, and at least one of
+/// them out of line whatever the build inlines.
+const PER_REQUEST: [&str; 3] = [
+    "h2::proto::streams::recv::Recv::take_request",
+    "h2::proto::streams::streams::StreamRef<B>::take_request",
+    "h2::proto::streams::streams::OpaqueStreamRef::new",
+];
 /// `sha2`'s portable block function, which valgrind's CPU (no SHA
 /// extension) runs instead of the SHA instructions.
 const PORTABLE_SHA: &str = "sha2::sha256::compress256";
@@ -90,8 +101,9 @@ pub async fn measure(
         std::fs::read_to_string(&dump).map_err(|error| format!("{}: {error}", dump.display()))?;
     read(&text).ok_or_else(|| {
         format!(
-            "{}: no totals, or no call of {PER_REQUEST} (was the window empty?)",
-            dump.display()
+            "{}: no totals, or no call of {} (was the window empty?)",
+            dump.display(),
+            PER_REQUEST.join(" or ")
         )
         .into()
     })
@@ -141,7 +153,8 @@ fn last_dump(dir: &Path, label: &str, pid: u32) -> BoxResult<PathBuf> {
 }
 
 /// The `totals:` of a callgrind profile, the instructions of
-/// [`PORTABLE_SHA`] itself and the calls of [`PER_REQUEST`] in it.
+/// [`PORTABLE_SHA`] itself and the calls of [`PER_REQUEST`] in it (of
+/// the first one called).
 /// Function names are compressed: `fn=(7) name` or `cfn=(7) name` the
 /// first time, `(7)` alone after. Under `fn=` come its own costs
 /// (`position Ir`); a `calls=N …` line counts N calls to the last `cfn=`,
@@ -153,7 +166,7 @@ fn read(text: &str) -> Option<Instructions> {
     let mut call_cost_next = false;
     let mut executed = None;
     let mut portable_sha = 0;
-    let mut requests = 0;
+    let mut requests = [0; PER_REQUEST.len()];
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("fn=") {
             function = resolve(rest, &mut names);
@@ -161,8 +174,8 @@ fn read(text: &str) -> Option<Instructions> {
             callee = resolve(rest, &mut names);
         } else if let Some(rest) = line.strip_prefix("calls=") {
             call_cost_next = true;
-            if callee.contains(PER_REQUEST) {
-                requests += first_number(rest).unwrap_or(0);
+            if let Some(counted) = PER_REQUEST.iter().position(|name| callee.contains(name)) {
+                requests[counted] += first_number(rest).unwrap_or(0);
             }
         } else if let Some(rest) = line.strip_prefix("totals:") {
             executed = rest.trim().parse::<u64>().ok();
@@ -180,6 +193,7 @@ fn read(text: &str) -> Option<Instructions> {
         }
     }
     let executed = executed?;
+    let requests = requests.into_iter().find(|&calls| calls > 0).unwrap_or(0);
     (requests > 0).then_some(Instructions {
         executed,
         portable_sha,
@@ -236,6 +250,32 @@ totals: 1000
             })
         );
         assert_eq!(read("totals: 5\n"), None);
+        // Link-time optimisation: `Recv::take_request` inlined into
+        // `StreamRef::take_request`, whose calls count; both present:
+        // the innermost one's, never the sum.
+        let inlined = "\
+fn=(1) main
+cfn=(2) h2::proto::streams::streams::StreamRef<B>::take_request
+calls=5 0x10
+5 90
+totals: 500
+";
+        assert_eq!(read(inlined).map(|counted| counted.requests), Some(5));
+        let both = "\
+fn=(1) main
+cfn=(2) h2::proto::streams::streams::StreamRef<B>::take_request
+calls=6 0x10
+5 90
+fn=(2)
+cfn=(3) h2::proto::streams::recv::Recv::take_request
+calls=5 0x10
+5 80
+cfn=(4) h2::proto::streams::streams::OpaqueStreamRef::new
+calls=5 0x10
+5 20
+totals: 500
+";
+        assert_eq!(read(both).map(|counted| counted.requests), Some(5));
         assert_eq!(
             Instructions {
                 executed: 700,
