@@ -539,8 +539,10 @@ fn check_len(field: &str, text: &str, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// More than `max` characters; counted only when the text has more than
+/// `max` bytes, since no character is shorter than a byte.
 fn too_long(text: &str, max: usize) -> bool {
-    text.chars().count() > max
+    text.len() > max && text.chars().count() > max
 }
 
 fn too_long_error(field: &str, max: usize) -> Error {
@@ -553,7 +555,7 @@ fn check_json_field(field: &str, value: &Value) -> Result<()> {
     if !matches!(value, Value::Object(_)) {
         return Err(Error::invalid(field, "must be a JSON object"));
     }
-    if canonical::canonical_len(value) > MAX_INPUT_SCHEMA_LEN {
+    if !canonical::canonical_len_at_most(value, MAX_INPUT_SCHEMA_LEN) {
         return Err(Error::invalid(
             field,
             format!("must be at most {MAX_INPUT_SCHEMA_LEN} bytes"),

@@ -186,7 +186,9 @@ mod schema;
 
 pub use fingerprint::{Fingerprint, Members, fingerprint, fingerprint_object};
 pub use parse::{canonicalize, parse, parse_str};
-pub use print::{canonical_len, plain_prefix_len, to_canonical, write_canonical};
+pub use print::{
+    canonical_len, canonical_len_at_most, plain_prefix_len, to_canonical, write_canonical,
+};
 pub use schema::{Canonical, Instance};
 
 // ---------------------------------------------------------------------------
@@ -766,6 +768,56 @@ mod tests {
         ] {
             let value = parse_str(text).unwrap();
             assert_eq!(canonical_len(&value), to_canonical(&value).len(), "{text}");
+        }
+    }
+
+    /// Values whose canonical text is longest for their lengths: characters
+    /// that print as escapes (`\u007f`, surrogate pairs), doubles printed
+    /// with padding or long exponents, integers beyond the parser's range.
+    fn widest_values() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let scalar = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            prop_oneof![Just(i128::MIN), any::<i128>()]
+                .prop_map(|int| Value::Number(Number::Int(int))),
+            prop_oneof![
+                Just(1e15),
+                Just(-1e15),
+                Just(-2.2250738585072014e-308),
+                Just(-0.00012345678901234567),
+                any::<f64>(),
+            ]
+            .prop_filter("finite", |float| float.is_finite())
+            .prop_map(|float| Value::Number(Number::Float(float))),
+            "[\\x00-\\x7f\u{80}\u{7ff}\u{ffff}\u{10ffff}\"\\\\]{0,8}".prop_map(Value::String),
+        ];
+        scalar.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec(("[\\x7f\u{10ffff}a]{0,3}", inner), 0..4).prop_map(
+                    |members| {
+                        let mut object = Object::new();
+                        for (key, value) in members {
+                            object.insert(key, value);
+                        }
+                        Value::Object(object)
+                    }
+                ),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The bound that spares the printing is one, and the answer is
+        /// the count's at every limit around the length.
+        #[test]
+        fn canonical_len_at_most_is_the_count(value in widest_values(), below in 0usize..64) {
+            let len = canonical_len(&value);
+            proptest::prop_assert!(len <= print::len_bound(&value));
+            for max in [len.saturating_sub(below), len.saturating_sub(1), len, len + below] {
+                proptest::prop_assert_eq!(canonical_len_at_most(&value, max), len <= max);
+            }
         }
     }
 }

@@ -143,6 +143,41 @@ pub fn canonical_len(value: &Value) -> usize {
     len.0
 }
 
+/// Whether the canonical form of `value` is at most `max` bytes: printed
+/// and counted only when [`len_bound`] cannot tell, which for the schemas
+/// and arguments toolgate checks it never needs to.
+pub fn canonical_len_at_most(value: &Value, max: usize) -> bool {
+    len_bound(value) <= max || canonical_len(value) <= max
+}
+
+/// The most bytes a number prints to: an `i128` outside the parser's range
+/// (hand-built) takes 40 (`-170141183460469231731687303715884105728`), a
+/// double at most 24 (`-2.2250738585072014e-308`).
+const NUMBER_LEN_BOUND: usize = 40;
+
+/// An upper bound of [`canonical_len`] from lengths alone. No byte of a
+/// string's UTF-8 prints to more than six: a one-byte character to at most
+/// `\u007f`, a two- or three-byte one to one `\uXXXX`, a four-byte one to
+/// a surrogate pair (twelve).
+pub(super) fn len_bound(value: &Value) -> usize {
+    let string = |text: &str| text.len().saturating_mul(6).saturating_add(2);
+    match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => NUMBER_LEN_BOUND,
+        Value::String(text) => string(text),
+        // Brackets, and a comma after every item (one more than printed).
+        Value::Array(items) => items.iter().fold(2, |len: usize, item| {
+            len.saturating_add(len_bound(item)).saturating_add(1)
+        }),
+        // The same, with a key and its colon before each value.
+        Value::Object(object) => object.iter().fold(2, |len: usize, (key, item)| {
+            len.saturating_add(string(key))
+                .saturating_add(len_bound(item))
+                .saturating_add(2)
+        }),
+    }
+}
+
 /// Appends the canonical form of `value` to `out`.
 pub fn write_canonical(value: &Value, out: &mut String) {
     write_value(value, out);

@@ -83,6 +83,30 @@ pub(super) fn assess_manifest_cases(fx: &Fixture) -> Vec<Case> {
         ))),
         invalid("manifest.tools[0].description", "at most 8192"),
     ));
+    // Limits count characters, not bytes: 8,192 two-byte characters are
+    // within the limit, one more is not.
+    add(case(
+        "description of 8,192 two-byte characters",
+        assess(Some(manifest(
+            "svc",
+            vec![pb::ManifestTool {
+                description: "é".repeat(8192),
+                ..tool("a")
+            }],
+        ))),
+        Expect::Assess(pb::AssessReason::Unpinned),
+    ));
+    add(case(
+        "description of 8,193 two-byte characters",
+        assess(Some(manifest(
+            "svc",
+            vec![pb::ManifestTool {
+                description: "é".repeat(8193),
+                ..tool("a")
+            }],
+        ))),
+        invalid("manifest.tools[0].description", "at most 8192"),
+    ));
     add(case(
         "129 parameters",
         assess(Some(manifest(
@@ -144,6 +168,19 @@ pub(super) fn assess_manifest_cases(fx: &Fixture) -> Vec<Case> {
             "svc",
             vec![pb::ManifestTool {
                 input_schema_json: format!(r#"{{"description":"{}"}}"#, "d".repeat(64 * 1024)),
+                ..tool("a")
+            }],
+        ))),
+        invalid("manifest.tools[0].input_schema_json", "at most 65536 bytes"),
+    ));
+    // 11,000 bytes of text, 66,000 of canonical text (each DEL prints as
+    // `\u007f`): the limit is the canonical text's.
+    add(case(
+        "input schema whose canonical text is over 64 KiB",
+        assess(Some(manifest(
+            "svc",
+            vec![pb::ManifestTool {
+                input_schema_json: format!(r#"{{"description":"{}"}}"#, "\u{7f}".repeat(11_000)),
                 ..tool("a")
             }],
         ))),
