@@ -44,6 +44,19 @@ pub fn id_text(id: Uuid) -> AsciiText<{ uuid::fmt::Hyphenated::LENGTH }> {
 /// Longest identifier allowed by `[A-Za-z][A-Za-z0-9_-]{0,39}`.
 pub const MAX_IDENTIFIER_LEN: usize = 40;
 
+/// The bytes of `[A-Za-z0-9_-]`, one lookup per byte of every identifier
+/// a call carries.
+const IDENTIFIER_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+        byte += 1;
+    }
+    table
+};
+
 /// Checks SPEC §2's identifier pattern `[A-Za-z][A-Za-z0-9_-]{0,39}` (call ids,
 /// actors, tool names, session ids, workspaces).
 pub fn check_identifier(field: &str, value: &str) -> Result<()> {
@@ -64,7 +77,7 @@ pub fn check_identifier(field: &str, value: &str) -> Result<()> {
     }
     if !bytes
         .iter()
-        .all(|byte| byte.is_ascii_alphanumeric() || *byte == b'_' || *byte == b'-')
+        .all(|byte| IDENTIFIER_BYTES[usize::from(*byte)])
     {
         return Err(Error::invalid(
             field,
@@ -151,6 +164,21 @@ mod tests {
                 panic!("{bad:?} accepted");
             };
             assert_eq!(field, "call_id");
+        }
+    }
+
+    #[test]
+    fn an_identifier_takes_exactly_letters_digits_underscores_and_hyphens() {
+        for code in 0..=0x2ffu32 {
+            let Some(next) = char::from_u32(code) else {
+                continue;
+            };
+            let allowed = next.is_ascii_alphanumeric() || next == '_' || next == '-';
+            assert_eq!(
+                check_identifier("call_id", &format!("a{next}z")).is_ok(),
+                allowed,
+                "U+{code:04X}"
+            );
         }
     }
 
