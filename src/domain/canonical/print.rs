@@ -144,8 +144,8 @@ pub fn canonical_len(value: &Value) -> usize {
 }
 
 /// Whether the canonical form of `value` is at most `max` bytes: printed
-/// and counted only when [`len_bound`] cannot tell, which for the schemas
-/// and arguments toolgate checks it never needs to.
+/// and counted only when [`len_bound`] is over `max` (for a value whose
+/// strings hold more than about a sixth of it).
 pub fn canonical_len_at_most(value: &Value, max: usize) -> bool {
     len_bound(value) <= max || canonical_len(value) <= max
 }
