@@ -280,10 +280,7 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
             id,
         });
     }
-    // Decide's bound on the arguments, measured only when the body could
-    // exceed it.
-    let measure = body.len() > MAX_ARGUMENTS_BYTES;
-    let (name, arguments) = tool_call_params(&message, measure, &id)?;
+    let (name, arguments) = tool_call_params(&message, &id)?;
     check_header(request, MCP_NAME_HEADER, name, &id)?;
     let session = session_of(settings, request, &id)?;
     let call_id = call_id_of(request, &session.session_id, name, arguments);
@@ -360,14 +357,11 @@ fn check_header(
     }
 }
 
-/// `params.name` and `params.arguments` (an absent `arguments` is `{}`);
-/// with `measure`, the arguments' canonical text within Decide's
-/// [`MAX_ARGUMENTS_BYTES`].
-fn tool_call_params<'m>(
-    message: &'m Object,
-    measure: bool,
-    id: &Value,
-) -> Refusable<(&'m str, &'m Object)> {
+/// `params.name` and `params.arguments` (an absent `arguments` is `{}`),
+/// the arguments' canonical text within Decide's [`MAX_ARGUMENTS_BYTES`].
+/// The body's length does not bound that text: canonical JSON escapes a
+/// one-byte DEL or a three-byte character to six.
+fn tool_call_params<'m>(message: &'m Object, id: &Value) -> Refusable<(&'m str, &'m Object)> {
     static EMPTY: std::sync::LazyLock<Object> = std::sync::LazyLock::new(Object::new);
     let Some(params) = message.get("params").and_then(Value::as_object) else {
         return Err(refused(
@@ -386,7 +380,7 @@ fn tool_call_params<'m>(
     let arguments = match params.get("arguments") {
         None => &EMPTY,
         Some(value @ Value::Object(_))
-            if measure && canonical::canonical_len(value) > MAX_ARGUMENTS_BYTES =>
+            if !canonical::canonical_len_at_most(value, MAX_ARGUMENTS_BYTES) =>
         {
             return Err(refused(
                 RequestRefusal::InvalidArguments,

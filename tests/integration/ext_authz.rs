@@ -474,6 +474,38 @@ async fn arguments_over_decides_bound_are_denied() {
     server.stop().await;
 }
 
+/// The bound is on the arguments' canonical text, which the body's length
+/// does not bound: 50 KiB of DEL characters (one byte each in the body) are
+/// 300 KiB once escaped; 43,000 of them (258,000 bytes) are within it.
+#[tokio::test]
+async fn arguments_whose_canonical_text_is_over_the_bound_are_denied() {
+    let server = start(MAPPING).await;
+    let escaped = |count: usize| {
+        let body = tool_call(
+            json!(7),
+            "read_balance",
+            json!({"account": "\u{7f}".repeat(count)}),
+        );
+        assert!(body.len() < 60 * 1024, "the body carries DEL unescaped");
+        body
+    };
+    let error = assert_denied(
+        &check(&server, post(&PAYER, &escaped(50 * 1024))).await,
+        "invalid-arguments",
+    );
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("params.arguments: must be at most 262144 bytes"),
+        "{message}"
+    );
+    assert_eq!(server.engine.stats().expect("stats").sessions, 0);
+    assert_allowed(
+        &check(&server, post(&PAYER, &escaped(43_000))).await,
+        "allowed",
+    );
+    server.stop().await;
+}
+
 /// A session id stays bound to its first actor: another actor's Check in
 /// it is refused for that, not as bad arguments.
 #[tokio::test]
