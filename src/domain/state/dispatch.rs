@@ -252,6 +252,12 @@ pub(super) fn check_answer_size(carried: Option<&Value>, limit: usize) -> Result
     let Some(value) = carried else {
         return Ok(());
     };
+    // Printed and counted only when its lengths do not already show it fits.
+    if let Some(room) = limit.checked_sub(decision::ANSWER_OVERHEAD_BYTES)
+        && canonical::canonical_len_at_most(value, room)
+    {
+        return Ok(());
+    }
     let value_json = canonical::canonical_len(value);
     let answer = value_json.saturating_add(decision::ANSWER_OVERHEAD_BYTES);
     if answer > limit {
