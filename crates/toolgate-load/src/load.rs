@@ -554,12 +554,8 @@ pub async fn closed_loop(
         }));
     }
     // The CPU counters at the start of the measured window.
-    let server = target.server;
     tokio::time::sleep_until(measure_from.into()).await;
-    let server_cpu_start = server.cpu_time();
-    let database_cpu_start = server.database_cpu_time();
-    let client_cpu_start = own_cpu_time();
-    let busy_start = machine_busy();
+    let cpu_start = CpuCounters::read(target.server);
     let mut finished_callers = Vec::with_capacity(callers.len());
     for caller in callers {
         if let Ok(stats) = caller.await {
@@ -569,26 +565,59 @@ pub async fn closed_loop(
     // The window ends with the last answer; merging the callers' stats
     // (hundreds of histograms) is bookkeeping, not load, and comes after.
     let finished = Instant::now();
-    let server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
-    let database_cpu = server
-        .database_cpu_time()
-        .saturating_sub(database_cpu_start);
-    let client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
-    let busy = machine_busy().saturating_sub(busy_start);
+    let cpu = CpuCounters::read(target.server).since(&cpu_start);
     let mut total = RoundStats::empty();
     for stats in &finished_callers {
         total.merge(stats);
     }
     total.elapsed = finished.min(end).saturating_duration_since(measure_from);
-    total.server_cpu = server_cpu;
-    total.database_cpu = database_cpu;
-    total.client_cpu = client_cpu;
-    total.foreign_cpu = busy.saturating_sub(server_cpu + database_cpu + client_cpu);
+    cpu.charge(&mut total);
     total.exhausted = exhausted.load(Ordering::Relaxed) > 0;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
     total.round_rates = vec![total.throughput()];
     total
+}
+
+/// The CPU counters a round's measured window is charged with: the
+/// server's, its database's, this process's, and the whole machine's.
+struct CpuCounters {
+    server: Duration,
+    database: Duration,
+    client: Duration,
+    machine: Duration,
+}
+
+impl CpuCounters {
+    fn read(server: &ServerProcess) -> CpuCounters {
+        CpuCounters {
+            server: server.cpu_time(),
+            database: server.database_cpu_time(),
+            client: own_cpu_time(),
+            machine: machine_busy(),
+        }
+    }
+
+    /// What each counter added since `start`.
+    fn since(&self, start: &CpuCounters) -> CpuCounters {
+        CpuCounters {
+            server: self.server.saturating_sub(start.server),
+            database: self.database.saturating_sub(start.database),
+            client: self.client.saturating_sub(start.client),
+            machine: self.machine.saturating_sub(start.machine),
+        }
+    }
+
+    /// Puts a window's counts into its stats; what the machine used beyond
+    /// the three is foreign.
+    fn charge(&self, total: &mut RoundStats) {
+        total.server_cpu = self.server;
+        total.database_cpu = self.database;
+        total.client_cpu = self.client;
+        total.foreign_cpu = self
+            .machine
+            .saturating_sub(self.server + self.database + self.client);
+    }
 }
 
 /// One scheduled request handed from the scheduler to a connection's driver.
@@ -640,7 +669,6 @@ pub async fn open_loop(
             in_flight_per_driver,
         )));
     }
-    let server = target.server;
     let start = Instant::now() + Duration::from_millis(5);
     let measure_from = start + interval.mul_f64(warmup_requests as f64);
     let scheduler = std::thread::spawn(move || {
@@ -671,10 +699,7 @@ pub async fn open_loop(
         false
     });
     tokio::time::sleep_until(measure_from.into()).await;
-    let server_cpu_start = server.cpu_time();
-    let database_cpu_start = server.database_cpu_time();
-    let client_cpu_start = own_cpu_time();
-    let busy_start = machine_busy();
+    let cpu_start = CpuCounters::read(target.server);
     let exhausted = match tokio::task::spawn_blocking(move || scheduler.join()).await {
         Ok(Ok(exhausted)) => exhausted,
         _ => true,
@@ -688,12 +713,7 @@ pub async fn open_loop(
     // As in the closed loop: the counters are read at the last answer,
     // before the drivers' stats are merged.
     let drained = Instant::now();
-    let server_cpu = server.cpu_time().saturating_sub(server_cpu_start);
-    let database_cpu = server
-        .database_cpu_time()
-        .saturating_sub(database_cpu_start);
-    let client_cpu = own_cpu_time().saturating_sub(client_cpu_start);
-    let busy = machine_busy().saturating_sub(busy_start);
+    let cpu = CpuCounters::read(target.server).since(&cpu_start);
     let mut total = RoundStats::empty();
     total.send_lag = Some(new_histogram());
     for stats in &finished_drivers {
@@ -702,10 +722,7 @@ pub async fn open_loop(
     // Until the last answer: a server that falls behind the schedule shows
     // a lower achieved rate than the one offered.
     total.elapsed = drained.saturating_duration_since(measure_from);
-    total.server_cpu = server_cpu;
-    total.database_cpu = database_cpu;
-    total.client_cpu = client_cpu;
-    total.foreign_cpu = busy.saturating_sub(server_cpu + database_cpu + client_cpu);
+    cpu.charge(&mut total);
     total.exhausted = exhausted;
     total.rounds = 1;
     total.round_p99s = vec![total.percentile(0.99)];
