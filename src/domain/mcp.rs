@@ -22,6 +22,10 @@ pub const MCP_METHOD_HEADER: &str = "mcp-method";
 pub const MCP_NAME_HEADER: &str = "mcp-name";
 /// The header that names the operation key of a call (its call id).
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// The HTTP methods besides POST that reach an MCP endpoint, none with a
+/// JSON-RPC message: GET (the server's stream), DELETE (the end of a
+/// session), and HEAD and OPTIONS (probes, CORS preflights).
+const BODYLESS_METHODS: [&str; 4] = ["GET", "DELETE", "HEAD", "OPTIONS"];
 
 /// The request as the authorizer sees it.
 pub trait HttpRequest {
@@ -198,10 +202,29 @@ fn refused(refusal: RequestRefusal, message: impl Into<String>, id: &Value) -> B
 
 /// What `request` is, under the policy's `[ext_authz]` mapping. A POST must
 /// carry the whole body as one JSON-RPC request; a `tools/call` must name
-/// its session, actor and workspace as the mapping says.
+/// its session, actor and workspace as the mapping says. GET, DELETE, HEAD
+/// and OPTIONS are other requests; any other HTTP method is refused.
 pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refusable<McpRequest> {
     let none = Value::Null;
-    if !request.method().eq_ignore_ascii_case("POST") {
+    let method = request.method();
+    if !method.eq_ignore_ascii_case("POST") {
+        // A body on any other method is never decided, so no method that
+        // a lenient server might read one from (PUT, PATCH, …) passes
+        // as another request.
+        if !BODYLESS_METHODS
+            .iter()
+            .any(|bodyless| method.eq_ignore_ascii_case(bodyless))
+        {
+            return Err(refused(
+                RequestRefusal::MethodNotAllowed,
+                format!(
+                    "HTTP {:?} is not a method of MCP's streamable HTTP: a JSON-RPC \
+                     message comes in a POST (GET opens the stream, DELETE ends the session)",
+                    shown(method)
+                ),
+                &none,
+            ));
+        }
         return Ok(McpRequest::Other {
             method: None,
             id: none,

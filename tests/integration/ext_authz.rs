@@ -694,6 +694,37 @@ async fn other_mcp_methods_follow_the_policy_setting() {
     denied.stop().await;
 }
 
+/// Only a POST carries a JSON-RPC message to decide: a `tools/call` body
+/// in a PUT or a PATCH (which a lenient server might read) is refused even
+/// where other requests are let through, and so is a method MCP does not
+/// use; GET, DELETE, HEAD and OPTIONS follow `other_methods`.
+#[tokio::test]
+async fn a_tool_call_in_another_http_method_is_refused() {
+    let server = start(&format!("{MAPPING}other_methods = \"allow\"\n")).await;
+    let body = tool_call(
+        json!(8),
+        "wire_transfer",
+        json!({"to": "acct-9", "amount": 5}),
+    );
+    for method in ["PUT", "patch", "BREW"] {
+        let mut http = http_request(method, &PAYER);
+        http.body = body.clone();
+        http.size = body.len() as i64;
+        let error = assert_denied(&check(&server, check_of(http)).await, "method-not-allowed");
+        let message = error["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("is not a method of MCP's streamable HTTP"),
+            "{method}: {message}"
+        );
+    }
+    for method in ["GET", "DELETE", "head", "OPTIONS"] {
+        let answer = check(&server, check_of(http_request(method, &PAYER))).await;
+        assert_allowed(&answer, "method-allowed");
+    }
+    assert_eq!(server.engine.stats().expect("stats").sessions, 0);
+    server.stop().await;
+}
+
 /// The JWT filter's metadata: the payload under `jwt_payload`.
 fn jwt_metadata(claims: &[(&str, &str)]) -> Metadata {
     let text = |text: &str| ProtoValue {

@@ -169,6 +169,9 @@ def test_schema_failures_and_malformed_requests_are_denied(envoy):
     listing = denied(envoy.check(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
                                  LEARNER), "method-not-allowed")
     assert listing["id"] == 2
+    smuggled = denied(envoy.check(tool_call(10, "set_ticket", {"ticket": "lamp"}), LEARNER,
+                                  method="PUT"), "method-not-allowed")
+    assert "is not a method of MCP's streamable HTTP" in smuggled["error"]["message"]
 
 
 def test_every_check_leaves_a_decision_line_with_its_id(start_server, pb):
