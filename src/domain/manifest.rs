@@ -555,7 +555,7 @@ fn check_json_field(field: &str, value: &Value) -> Result<()> {
     if !matches!(value, Value::Object(_)) {
         return Err(Error::invalid(field, "must be a JSON object"));
     }
-    if !canonical::canonical_len_at_most(value, MAX_INPUT_SCHEMA_LEN) {
+    if canonical::canonical_len_over(value, MAX_INPUT_SCHEMA_LEN).is_some() {
         return Err(Error::invalid(
             field,
             format!("must be at most {MAX_INPUT_SCHEMA_LEN} bytes"),

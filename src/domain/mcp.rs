@@ -207,28 +207,27 @@ fn refused(refusal: RequestRefusal, message: impl Into<String>, id: &Value) -> B
 pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refusable<McpRequest> {
     let none = Value::Null;
     let method = request.method();
-    if !method.eq_ignore_ascii_case("POST") {
-        // A body on any other method is never decided, so no method that
-        // a lenient server might read one from (PUT, PATCH, …) passes
-        // as another request.
-        if !BODYLESS_METHODS
-            .iter()
-            .any(|bodyless| method.eq_ignore_ascii_case(bodyless))
-        {
-            return Err(refused(
-                RequestRefusal::MethodNotAllowed,
-                format!(
-                    "HTTP {:?} is not a method of MCP's streamable HTTP: a JSON-RPC \
-                     message comes in a POST (GET opens the stream, DELETE ends the session)",
-                    shown(method)
-                ),
-                &none,
-            ));
-        }
+    if BODYLESS_METHODS
+        .iter()
+        .any(|bodyless| method.eq_ignore_ascii_case(bodyless))
+    {
         return Ok(McpRequest::Other {
             method: None,
             id: none,
         });
+    }
+    // Only a POST's body is decided, so no other method that a lenient
+    // server might read one from (PUT, PATCH, …) passes as another request.
+    if !method.eq_ignore_ascii_case("POST") {
+        return Err(refused(
+            RequestRefusal::MethodNotAllowed,
+            format!(
+                "HTTP {:?} is not a method of MCP's streamable HTTP: a JSON-RPC \
+                 message comes in a POST (GET opens the stream, DELETE ends the session)",
+                shown(method)
+            ),
+            &none,
+        ));
     }
     // Any copy that says true (a client may have sent one that says false).
     if request.header(PARTIAL_BODY_HEADER).is_some_and(|value| {
@@ -403,7 +402,7 @@ fn tool_call_params<'m>(message: &'m Object, id: &Value) -> Refusable<(&'m str, 
     let arguments = match params.get("arguments") {
         None => &EMPTY,
         Some(value @ Value::Object(_))
-            if !canonical::canonical_len_at_most(value, MAX_ARGUMENTS_BYTES) =>
+            if canonical::canonical_len_over(value, MAX_ARGUMENTS_BYTES).is_some() =>
         {
             return Err(refused(
                 RequestRefusal::InvalidArguments,

@@ -143,11 +143,15 @@ pub fn canonical_len(value: &Value) -> usize {
     len.0
 }
 
-/// Whether the canonical form of `value` is at most `max` bytes: printed
-/// and counted only when [`len_bound`] is over `max` (for a value whose
-/// strings hold more than about a sixth of it).
-pub fn canonical_len_at_most(value: &Value, max: usize) -> bool {
-    len_bound(value) <= max || canonical_len(value) <= max
+/// The length of the canonical form of `value` when it is over `max`
+/// bytes, `None` when it fits. Printed and counted only when [`len_bound`]
+/// is over `max` (for a value whose strings hold more than about a sixth
+/// of it).
+pub fn canonical_len_over(value: &Value, max: usize) -> Option<usize> {
+    if len_bound(value) <= max {
+        return None;
+    }
+    Some(canonical_len(value)).filter(|len| *len > max)
 }
 
 /// The most bytes a number prints to: an `i128` outside the parser's range

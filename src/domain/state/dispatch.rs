@@ -249,18 +249,10 @@ fn check_dispatchable(tool: &Tool) -> Step<(), Answer> {
 /// Refuses a commit whose answer would exceed the message limit (see
 /// [`decision::ANSWER_OVERHEAD_BYTES`]).
 pub(super) fn check_answer_size(carried: Option<&Value>, limit: usize) -> Result<()> {
-    let Some(value) = carried else {
-        return Ok(());
-    };
-    // Printed and counted only when its lengths do not already show it fits.
-    if let Some(room) = limit.checked_sub(decision::ANSWER_OVERHEAD_BYTES)
-        && canonical::canonical_len_at_most(value, room)
-    {
-        return Ok(());
-    }
-    let value_json = canonical::canonical_len(value);
-    let answer = value_json.saturating_add(decision::ANSWER_OVERHEAD_BYTES);
-    if answer > limit {
+    let room = limit.saturating_sub(decision::ANSWER_OVERHEAD_BYTES);
+    // No canonical text is empty, so a limit under the overhead refuses all.
+    if let Some(value_json) = carried.and_then(|value| canonical::canonical_len_over(value, room)) {
+        let answer = value_json.saturating_add(decision::ANSWER_OVERHEAD_BYTES);
         return Err(Error::invalid(
             "proposal.arguments_json",
             format!(
