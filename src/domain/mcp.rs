@@ -22,6 +22,9 @@ pub const MCP_METHOD_HEADER: &str = "mcp-method";
 pub const MCP_NAME_HEADER: &str = "mcp-name";
 /// The header that names the operation key of a call (its call id).
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// The headers that say how a body's bytes are to be read.
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
+pub const CONTENT_ENCODING_HEADER: &str = "content-encoding";
 /// The HTTP methods besides POST that reach an MCP endpoint, none with a
 /// JSON-RPC message: GET (the server's stream), DELETE (the end of a
 /// session), and HEAD and OPTIONS (probes, CORS preflights).
@@ -55,6 +58,10 @@ pub enum RequestRefusal {
     BodyTruncated,
     /// The body is not (strict) JSON.
     BodyNotJson,
+    /// A POST's body is not declared as UTF-8 JSON as it is (its
+    /// `Content-Type` is not `application/json` with at most
+    /// `charset=utf-8`, or it has a content coding).
+    UnsupportedMediaType,
     /// A JSON-RPC batch.
     Batch,
     /// A JSON value that is not a JSON-RPC request.
@@ -70,7 +77,7 @@ pub enum RequestRefusal {
     ActorMissing,
     /// An actor the host credential the adapter acts with may not assert.
     ActorNotPermitted,
-    /// No session id header.
+    /// No session id header, or not one usable session id.
     SessionMissing,
     /// No usable workspace.
     WorkspaceMissing,
@@ -86,10 +93,11 @@ pub enum RequestRefusal {
 }
 
 impl RequestRefusal {
-    pub const ALL: [RequestRefusal; 15] = [
+    pub const ALL: [RequestRefusal; 16] = [
         RequestRefusal::BodyMissing,
         RequestRefusal::BodyTruncated,
         RequestRefusal::BodyNotJson,
+        RequestRefusal::UnsupportedMediaType,
         RequestRefusal::Batch,
         RequestRefusal::NotJsonRpc,
         RequestRefusal::HeaderMismatch,
@@ -110,6 +118,7 @@ impl RequestRefusal {
             RequestRefusal::BodyMissing => "body-missing",
             RequestRefusal::BodyTruncated => "body-truncated",
             RequestRefusal::BodyNotJson => "body-not-json",
+            RequestRefusal::UnsupportedMediaType => "unsupported-media-type",
             RequestRefusal::Batch => "batch-not-supported",
             RequestRefusal::NotJsonRpc => "not-json-rpc",
             RequestRefusal::HeaderMismatch => "mcp-header-mismatch",
@@ -201,9 +210,10 @@ fn refused(refusal: RequestRefusal, message: impl Into<String>, id: &Value) -> B
 }
 
 /// What `request` is, under the policy's `[ext_authz]` mapping. A POST must
-/// carry the whole body as one JSON-RPC request; a `tools/call` must name
-/// its session, actor and workspace as the mapping says. GET, DELETE, HEAD
-/// and OPTIONS are other requests; any other HTTP method is refused.
+/// carry the whole body as one JSON-RPC request, declared as UTF-8 JSON; a
+/// `tools/call` must name its session, actor and workspace as the mapping
+/// says. GET, DELETE, HEAD and OPTIONS without a body are other requests;
+/// any other HTTP method is refused.
 pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refusable<McpRequest> {
     let none = Value::Null;
     let method = request.method();
@@ -211,6 +221,19 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
         .iter()
         .any(|bodyless| method.eq_ignore_ascii_case(bodyless))
     {
+        // Only a POST's body is decided: one elsewhere is refused, not
+        // passed on for a lenient server to run.
+        if request.body().is_some_and(|body| !body.is_empty()) {
+            return Err(refused(
+                RequestRefusal::MethodNotAllowed,
+                format!(
+                    "HTTP {:?} carries no JSON-RPC message in MCP's streamable HTTP, \
+                     but this one has a body: a message comes in a POST",
+                    shown(method)
+                ),
+                &none,
+            ));
+        }
         return Ok(McpRequest::Other {
             method: None,
             id: none,
@@ -253,6 +276,7 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
             ));
         }
     };
+    check_media_type(request)?;
     let mut message = match canonical::parse(body) {
         Ok(Value::Object(message)) => message,
         Ok(Value::Array(_)) => {
@@ -327,6 +351,61 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
         proposal,
         id,
     })))
+}
+
+/// A POST's body is read as the server will read it only when it is UTF-8
+/// JSON as sent: `Content-Type: application/json` (case aside, with at most
+/// a `charset=utf-8` parameter) and no content coding but `identity`.
+/// Another charset would have a server decode the same bytes into another
+/// message (in UTF-7, `+ACI-` is a quote), and a coding is bytes that are
+/// not the message; an absent type is refused too, as MCP's servers do.
+fn check_media_type(request: &impl HttpRequest) -> Refusable<()> {
+    let unsupported = |message: String| {
+        Err(refused(
+            RequestRefusal::UnsupportedMediaType,
+            message,
+            &Value::Null,
+        ))
+    };
+    let Some(content_type) = request.header(CONTENT_TYPE_HEADER) else {
+        return unsupported(format!(
+            "a POST's body must be declared {CONTENT_TYPE_HEADER}: application/json; \
+             there is no {CONTENT_TYPE_HEADER} header"
+        ));
+    };
+    let mut parts = content_type.split(';');
+    let media_type = parts.next().unwrap_or_default().trim();
+    let utf8_json = media_type.eq_ignore_ascii_case("application/json")
+        && parts.all(|parameter| match parameter.split_once('=') {
+            Some((name, value)) => {
+                let value = value.trim();
+                let value = value
+                    .strip_prefix('"')
+                    .and_then(|value| value.strip_suffix('"'))
+                    .unwrap_or(value);
+                name.trim().eq_ignore_ascii_case("charset") && value.eq_ignore_ascii_case("utf-8")
+            }
+            None => parameter.trim().is_empty(),
+        });
+    if !utf8_json {
+        return unsupported(format!(
+            "header {CONTENT_TYPE_HEADER} is {:?}: a POST's body must be application/json, \
+             with no parameter but charset=utf-8 (one header, one value)",
+            shown(&content_type)
+        ));
+    }
+    if let Some(coding) = request.header(CONTENT_ENCODING_HEADER)
+        && !coding
+            .split(',')
+            .all(|coding| coding.trim().eq_ignore_ascii_case("identity"))
+    {
+        return unsupported(format!(
+            "header {CONTENT_ENCODING_HEADER} is {:?}: a body is decided only as it is \
+             sent, with no content coding (decompress it before the ext_authz filter)",
+            shown(&coding)
+        ));
+    }
+    Ok(())
 }
 
 /// The request's `method`, checked to be a JSON-RPC 2.0 request; `None`
@@ -454,6 +533,24 @@ fn session_of(
             id,
         ));
     };
+    // MCP's session ids are visible ASCII; a comma is two copies of the
+    // header joined, of which the server may read either.
+    if session_header.is_empty()
+        || !session_header
+            .bytes()
+            .all(|byte| (0x21..=0x7e).contains(&byte) && byte != b',')
+    {
+        return Err(refused(
+            RequestRefusal::SessionMissing,
+            format!(
+                "header {}: {:?} is not one session id (visible ASCII, no comma; \
+                 a repeated header counts as its copies joined with ',')",
+                settings.session_header,
+                shown(&session_header)
+            ),
+            id,
+        ));
+    }
     let session_id = as_identifier("s-", &session_header);
     let workspace = match &settings.workspace {
         WorkspaceSource::Fixed(workspace) => workspace.clone(),
@@ -627,7 +724,11 @@ mod tests {
     fn post(body: &'static str) -> Request {
         Request {
             method: "POST",
-            headers: vec![("x-toolgate-actor", "agent"), ("mcp-session-id", "s1")],
+            headers: vec![
+                ("x-toolgate-actor", "agent"),
+                ("mcp-session-id", "s1"),
+                (CONTENT_TYPE_HEADER, "application/json"),
+            ],
             body: Some(body),
         }
     }
@@ -675,6 +776,98 @@ mod tests {
         assert_eq!(refusal(&mismatch), RequestRefusal::HeaderMismatch);
     }
 
+    /// `post(body)` with one header set (replaced, or added), or removed.
+    fn with_header(body: &'static str, name: &'static str, value: Option<&'static str>) -> Request {
+        let mut request = post(body);
+        request.headers.retain(|(key, _)| *key != name);
+        request.headers.extend(value.map(|value| (name, value)));
+        request
+    }
+
+    const TOOL_CALL: &str =
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#;
+
+    fn is_tool_call(request: &Request) -> bool {
+        matches!(
+            classify(&ExtAuthzSettings::default(), request),
+            Ok(McpRequest::ToolCall(_))
+        )
+    }
+
+    /// Only a body declared as UTF-8 JSON, with no content coding, is
+    /// read: in another charset a server would decode the same bytes into
+    /// another message.
+    #[test]
+    fn a_body_not_declared_as_utf8_json_is_refused() {
+        for content_type in [
+            "application/json",
+            "Application/JSON; Charset=\"UTF-8\"",
+            "application/json;charset=utf-8;",
+        ] {
+            let request = with_header(TOOL_CALL, CONTENT_TYPE_HEADER, Some(content_type));
+            assert!(is_tool_call(&request), "{content_type}");
+        }
+        for content_type in [
+            None,
+            Some("application/json; charset=utf-7"),
+            Some("application/json; charset=shift_jis"),
+            Some("application/json; profile=x"),
+            Some("text/plain"),
+            Some("application/json,text/plain"),
+            Some(""),
+        ] {
+            let request = with_header(TOOL_CALL, CONTENT_TYPE_HEADER, content_type);
+            assert_eq!(
+                refusal(&request),
+                RequestRefusal::UnsupportedMediaType,
+                "{content_type:?}"
+            );
+        }
+        let identity = with_header(TOOL_CALL, CONTENT_ENCODING_HEADER, Some("identity"));
+        assert!(is_tool_call(&identity));
+        for coding in ["gzip", "br", "identity,gzip"] {
+            let request = with_header(TOOL_CALL, CONTENT_ENCODING_HEADER, Some(coding));
+            assert_eq!(refusal(&request), RequestRefusal::UnsupportedMediaType);
+        }
+    }
+
+    /// One session id of visible ASCII: two copies of the header (joined
+    /// with a comma) would let the call be counted in a session the server
+    /// does not run it in.
+    #[test]
+    fn a_session_header_that_is_not_one_session_id_is_refused() {
+        let uuid = with_header(
+            TOOL_CALL,
+            "mcp-session-id",
+            Some("0c1d2e3f-4a5b-6c7d-8e9f-a0b1c2d3e4f5"),
+        );
+        assert!(is_tool_call(&uuid));
+        for session in ["s1,s1", "s1, s2", "", "s 1", "s\u{e9}"] {
+            let request = with_header(TOOL_CALL, "mcp-session-id", Some(session));
+            assert_eq!(
+                refusal(&request),
+                RequestRefusal::SessionMissing,
+                "{session:?}"
+            );
+        }
+    }
+
+    /// A method that carries no message is another request only without a
+    /// body: with one, it is refused whatever `other_methods` says.
+    #[test]
+    fn a_bodyless_method_with_a_body_is_refused() {
+        for method in ["GET", "delete"] {
+            let mut request = post(TOOL_CALL);
+            request.method = method;
+            assert_eq!(refusal(&request), RequestRefusal::MethodNotAllowed);
+            request.body = None;
+            assert!(matches!(
+                classify(&ExtAuthzSettings::default(), &request),
+                Ok(McpRequest::Other { method: None, .. })
+            ));
+        }
+    }
+
     /// Owned bytes as a POST body, for the property below.
     struct Bytes(Vec<u8>);
 
@@ -686,6 +879,7 @@ mod tests {
             match name {
                 "x-toolgate-actor" => Some(Cow::Borrowed("agent")),
                 "mcp-session-id" => Some(Cow::Borrowed("s1")),
+                CONTENT_TYPE_HEADER => Some(Cow::Borrowed("application/json")),
                 _ => None,
             }
         }

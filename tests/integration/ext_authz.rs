@@ -535,8 +535,9 @@ async fn raw_headers_are_read_copy_by_copy() {
         let mut http = http_request("POST", &[]);
         http.headers.clear();
         http.header_map = Some(HeaderMap {
-            headers: headers
+            headers: [("content-type", &b"application/json"[..])]
                 .iter()
+                .chain(headers)
                 .map(|(key, value)| HeaderValue {
                     key: (*key).to_string(),
                     raw_value: value.to_vec(),
@@ -567,12 +568,46 @@ async fn raw_headers_are_read_copy_by_copy() {
         ("mcp-session-id", b"s2"),
     ];
     assert_denied(&check(&server, raw(&two_actors)).await, "actor-missing");
+    let two_sessions: [(&str, &[u8]); 3] = [
+        ("x-agent", b"payer"),
+        ("mcp-session-id", b"s1"),
+        ("mcp-session-id", b"s9"),
+    ];
+    assert_denied(&check(&server, raw(&two_sessions)).await, "session-missing");
     let mut partial = payer.to_vec();
     partial.extend([
         ("x-envoy-auth-partial-body", &b"false"[..]),
         ("x-envoy-auth-partial-body", b"true"),
     ]);
     assert_denied(&check(&server, raw(&partial)).await, "body-truncated");
+    server.stop().await;
+}
+
+/// A body is decided only as the UTF-8 JSON it is declared to be. This one
+/// reads in UTF-8 as a `read_balance` (allowed), but a server that honours
+/// `charset=utf-7` (the TypeScript SDK's body reader does) decodes the
+/// `+…-` run into quotes and braces: a second `name` and `arguments`, and
+/// `JSON.parse` keeps the last — a `wire_transfer` nobody approved.
+#[tokio::test]
+async fn a_body_in_another_charset_is_refused_not_read_as_utf8() {
+    let server = start(MAPPING).await;
+    let body = concat!(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_balance","#,
+        r#""arguments":{"account":"+ACIAfQAsACIAbgBhAG0AZQAiADoAIgB3AGkAcgBlAF8AdAByAGEAbgBz"#,
+        r#"AGYAZQByACIALAAiAGEAcgBnAHUAbQBlAG4AdABzACIAOgB7ACIAdABvACIAOgAiAGEAYwBjAHQALQA5ACIA"#,
+        r#"LAAiAGEAbQBvAHUAbgB0ACIAOgA1ACwAIgBhAGMAYwBvAHUAbgB0ACIAOgAi-"}}}"#,
+    );
+    let mut utf7 = PAYER.to_vec();
+    utf7.push(("content-type", "application/json; charset=utf-7"));
+    let error = assert_denied(
+        &check(&server, post(&utf7, body)).await,
+        "unsupported-media-type",
+    );
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(message.contains("charset=utf-7"), "{message}");
+    let mut declared = PAYER.to_vec();
+    declared.push(("content-type", "Application/JSON; charset=\"UTF-8\""));
+    assert_allowed(&check(&server, post(&declared, body)).await, "allowed");
     server.stop().await;
 }
 
@@ -586,6 +621,19 @@ async fn malformed_requests_fail_closed_with_a_precise_reason() {
     wrong_method.push(("mcp-method", "tools/list"));
     let mut wrong_name = PAYER.to_vec();
     wrong_name.push(("mcp-name", "change_role"));
+    let mut text = PAYER.to_vec();
+    text.push(("content-type", "text/plain"));
+    let mut gzip = PAYER.to_vec();
+    gzip.push(("content-encoding", "gzip"));
+    let mut untyped = post(&PAYER, &good);
+    if let Some(http) = untyped
+        .attributes
+        .as_mut()
+        .and_then(|attributes| attributes.request.as_mut())
+        .and_then(|request| request.http.as_mut())
+    {
+        http.headers.remove("content-type");
+    }
     let cases: Vec<(&str, CheckRequest, &str)> = vec![
         ("truncated", post(&partial, &good), "body-truncated"),
         ("no body", post(&PAYER, ""), "body-missing"),
@@ -610,6 +658,9 @@ async fn malformed_requests_fail_closed_with_a_precise_reason() {
             "mcp-header-mismatch",
         ),
         ("Mcp-Name", post(&wrong_name, &good), "mcp-header-mismatch"),
+        ("text/plain", post(&text, &good), "unsupported-media-type"),
+        ("gzip", post(&gzip, &good), "unsupported-media-type"),
+        ("no content-type", untyped, "unsupported-media-type"),
         (
             "no params",
             post(&PAYER, r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#),
@@ -618,6 +669,16 @@ async fn malformed_requests_fail_closed_with_a_precise_reason() {
         (
             "no session",
             post(&[("x-agent", "payer")], &good),
+            "session-missing",
+        ),
+        (
+            "two session ids joined",
+            post(&[("x-agent", "payer"), ("mcp-session-id", "s1,s2")], &good),
+            "session-missing",
+        ),
+        (
+            "a session id with a space",
+            post(&[("x-agent", "payer"), ("mcp-session-id", "s 1")], &good),
             "session-missing",
         ),
         (
@@ -697,7 +758,8 @@ async fn other_mcp_methods_follow_the_policy_setting() {
 /// Only a POST carries a JSON-RPC message to decide: a `tools/call` body
 /// in a PUT or a PATCH (which a lenient server might read) is refused even
 /// where other requests are let through, and so is a method MCP does not
-/// use; GET, DELETE, HEAD and OPTIONS follow `other_methods`.
+/// use; GET, DELETE, HEAD and OPTIONS follow `other_methods`, but not with
+/// a body.
 #[tokio::test]
 async fn a_tool_call_in_another_http_method_is_refused() {
     let server = start(&format!("{MAPPING}other_methods = \"allow\"\n")).await;
@@ -720,6 +782,14 @@ async fn a_tool_call_in_another_http_method_is_refused() {
     for method in ["GET", "DELETE", "head", "OPTIONS"] {
         let answer = check(&server, check_of(http_request(method, &PAYER))).await;
         assert_allowed(&answer, "method-allowed");
+        let mut http = http_request(method, &PAYER);
+        http.body = body.clone();
+        let error = assert_denied(&check(&server, check_of(http)).await, "method-not-allowed");
+        let message = error["error"]["message"].as_str().expect("message");
+        assert!(
+            message.contains("but this one has a body"),
+            "{method}: {message}"
+        );
     }
     assert_eq!(server.engine.stats().expect("stats").sessions, 0);
     server.stop().await;

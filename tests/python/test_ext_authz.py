@@ -172,6 +172,20 @@ def test_schema_failures_and_malformed_requests_are_denied(envoy):
     smuggled = denied(envoy.check(tool_call(10, "set_ticket", {"ticket": "lamp"}), LEARNER,
                                   method="PUT"), "method-not-allowed")
     assert "is not a method of MCP's streamable HTTP" in smuggled["error"]["message"]
+    in_a_get = denied(envoy.check(tool_call(11, "set_ticket", {"ticket": "lamp"}), LEARNER,
+                                  method="GET"), "method-not-allowed")
+    assert "but this one has a body" in in_a_get["error"]["message"]
+    # Only UTF-8 JSON as sent is read: in UTF-7 the same bytes are another call.
+    utf7 = denied(envoy.check(tool_call(12, "set_ticket", {"ticket": "+ACI-"}),
+                              {**LEARNER, "content-type": "application/json; charset=utf-7"}),
+                  "unsupported-media-type")
+    assert "charset=utf-7" in utf7["error"]["message"]
+    denied(envoy.check(tool_call(13, "set_ticket", {}), {**LEARNER, "content-encoding": "gzip"}),
+           "unsupported-media-type")
+    # Two copies of the session header, as Envoy joins them.
+    denied(envoy.check(tool_call(14, "set_ticket", {}),
+                       {**LEARNER, "mcp-session-id": "9b2f0c4e-session,other"}),
+           "session-missing")
 
 
 def test_every_check_leaves_a_decision_line_with_its_id(start_server, pb):
