@@ -1117,7 +1117,7 @@ mod spawned_byte_bounds {
 use tokio::net::TcpStream;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::raw::{GUARD, closed_by_server, framed, grpc_request, until};
+use support::raw::{GUARD, closed_by_server, framed, grpc_request, read_answer, until};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -1131,6 +1131,9 @@ const SILENT_FLOOD_RSS_BUDGET: u64 = 64 * MIB;
 /// the request buffer is bounded by `max_buffered_request_bytes` (64 MiB),
 /// plus HTTP/2 windows and allocator slack.
 const STALLED_REQUESTS_RSS_BUDGET: u64 = 160 * MIB;
+/// What 800 health checks may grow the server by: the probes' 1 MiB, and
+/// what HTTP/2 holds of eight connections' windows.
+const PROBES_RSS_BUDGET: u64 = 64 * MIB;
 
 /// How much the resident set may grow while 1,000 GetResource answers of
 /// 800 KB wait for windows that never open (~800 MB if each were held):
@@ -1329,6 +1332,85 @@ async fn stalled_request_bodies_are_bounded_in_memory_and_hold_no_permit() {
         mib(during.saturating_sub(before))
     );
     drop(connections);
+    assert_eq!(server.stop(), Some(0));
+}
+
+/// Health and reflection take no token and are exempt from the permits
+/// and the request buffer, so they have bounds of their own: a message over
+/// 16 KiB is refused from its length prefix, the bytes of all probes in
+/// flight share 1 MiB, and a probe's request ends within the read timeout.
+/// (Before, 400 health checks each sending most of a 4 MB message grew the
+/// server by 1.5 GiB, and held it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_without_a_token_are_bounded_in_memory_and_time() {
+    let _serial = SERIAL.lock().await;
+    let server = Serve::new(&decide_text(
+        "[server]\nread_timeout_ms = 2000\nhandshake_timeout_ms = 600000",
+    ))
+    .with_metrics()
+    .start();
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    let before = server_rss(&server);
+    const CONNECTIONS: usize = 8;
+    const STREAMS: usize = 50;
+    let path = "/grpc.health.v1.Health/Check";
+    // Most of a 4 MB message each: refused as soon as the prefix arrives.
+    let mut large = Vec::new();
+    for _ in 0..CONNECTIONS {
+        large.push(stalled_requests(server.addr, path, STREAMS, 4_000_000, 3_990_000).await);
+    }
+    let mut codes = HashMap::new();
+    for (_, calls) in &mut large {
+        for (response, _) in calls.drain(..) {
+            let answer = tokio::time::timeout(GUARD, read_answer(response))
+                .await
+                .expect("answered in time");
+            *codes.entry(answer.code).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(codes, HashMap::from([(Some(8), CONNECTIONS * STREAMS)]));
+    // 15,000 bytes of a 16,000-byte message each, then nothing: what fits
+    // in the probes' 1 MiB waits, the rest is refused, and the waiting ones
+    // end at the read timeout.
+    let mut stalled = Vec::new();
+    for _ in 0..CONNECTIONS {
+        stalled.push(stalled_requests(server.addr, path, STREAMS, 16_000, 15_000).await);
+    }
+    let mut codes = HashMap::new();
+    for (_, calls) in &mut stalled {
+        for (response, _) in calls.drain(..) {
+            let answer = tokio::time::timeout(GUARD, read_answer(response))
+                .await
+                .expect("answered in time");
+            *codes.entry(answer.code).or_insert(0) += 1;
+        }
+    }
+    let during = server_rss(&server);
+    eprintln!(
+        "400 health checks of 4 MB, 400 stalled at 15 KB: {codes:?}, RSS {:.1} -> {:.1} MiB",
+        mib(before),
+        mib(during)
+    );
+    let timed_out = codes.get(&Some(4)).copied().unwrap_or(0);
+    let refused = codes.get(&Some(8)).copied().unwrap_or(0);
+    assert_eq!(timed_out + refused, CONNECTIONS * STREAMS, "{codes:?}");
+    assert!((1..=70).contains(&timed_out), "{codes:?}");
+    assert!(
+        during.saturating_sub(before) < PROBES_RSS_BUDGET,
+        "RSS grew {:.1} MiB",
+        mib(during.saturating_sub(before))
+    );
+    assert!(
+        metric(
+            &server,
+            r#"toolgate_transport_refused_total{reason="read-timeout"}"#
+        )
+        .await
+            >= timed_out as f64
+    );
+    // Once they have ended, probes answer again.
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    drop((large, stalled));
     assert_eq!(server.stop(), Some(0));
 }
 

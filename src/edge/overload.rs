@@ -26,8 +26,14 @@
 //!   field path, as the proto promises, rather than tonic's `INTERNAL`.
 //!
 //! Health and reflection are exempt from the limit, the buffering and the
-//! log gate, so that probes still answer under load.
+//! log gate, so that probes still answer under load. They take no token, so
+//! their requests are bounded too, apart from everyone else's: each message
+//! to [`PROBE_MESSAGE_BYTES`] (the services' decoding limit), the bytes of
+//! all probes in flight to [`PROBE_BUFFER_BYTES`], and a probe's request
+//! side to the read timeout (reflection's stream included: its client sends
+//! its questions and closes).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -54,6 +60,12 @@ pub(crate) const CHUNK: usize = 16 * 1024;
 
 /// The gRPC message header: compressed flag and big-endian length.
 const HEADER: usize = 5;
+
+/// The largest message health or reflection decodes: a service name, a
+/// file name or a symbol.
+pub(crate) const PROBE_MESSAGE_BYTES: usize = 16 * 1024;
+/// The request bytes of all health and reflection calls in flight.
+const PROBE_BUFFER_BYTES: usize = 1024 * 1024;
 
 /// Overload settings (the policy's `[server]` section).
 #[derive(Debug, Clone)]
@@ -145,6 +157,7 @@ struct Limits {
     permits: Arc<Semaphore>,
     request_bytes: Arc<ByteBudget>,
     response_bytes: Arc<ByteBudget>,
+    probe_bytes: Arc<ByteBudget>,
     metrics: Arc<Metrics>,
     log_sink: Option<SinkStatus>,
 }
@@ -165,6 +178,7 @@ impl OverloadLayer {
                 permits: Arc::new(Semaphore::new(settings.max_concurrent_requests)),
                 request_bytes: ByteBudget::new(settings.max_buffered_request_bytes),
                 response_bytes: ByteBudget::new(settings.max_buffered_response_bytes),
+                probe_bytes: ByteBudget::new(PROBE_BUFFER_BYTES),
                 settings,
                 metrics,
                 log_sink,
@@ -244,6 +258,14 @@ where
             return answer(ready(EdgeError::NotGrpc.into_http()));
         }
         if exempt(request.uri().path()) {
+            let request = request.map(|body| {
+                Body::new(ProbeBody {
+                    inner: body,
+                    held: Reservation::new(&limits.probe_bytes),
+                    deadline: Box::pin(tokio::time::sleep(limits.settings.read_timeout)),
+                    limits: Arc::clone(&limits),
+                })
+            });
             let future = self.inner.call(request);
             return Box::pin(async move {
                 let response = future.await?;
@@ -512,6 +534,46 @@ impl http_body::Body for Replayed {
 
     fn is_end_stream(&self) -> bool {
         self.data.is_none() && self.trailers.is_none()
+    }
+}
+
+/// A probe's request body, passed on as it arrives (reflection's is a
+/// stream) but charged to the probes' byte budget until the call ends, and
+/// failed once the read timeout is over.
+struct ProbeBody {
+    inner: Body,
+    held: Reservation,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    limits: Arc<Limits>,
+}
+
+impl http_body::Body for ProbeBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        if self.deadline.as_mut().poll(context).is_ready() {
+            self.limits.metrics.transport_refused("read-timeout");
+            let refused = EdgeError::ReadTimeout(self.limits.settings.read_timeout);
+            return Poll::Ready(Some(Err(refused.into())));
+        }
+        let frame = match Pin::new(&mut self.inner).poll_frame(context) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        let length = frame.data_ref().map_or(0, Bytes::len);
+        if !self.held.grow(length) {
+            self.limits.metrics.transport_refused("request-buffer-full");
+            return Poll::Ready(Some(Err(EdgeError::RequestBufferFull.into())));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 }
 

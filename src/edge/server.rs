@@ -21,7 +21,7 @@ use crate::edge::approvals::ApprovalsService;
 use crate::edge::auth::AuthLayer;
 use crate::edge::connections::{ConnectionSettings, Connections};
 use crate::edge::metrics_layer::{MetricsLayer, serve_metrics};
-use crate::edge::overload::{OverloadLayer, OverloadSettings};
+use crate::edge::overload::{OverloadLayer, OverloadSettings, PROBE_MESSAGE_BYTES};
 use crate::edge::pins::PinsService;
 use crate::edge::resources::ResourcesService;
 use crate::edge::router::Router;
@@ -306,9 +306,17 @@ impl Grpc<'_> {
     ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
         let (engine, limit) = (self.engine.clone(), self.settings.max_message_bytes);
         let (server, connections) = self.transport(AuthLayer::new);
-        let others = Routes::new(health)
-            .add_service(reflection()?.build_v1()?)
-            .add_service(reflection()?.build_v1alpha()?)
+        let others = Routes::new(health.max_decoding_message_size(PROBE_MESSAGE_BYTES))
+            .add_service(
+                reflection()?
+                    .build_v1()?
+                    .max_decoding_message_size(PROBE_MESSAGE_BYTES),
+            )
+            .add_service(
+                reflection()?
+                    .build_v1alpha()?
+                    .max_decoding_message_size(PROBE_MESSAGE_BYTES),
+            )
             .add_service(
                 ManifestPinsServer::new(PinsService::new(engine.clone()))
                     .max_decoding_message_size(limit),
