@@ -66,6 +66,10 @@ pub enum RequestRefusal {
     Batch,
     /// A JSON value that is not a JSON-RPC request.
     NotJsonRpc,
+    /// Member names that differ only in case (as Go's `encoding/json`
+    /// folds them) in one object, or a member of the envelope or `params`
+    /// that folds to a name toolgate reads without being it.
+    AmbiguousMemberNames,
     /// `Mcp-Method` or `Mcp-Name` disagrees with the body.
     HeaderMismatch,
     /// A `tools/call` whose params or tool name are malformed.
@@ -93,13 +97,14 @@ pub enum RequestRefusal {
 }
 
 impl RequestRefusal {
-    pub const ALL: [RequestRefusal; 16] = [
+    pub const ALL: [RequestRefusal; 17] = [
         RequestRefusal::BodyMissing,
         RequestRefusal::BodyTruncated,
         RequestRefusal::BodyNotJson,
         RequestRefusal::UnsupportedMediaType,
         RequestRefusal::Batch,
         RequestRefusal::NotJsonRpc,
+        RequestRefusal::AmbiguousMemberNames,
         RequestRefusal::HeaderMismatch,
         RequestRefusal::InvalidToolCall,
         RequestRefusal::InvalidArguments,
@@ -121,6 +126,7 @@ impl RequestRefusal {
             RequestRefusal::UnsupportedMediaType => "unsupported-media-type",
             RequestRefusal::Batch => "batch-not-supported",
             RequestRefusal::NotJsonRpc => "not-json-rpc",
+            RequestRefusal::AmbiguousMemberNames => "ambiguous-member-names",
             RequestRefusal::HeaderMismatch => "mcp-header-mismatch",
             RequestRefusal::InvalidToolCall => "invalid-tool-call",
             RequestRefusal::InvalidArguments => "invalid-arguments",
@@ -305,6 +311,7 @@ pub fn classify(settings: &ExtAuthzSettings, request: &impl HttpRequest) -> Refu
         }
     };
     let id = message.get("id").cloned().unwrap_or(Value::Null);
+    check_member_names(&message, &id)?;
     let Some(method) = json_rpc_method(&message, &id)? else {
         // A response to a server's request (sampling, elicitation, roots).
         if let Some(header) = request.header(MCP_METHOD_HEADER) {
@@ -406,6 +413,82 @@ fn check_media_type(request: &impl HttpRequest) -> Refusable<()> {
         ));
     }
     Ok(())
+}
+
+/// The members of the JSON-RPC envelope and of `params` that toolgate or a
+/// server reads.
+const ENVELOPE_MEMBERS: [&str; 6] = ["error", "id", "jsonrpc", "method", "params", "result"];
+const PARAMS_MEMBERS: [&str; 3] = ["_meta", "arguments", "name"];
+
+/// Member names are read as toolgate reads them only when no two of one
+/// object fold equal: Go's `encoding/json` matches a struct's fields
+/// case-insensitively (with Unicode folding: `ſ` is `s`, the Kelvin sign
+/// `k`) and keeps the last member that matches, so `"params"` then
+/// `"Params"` would have a Go server run the second while toolgate decides
+/// the first (CVE-2026-27896). Refused anywhere in the message, and so is
+/// a member of the envelope or of `params` that folds to a name toolgate
+/// reads without being it (`"Method"` alone).
+fn check_member_names(message: &Object, id: &Value) -> Refusable<()> {
+    let ambiguous =
+        |message: String| Err(refused(RequestRefusal::AmbiguousMemberNames, message, id));
+    if let Some((first, second)) = folded_twice(message) {
+        return ambiguous(format!(
+            "members {:?} and {:?} of one object differ only in case, and some servers \
+             (Go's encoding/json) read them as one",
+            shown(first),
+            shown(second)
+        ));
+    }
+    let params = message.get("params").and_then(Value::as_object);
+    for (object, names, path) in [
+        (Some(message), &ENVELOPE_MEMBERS[..], ""),
+        (params, &PARAMS_MEMBERS[..], "params."),
+    ] {
+        let Some(object) = object else { continue };
+        for key in object.keys().filter(|key| !is_folded(key)) {
+            if let Some(name) = names
+                .iter()
+                .find(|name| unicase::UniCase::unicode(*name) == unicase::UniCase::unicode(key))
+            {
+                return ambiguous(format!(
+                    "{path}{:?}: write it {name:?}; some servers (Go's encoding/json) read \
+                     it as {name:?}, toolgate does not",
+                    shown(key)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Two member names of one object, `object` or one within it, that fold
+/// equal.
+fn folded_twice(object: &Object) -> Option<(&str, &str)> {
+    if !object.keys().all(is_folded) {
+        let mut folded: Vec<_> = object.keys().map(unicase::UniCase::unicode).collect();
+        folded.sort_unstable();
+        if let Some(pair) = folded.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Some((*pair[0], *pair[1]));
+        }
+    }
+    object
+        .iter()
+        .find_map(|(_, value)| nested_folded_twice(value))
+}
+
+fn nested_folded_twice(value: &Value) -> Option<(&str, &str)> {
+    match value {
+        Value::Object(object) => folded_twice(object),
+        Value::Array(items) => items.iter().find_map(nested_folded_twice),
+        _ => None,
+    }
+}
+
+/// A name that is its own folding: ASCII with no capital letter (two such
+/// names fold equal only when they are equal, which the parser refuses).
+fn is_folded(name: &str) -> bool {
+    name.bytes()
+        .all(|byte| byte.is_ascii() && !byte.is_ascii_uppercase())
 }
 
 /// The request's `method`, checked to be a JSON-RPC 2.0 request; `None`
@@ -868,7 +951,33 @@ mod tests {
         }
     }
 
-    /// Owned bytes as a POST body, for the property below.
+    /// Member names a Go server (encoding/json: case-insensitive, Unicode
+    /// folding, the last match kept) would read as one are refused, in the
+    /// envelope, in `params` and anywhere in the arguments.
+    #[test]
+    fn member_names_that_fold_equal_are_refused() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"},"Params":{"name":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","Method":"tools/call","params":{"name":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"},"param\u017f":{"name":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","Name":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{"amount":5,"Amount":50000}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{"items":[{"\u212aey":1,"key":2}]}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"Method":"tools/call","result":{},"params":{"name":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"NAME":"b"}}"#,
+        ] {
+            let request = with_header(body, CONTENT_TYPE_HEADER, Some("application/json"));
+            assert_eq!(
+                refusal(&request),
+                RequestRefusal::AmbiguousMemberNames,
+                "{body}"
+            );
+        }
+        let camel = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","arguments":{"userId":1,"Zone":"eu","nested":{"X":1}}}}"#;
+        assert!(is_tool_call(&post(camel)));
+    }
+
+    /// Owned bytes as a POST body, for the property below.    /// Owned bytes as a POST body, for the property below.
     struct Bytes(Vec<u8>);
 
     impl HttpRequest for Bytes {

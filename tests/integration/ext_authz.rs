@@ -611,6 +611,37 @@ async fn a_body_in_another_charset_is_refused_not_read_as_utf8() {
     server.stop().await;
 }
 
+/// A Go MCP server (encoding/json) matches member names case-insensitively
+/// and keeps the last: `"Params"` after `"params"` would have it run a
+/// `wire_transfer` while the Check decided a `read_balance`, and `"Method"`
+/// a `tools/call` that toolgate took for a response let through as
+/// another request.
+#[tokio::test]
+async fn member_names_a_go_server_reads_as_one_are_refused() {
+    let server = start(&format!("{MAPPING}other_methods = \"allow\"\n")).await;
+    let smuggled = concat!(
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"read_balance"},"#,
+        r#""Params":{"name":"wire_transfer","arguments":{"to":"acct-9","amount":5}}}"#,
+    );
+    let error = assert_denied(
+        &check(&server, post(&PAYER, smuggled)).await,
+        "ambiguous-member-names",
+    );
+    assert_eq!(error["id"], 5);
+    let message = error["error"]["message"].as_str().expect("message");
+    assert!(message.contains(r#""Params""#), "{message}");
+    let as_response = concat!(
+        r#"{"jsonrpc":"2.0","id":6,"result":{},"Method":"tools/call","#,
+        r#""params":{"name":"wire_transfer","arguments":{"to":"acct-9","amount":5}}}"#,
+    );
+    assert_denied(
+        &check(&server, post(&PAYER, as_response)).await,
+        "ambiguous-member-names",
+    );
+    assert_eq!(server.engine.stats().expect("stats").sessions, 0);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn malformed_requests_fail_closed_with_a_precise_reason() {
     let server = start(MAPPING).await;

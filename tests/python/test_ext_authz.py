@@ -182,6 +182,11 @@ def test_schema_failures_and_malformed_requests_are_denied(envoy):
     assert "charset=utf-7" in utf7["error"]["message"]
     denied(envoy.check(tool_call(13, "set_ticket", {}), {**LEARNER, "content-encoding": "gzip"}),
            "unsupported-media-type")
+    # Names a Go server reads as one ("params", "Params": the last wins).
+    go = json.dumps({"jsonrpc": "2.0", "id": 15, "method": "tools/call",
+                     "params": {"name": "set_ticket", "arguments": {"ticket": "lamp"}},
+                     "Params": {"name": "send_reply", "arguments": {}}})
+    denied(envoy.check(go, LEARNER), "ambiguous-member-names")
     # Two copies of the session header, as Envoy joins them.
     denied(envoy.check(tool_call(14, "set_ticket", {}),
                        {**LEARNER, "mcp-session-id": "9b2f0c4e-session,other"}),
