@@ -412,6 +412,76 @@ async fn duplicate_and_empty_tool_names_are_unsafe_not_invalid() {
     server.stop().await;
 }
 
+/// A pin is stored as canonical JSON and read back as a manifest file at
+/// the next start (at most 4 MiB, 64 levels deep): one that fits the API's
+/// per-field limits but not that is refused, not stored to stop a restart.
+#[tokio::test]
+async fn a_manifest_whose_stored_form_would_not_read_back_is_not_pinned() {
+    let server = TestServer::start(&policy_text("manifest_reviewer")).await;
+    let nested =
+        |depth: usize| format!("{}{}", "{\"a\":".repeat(depth - 1) + "{", "}".repeat(depth));
+    let with_schema = |server_id: &str, schema: String| pb::Manifest {
+        server_id: server_id.into(),
+        revision: "1".into(),
+        tools: vec![pb::ManifestTool {
+            name: "t".into(),
+            input_schema_json: schema,
+            ..Default::default()
+        }],
+    };
+    // Control characters print as six bytes each: 917 KB in the request,
+    // 5.5 MB stored.
+    let wide = pb::Manifest {
+        server_id: "wide".into(),
+        revision: "1".into(),
+        tools: (0..7)
+            .map(|index| pb::ManifestTool {
+                name: format!("t{index}"),
+                parameters: (0..128)
+                    .map(|item| format!("{item:03}{}", "\u{1}".repeat(1021)))
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    for manifest in [with_schema("deep", nested(64)), wide] {
+        let status = server
+            .pins()
+            .pin_manifest(authed(pin_request(Some(manifest), ""), ALICE))
+            .await
+            .expect_err("not pinned");
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("does not read back as a manifest")
+                && status.message().ends_with("nothing was pinned"),
+            "{status:?}"
+        );
+    }
+    server
+        .pins()
+        .pin_manifest(authed(
+            pin_request(Some(with_schema("shallow", nested(60))), ""),
+            ALICE,
+        ))
+        .await
+        .expect("a schema 60 deep is pinned");
+    let pins = server
+        .pins()
+        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
+        .await
+        .expect("list")
+        .into_inner()
+        .pins;
+    let ids: Vec<&str> = pins.iter().map(|pin| pin.server_id.as_str()).collect();
+    assert!(
+        ids.contains(&"shallow") && !ids.contains(&"deep") && !ids.contains(&"wide"),
+        "{ids:?}"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_fingerprint_only_pin_of_an_unsafe_manifest_still_gates_decide() {
     // A pin computed outside toolgate from a manifest with two tools of one

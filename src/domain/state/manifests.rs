@@ -103,9 +103,20 @@ impl State {
             pinned_by: reviewer.to_string(),
             pinned_at: now,
         };
+        // What is pinned must read back at the next start, where the stored
+        // text is read as a manifest file (its size, its depth): a manifest
+        // that only fits the API's per-field limits would stop the restart.
+        let stored = StoredPin::of(&api_pin);
+        if let Err(error) = Manifest::from_json(stored.manifest.as_bytes()) {
+            return Err(Error::FailedPrecondition(format!(
+                "this manifest cannot be pinned: its canonical JSON ({} bytes) does not read \
+                 back as a manifest ({error}); nothing was pinned",
+                stored.manifest.len()
+            )));
+        }
         let record = api_pin_record(&api_pin);
         let key = record.server_id.as_bytes().to_vec();
-        self.journal.put(Kind::Pin, key, &StoredPin::of(&api_pin));
+        self.journal.put(Kind::Pin, key, &stored);
         self.api_pins.insert(record.server_id.clone(), api_pin);
         Ok(record)
     }
