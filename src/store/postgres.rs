@@ -1462,6 +1462,11 @@ impl Store for PostgresStore {
         match found {
             Err(error) => {
                 self.making = Some(token);
+                // The commit's fate is unknown, and the writer may give it
+                // up as not made while this replica's memory holds it: the
+                // next turn reads everything again rather than what came
+                // after a count that may already include it or never will.
+                self.seen = None;
                 Resume::Unreachable(error)
             }
             Ok(Some(count)) => {
