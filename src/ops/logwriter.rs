@@ -335,7 +335,7 @@ pub struct RotatingFile {
 impl RotatingFile {
     /// Opens (appends to) `path`; `keep` rotated files are kept (at least one).
     pub fn open(path: &Path, max_bytes: u64, keep: usize) -> io::Result<RotatingFile> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = open_log(path)?;
         let written = file.metadata()?.len();
         Ok(RotatingFile {
             path: path.to_path_buf(),
@@ -353,22 +353,41 @@ impl RotatingFile {
     }
 
     fn rotate(&mut self) -> io::Result<()> {
+        self.rotate_with(open_log)
+    }
+
+    /// Moves the files along and opens a new one with `open`. When the
+    /// new file cannot be opened (no descriptor left, say) the writer
+    /// tries again later; the current file is then already `.1`, so that
+    /// attempt only opens: moving the files along again would push a
+    /// rotated log out at every retry.
+    fn rotate_with(&mut self, open: impl Fn(&Path) -> io::Result<File>) -> io::Result<()> {
         self.file.flush()?;
-        let _ = std::fs::remove_file(self.rotated(self.keep));
-        for index in (1..self.keep).rev() {
-            let from = self.rotated(index);
-            if from.exists() {
-                std::fs::rename(&from, self.rotated(index + 1))?;
+        if self.path.exists() {
+            let _ = std::fs::remove_file(self.rotated(self.keep));
+            for index in (1..self.keep).rev() {
+                let from = self.rotated(index);
+                if from.exists() {
+                    std::fs::rename(&from, self.rotated(index + 1))?;
+                }
             }
+            std::fs::rename(&self.path, self.rotated(1))?;
         }
-        std::fs::rename(&self.path, self.rotated(1))?;
-        self.file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)?;
+        self.file = open(&self.path)?;
         self.written = 0;
         Ok(())
     }
+}
+
+/// The log file, appended to; made readable by its owner only (reviewers'
+/// notes and every decision are in it).
+fn open_log(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
 }
 
 impl Write for RotatingFile {
@@ -624,5 +643,39 @@ mod tests {
             .collect();
         let expected: Vec<String> = (4..10).map(|batch| format!("{batch:039}")).collect();
         assert_eq!(lines, expected);
+    }
+
+    /// A rotation whose new file cannot be opened loses no rotated file
+    /// when it is tried again (each retry used to move the files along
+    /// once more, deleting the oldest, until none was left), and the file
+    /// is its owner's alone.
+    #[test]
+    fn a_rotation_that_cannot_open_its_new_file_loses_nothing_on_retry() {
+        use std::os::unix::fs::PermissionsExt;
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("toolgate.log");
+        let name = |suffix: &str| {
+            let mut name = path.clone().into_os_string();
+            name.push(suffix);
+            PathBuf::from(name)
+        };
+        std::fs::write(name(".1"), "one\n").unwrap();
+        std::fs::write(name(".2"), "two\n").unwrap();
+        let mut file = RotatingFile::open(&path, 100, 3).unwrap();
+        file.write_all(b"current\n").unwrap();
+        let refused = |_: &Path| Err(io::Error::from_raw_os_error(24)); // EMFILE
+        for _ in 0..5 {
+            assert!(file.rotate_with(refused).is_err());
+        }
+        file.rotate().unwrap();
+        file.write_all(b"next\n").unwrap();
+        file.flush().unwrap();
+        let read = |suffix: &str| std::fs::read_to_string(name(suffix)).unwrap();
+        assert_eq!(
+            [read(""), read(".1"), read(".2"), read(".3")],
+            ["next\n", "current\n", "one\n", "two\n"]
+        );
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 }
