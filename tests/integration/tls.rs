@@ -558,6 +558,72 @@ async fn plaintext_off_loopback_needs_tls_or_the_mesh_acknowledgement() {
     acknowledged.kill();
 }
 
+/// `serve` with these arguments after `--config POLICY`, expected to exit
+/// 1 before it listens: its stderr.
+async fn refused_start(policy_text: &str, args: &[&str]) -> String {
+    let policy_dir = Files::new();
+    let policy = policy_dir.write("policy.toml", policy_text);
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    let output = tokio::task::spawn_blocking(move || {
+        spawn::command()
+            .args(["serve", "--store", "memory", "--config"])
+            .arg(&policy)
+            .args(&args)
+            .output()
+            .expect("run toolgate")
+    })
+    .await
+    .expect("join");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
+/// The ext_authz listener takes Checks with no token, acting as the host
+/// credential: off loopback it needs TLS or the mesh's acknowledgement as
+/// much as the gRPC listener does (it used to serve plaintext on any
+/// address).
+#[tokio::test]
+async fn an_ext_authz_listener_off_loopback_needs_tls_or_the_mesh_acknowledgement() {
+    let policy = decide_text("[ext_authz]\nhost_credential = \"agent-host\"\n");
+    let stderr = refused_start(
+        &policy,
+        &["--listen", "127.0.0.1:0", "--ext-authz-listen", "0.0.0.0:0"],
+    )
+    .await;
+    assert!(
+        stderr.contains(
+            "refusing to serve plaintext on the non-loopback address 0.0.0.0:0 (--ext-authz-listen)"
+        ),
+        "{stderr}"
+    );
+    let mut acknowledged = spawn::Serve::new(&policy)
+        .args(&[
+            "--ext-authz-listen",
+            "0.0.0.0:0",
+            "--insecure-plaintext-behind-mesh",
+        ])
+        .start();
+    assert_ne!(acknowledged.addr.port(), 0);
+    acknowledged.kill();
+}
+
+/// `--tls-cert`/`--tls-key` replace `[server.tls]`: without
+/// `--tls-client-ca` they would drop the policy's client CA, and with it
+/// the requirement of client certificates, so they are refused.
+#[tokio::test]
+async fn tls_flags_do_not_drop_the_policys_client_ca() {
+    let policy = decide_text(
+        "[server.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"clients.pem\"\n",
+    );
+    let stderr = refused_start(
+        &policy,
+        &["--tls-cert", "other.pem", "--tls-key", "other.key"],
+    )
+    .await;
+    assert!(stderr.contains("give --tls-client-ca too"), "{stderr}");
+}
+
 #[test]
 fn client_identity_and_server_tls_are_validated_naming_the_key() {
     let refused = |extra: &str| {

@@ -250,11 +250,27 @@ async fn bind_optional(address: Option<SocketAddr>, what: &str) -> Result<Option
 /// The TLS to serve: `--tls-cert`/`--tls-key`/`--tls-client-ca` (paths
 /// from the working directory), else the policy's `[server.tls]`, loaded
 /// now so that a bad file stops the start. Refused: plaintext on a
-/// non-loopback address without `--insecure-plaintext-behind-mesh` (or
-/// `[server] plaintext_behind_mesh = true`), and credentials bound to a
-/// client certificate without mTLS.
+/// non-loopback address (`--listen` or `--ext-authz-listen`, whose callers
+/// need no token) without `--insecure-plaintext-behind-mesh` (or `[server]
+/// plaintext_behind_mesh = true`), flags that would drop the policy's
+/// `client_ca`, and credentials bound to a client certificate without mTLS.
 fn server_tls(args: &ServeArgs, policy: &Policy) -> Result<Option<ServerTls>, String> {
     let files = match (&args.tls_cert, &args.tls_key) {
+        (Some(_), Some(_))
+            if args.tls_client_ca.is_none()
+                && policy
+                    .server
+                    .tls
+                    .as_ref()
+                    .is_some_and(|tls| tls.client_ca.is_some()) =>
+        {
+            return Err(
+                "--tls-cert/--tls-key replace the policy's [server.tls], whose client_ca \
+                 requires client certificates: give --tls-client-ca too (or remove client_ca \
+                 from the policy), so that mTLS is not dropped unseen"
+                    .to_string(),
+            );
+        }
         (Some(cert), Some(key)) => Some(TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
@@ -264,13 +280,20 @@ fn server_tls(args: &ServeArgs, policy: &Policy) -> Result<Option<ServerTls>, St
     };
     let plaintext_acknowledged =
         args.insecure_plaintext_behind_mesh || policy.server.plaintext_behind_mesh;
-    if files.is_none() && !args.listen.ip().is_loopback() && !plaintext_acknowledged {
-        return Err(format!(
-            "refusing to serve plaintext on the non-loopback address {}: configure TLS \
-             ([server.tls] or --tls-cert/--tls-key), or acknowledge that a service mesh \
-             provides it (--insecure-plaintext-behind-mesh or [server] plaintext_behind_mesh = true)",
-            args.listen
-        ));
+    let addresses = [
+        ("--listen", Some(args.listen)),
+        ("--ext-authz-listen", args.ext_authz_listen),
+    ];
+    for (flag, address) in addresses {
+        let Some(address) = address else { continue };
+        if files.is_none() && !address.ip().is_loopback() && !plaintext_acknowledged {
+            return Err(format!(
+                "refusing to serve plaintext on the non-loopback address {address} ({flag}): \
+                 configure TLS ([server.tls] or --tls-cert/--tls-key), or acknowledge that a \
+                 service mesh provides it (--insecure-plaintext-behind-mesh or [server] \
+                 plaintext_behind_mesh = true)"
+            ));
+        }
     }
     let mutual = files
         .as_ref()
