@@ -229,6 +229,7 @@ impl SqliteStore {
             let step = step.to_string();
             move |error| store_error(dir, &step, error)
         };
+        refuse_orphan_wal(dir, &db_path)?;
         // Created here so that it, and the WAL files SQLite gives the same
         // mode, are the owner's only (SQLite's own default is 0644).
         if !db_path.exists() {
@@ -1033,7 +1034,30 @@ fn existing_store(dir: &Path) -> StoreResult<(PathBuf, Vec<String>)> {
     ))
 }
 
+/// A database file that is missing or empty beside a write-ahead log that
+/// holds commits is not a new store: SQLite would open it as one and
+/// delete the log (every approval and receipt in it), even through a
+/// read-only connection. Refused, saying what to do, for `serve` and for
+/// `store check` alike.
+fn refuse_orphan_wal(dir: &Path, db_path: &Path) -> StoreResult<()> {
+    let db_bytes = std::fs::metadata(db_path).map_or(0, |metadata| metadata.len());
+    let mut wal = db_path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal_bytes = std::fs::metadata(&wal).map_or(0, |metadata| metadata.len());
+    if db_bytes == 0 && wal_bytes > 0 {
+        return Err(StoreError(format!(
+            "the SQLite store at {}: {DB_FILE} is missing or empty, but its write-ahead log \
+             holds {wal_bytes} bytes of commits; not opened (SQLite would discard the log). \
+             Restore {DB_FILE} from a backup (toolgate store backup), or move {DB_FILE}-wal \
+             away to start an empty store",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 fn open_read_only(dir: &Path, db_path: &Path) -> StoreResult<Connection> {
+    refuse_orphan_wal(dir, db_path)?;
     let connection = Connection::open_with_flags(
         db_path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

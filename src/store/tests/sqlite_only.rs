@@ -130,6 +130,30 @@ fn a_file_that_is_not_a_database_is_refused_untouched() {
     assert_eq!(fs::read(dir.join(DB_FILE)).unwrap(), garbage);
 }
 
+/// A database file that is missing or empty beside a write-ahead log
+/// holding commits is refused, by `serve` and `store check`, and the log
+/// is left as it is: SQLite would open an empty store and delete the log.
+#[test]
+fn an_empty_database_beside_its_log_is_refused_and_the_log_kept() {
+    let parent = tempfile::tempdir().unwrap();
+    let wal_of = |dir: &Path| dir.join(format!("{DB_FILE}-wal"));
+    let log = b"commits of a store whose database file was lost".repeat(100);
+    for (name, empty) in [("emptied", true), ("removed", false)] {
+        let dir = private_dir(parent.path(), name);
+        if empty {
+            fs::write(dir.join(DB_FILE), b"").unwrap();
+        }
+        fs::write(wal_of(&dir), &log).unwrap();
+        let error = SqliteStore::open(&dir).unwrap_err();
+        assert!(error.0.contains("write-ahead log holds"), "{error}");
+        if empty {
+            let error = sqlite::check(&dir).unwrap_err();
+            assert!(error.0.contains("write-ahead log holds"), "{error}");
+        }
+        assert_eq!(fs::read(wal_of(&dir)).unwrap(), log);
+    }
+}
+
 // ----- schema versions --------------------------------------------------------
 
 #[test]
