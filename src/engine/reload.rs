@@ -84,7 +84,7 @@ async fn reload_all(
 
 /// Catches SIGHUP from now on and, in a task of its own, reloads the
 /// policy file at `path` and the TLS files ([`reload_with_tls`]) on each
-/// one. Call it before the address is announced, so that a reload sent
+/// one (with neither, says so: the signal never stops the server). Call it before the address is announced, so that a reload sent
 /// right after cannot kill the process. Must run inside a tokio runtime;
 /// fails when the signal cannot be caught.
 pub fn reload_on_sighup(
@@ -96,6 +96,13 @@ pub fn reload_on_sighup(
     let mut hangups = signal(SignalKind::hangup())?;
     Ok(tokio::spawn(async move {
         while hangups.recv().await.is_some() {
+            if path.is_none() && tls.is_none() {
+                tracing::warn!(
+                    "SIGHUP: nothing to reload (the embedded default policy, no TLS files); \
+                     serve --config FILE to reload a policy"
+                );
+                continue;
+            }
             // The failure is logged by reload_with_tls; the loop goes on.
             let _ = reload_with_tls(&engine, path.as_deref(), listen, tls.as_ref()).await;
         }

@@ -275,6 +275,36 @@ async fn sigterm_lets_in_flight_calls_finish_refuses_new_ones_and_exits_zero() {
 
 // ----- policy reload (SIGHUP to a spawned binary) -------------------------
 
+/// A server on its embedded default policy has nothing to reload: SIGHUP
+/// says so and the server goes on serving (no handler was installed, so
+/// the signal killed it).
+#[tokio::test]
+async fn sighup_to_a_server_on_the_embedded_policy_leaves_it_serving() {
+    let mut server = Serve::new("")
+        .embedded()
+        .args(&["--store", "memory"])
+        .pipe_stderr()
+        .start();
+    let lines = server.stderr_lines();
+    server.signal("HUP");
+    let said = tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains("SIGHUP: nothing to reload") => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+        false
+    })
+    .await
+    .expect("join");
+    assert!(said, "no 'nothing to reload' line");
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    assert_eq!(server.stop(), Some(0));
+}
+
 /// Bound on every wait for the child, so a bug fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(30);
 

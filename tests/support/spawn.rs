@@ -37,6 +37,8 @@ pub struct Serve {
     /// A `--data-dir` of the test's own unless the arguments choose a
     /// store (false: the policy's `[server] store` does).
     data_dir: bool,
+    /// No `--config`: the embedded default policy.
+    embedded: bool,
 }
 
 impl Serve {
@@ -48,7 +50,15 @@ impl Serve {
             args: Vec::new(),
             pipe_stderr: false,
             data_dir: true,
+            embedded: false,
         }
+    }
+
+    /// No `--config`: the server runs on its embedded default policy (the
+    /// policy text is not used).
+    pub fn embedded(mut self) -> Serve {
+        self.embedded = true;
+        self
     }
 
     /// No `--data-dir` of the test's own: the policy names the store.
@@ -97,8 +107,10 @@ impl Serve {
         let mut serve = Command::new(env!("CARGO_BIN_EXE_toolgate"));
         serve
             .env_remove("RUST_LOG")
-            .args(["serve", "--listen", &self.listen, "--config"])
-            .arg(&policy_path);
+            .args(["serve", "--listen", &self.listen]);
+        if !self.embedded {
+            serve.arg("--config").arg(&policy_path);
+        }
         if self.metrics {
             serve.args(["--metrics-listen", "127.0.0.1:0"]);
         }

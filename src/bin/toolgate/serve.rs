@@ -157,9 +157,9 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         };
         // SIGHUP is caught from before the address is announced: a reload
-        // sent right after `listening on` must not kill the process.
-        if (args.config.is_some() || tls.is_some())
-            && let Err(error) = reload::reload_on_sighup(
+        // sent right after `listening on` must not kill the process (nor
+        // one sent to a server with nothing to reload).
+        if let Err(error) = reload::reload_on_sighup(
                 engine.clone(),
                 args.config.clone(),
                 args.listen,
