@@ -579,11 +579,30 @@ fn prepare_dir(dir: &Path) -> StoreResult<()> {
             "the data directory {} is not a directory",
             dir.display()
         ))),
-        Ok(metadata) => match loose_permissions(dir, &metadata) {
-            Some(message) => Err(StoreError(message)),
-            None => Ok(()),
-        },
+        Ok(metadata) => {
+            match foreign_owner(dir, &metadata).or_else(|| loose_permissions(dir, &metadata)) {
+                Some(message) => Err(StoreError(message)),
+                None => Ok(()),
+            }
+        }
     }
+}
+
+/// Why the store may not be opened in `dir` by this process, if so: it
+/// belongs to another user, who could rewrite approvals and receipts even
+/// in a 0700 directory. (`store check` and `backup` only read, and may be
+/// run by root on a store another user serves.)
+fn foreign_owner(dir: &Path, metadata: &fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let user = rustix::process::geteuid().as_raw();
+    (metadata.uid() != user).then(|| {
+        format!(
+            "the data directory {dir} belongs to uid {owner}, not to the user toolgate \
+             runs as (uid {user}): run `chown {user} {dir}`, or run toolgate as its owner",
+            dir = dir.display(),
+            owner = metadata.uid()
+        )
+    })
 }
 
 /// Why `dir` is too open, if it is: the store's records (credentials'
@@ -849,6 +868,11 @@ fn check_with(
                 .map(|line| format!("integrity_check: {line}")),
         ),
         Err(error) => corrupt_or("integrity_check", error, &mut problems)?,
+    }
+    // What `serve` refuses, `check` reports: tables but no schema version
+    // is a file of something else's.
+    if let Err(foreign) = refuse_foreign(&transaction, dir, report.schema_version) {
+        problems.push(foreign.0);
     }
     if report.schema_version == SCHEMA_VERSION {
         match table_counts(&transaction) {

@@ -119,6 +119,23 @@ fn a_directory_group_or_others_can_reach_is_refused() {
     assert!(error.0.contains("is not a directory"), "{error}");
 }
 
+/// A 0700 directory of another user's is refused: that user could rewrite
+/// approvals and receipts. (Only root can give a directory away; as
+/// another user the refusal cannot arise, and `chown` says so.)
+#[test]
+fn a_data_directory_of_another_user_is_refused() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = private_dir(parent.path(), "data");
+    match std::os::unix::fs::chown(&dir, Some(65534), None) {
+        Ok(()) => {
+            let error = SqliteStore::open(&dir).unwrap_err();
+            assert!(error.0.contains("belongs to uid 65534"), "{error}");
+            assert_eq!(fs::read_dir(&dir).unwrap().count(), 0, "nothing written");
+        }
+        Err(error) => assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied),
+    }
+}
+
 #[test]
 fn a_file_that_is_not_a_database_is_refused_untouched() {
     let parent = tempfile::tempdir().unwrap();
@@ -267,6 +284,16 @@ fn a_version_0_file_with_tables_is_not_a_store() {
     let error = SqliteStore::open(&dir).unwrap_err();
     assert!(error.0.contains("is not a toolgate store"), "{error}");
     assert_eq!(files(&dir), before);
+    // `store check` says so too (it used to pass it: it looked at tables
+    // only at the current schema version).
+    let report = sqlite::check(&dir).unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|problem| problem.contains("is not a toolgate store")),
+        "{report:?}"
+    );
 }
 
 #[test]
