@@ -1353,38 +1353,33 @@ async fn probes_without_a_token_are_bounded_in_memory_and_time() {
     let before = server_rss(&server);
     const CONNECTIONS: usize = 8;
     const STREAMS: usize = 50;
-    let path = "/grpc.health.v1.Health/Check";
-    // Most of a 4 MB message each: refused as soon as the prefix arrives.
-    let mut large = Vec::new();
-    for _ in 0..CONNECTIONS {
-        large.push(stalled_requests(server.addr, path, STREAMS, 4_000_000, 3_990_000).await);
-    }
-    let mut codes = HashMap::new();
-    for (_, calls) in &mut large {
-        for (response, _) in calls.drain(..) {
-            let answer = tokio::time::timeout(GUARD, read_answer(response))
-                .await
-                .expect("answered in time");
-            *codes.entry(answer.code).or_insert(0) += 1;
+    // Health checks on 8 connections of 50 streams, each sending `sent`
+    // bytes of a `declared`-byte message and stopping: their grpc-status
+    // codes, counted.
+    let answers = |declared: u32, sent: usize| async move {
+        let mut connections = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let path = "/grpc.health.v1.Health/Check";
+            connections.push(stalled_requests(server.addr, path, STREAMS, declared, sent).await);
         }
-    }
+        let mut codes = HashMap::new();
+        for (_, calls) in &mut connections {
+            for (response, _) in calls.drain(..) {
+                let answer = tokio::time::timeout(GUARD, read_answer(response))
+                    .await
+                    .expect("answered in time");
+                *codes.entry(answer.code).or_insert(0) += 1;
+            }
+        }
+        codes
+    };
+    // Most of a 4 MB message each: refused as soon as the prefix arrives.
+    let codes = answers(4_000_000, 3_990_000).await;
     assert_eq!(codes, HashMap::from([(Some(8), CONNECTIONS * STREAMS)]));
     // 15,000 bytes of a 16,000-byte message each, then nothing: what fits
     // in the probes' 1 MiB waits, the rest is refused, and the waiting ones
     // end at the read timeout.
-    let mut stalled = Vec::new();
-    for _ in 0..CONNECTIONS {
-        stalled.push(stalled_requests(server.addr, path, STREAMS, 16_000, 15_000).await);
-    }
-    let mut codes = HashMap::new();
-    for (_, calls) in &mut stalled {
-        for (response, _) in calls.drain(..) {
-            let answer = tokio::time::timeout(GUARD, read_answer(response))
-                .await
-                .expect("answered in time");
-            *codes.entry(answer.code).or_insert(0) += 1;
-        }
-    }
+    let codes = answers(16_000, 15_000).await;
     let during = server_rss(&server);
     eprintln!(
         "400 health checks of 4 MB, 400 stalled at 15 KB: {codes:?}, RSS {:.1} -> {:.1} MiB",
@@ -1410,7 +1405,6 @@ async fn probes_without_a_token_are_bounded_in_memory_and_time() {
     );
     // Once they have ended, probes answer again.
     assert_eq!(server.health().await, ServingStatus::Serving);
-    drop((large, stalled));
     assert_eq!(server.stop(), Some(0));
 }
 

@@ -90,13 +90,7 @@ async fn spec_section_7_scenario() {
     assert_eq!(answer.diffs[0].change(), pb::ToolChange::Modified);
     assert!(answer.diffs[0].description_changed);
     assert!(!answer.diffs[0].scopes_changed && !answer.diffs[0].widened);
-    let pins = server
-        .pins()
-        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
-        .await
-        .expect("list")
-        .into_inner()
-        .pins;
+    let pins = pins_listed(&server).await;
     assert_eq!(pins.len(), 1);
     assert_eq!(pins[0].fingerprint, pinned);
     assert_eq!(pins[0].source(), pb::PinSource::Policy);
@@ -262,6 +256,33 @@ fn worked_example() -> pb::Manifest {
 const WORKED_EXAMPLE_FINGERPRINT: &str =
     "57c402536871ebb9cb2093abe956200d0e8b124ccd75959aad08503ceba6a5d1";
 
+/// ListPins as alice.
+async fn pins_listed(server: &TestServer) -> Vec<pb::Pin> {
+    server
+        .pins()
+        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
+        .await
+        .expect("list")
+        .into_inner()
+        .pins
+}
+
+/// PinManifest of `manifest` as alice, refused with FAILED_PRECONDITION
+/// saying nothing was pinned: the message.
+async fn pin_refused(server: &TestServer, manifest: pb::Manifest) -> String {
+    let status = server
+        .pins()
+        .pin_manifest(authed(pin_request(Some(manifest), ""), ALICE))
+        .await
+        .expect_err("not pinned");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().ends_with("nothing was pinned"),
+        "{status:?}"
+    );
+    status.message().to_string()
+}
+
 #[tokio::test]
 async fn worked_example_through_assess_and_pin() {
     let server = TestServer::start(&policy_text("manifest_reviewer")).await;
@@ -381,28 +402,14 @@ async fn duplicate_and_empty_tool_names_are_unsafe_not_invalid() {
         (empty, "empty name".to_string()),
     ] {
         manifest.server_id = "unsafe-server".into();
-        let status = server
-            .pins()
-            .pin_manifest(authed(pin_request(Some(manifest), ""), ALICE))
-            .await
-            .expect_err("an unsafe manifest is not pinned");
-        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        let message = pin_refused(&server, manifest).await;
         assert!(
-            status
-                .message()
-                .starts_with("an unsafe manifest cannot be pinned: ")
-                && status.message().contains(&named)
-                && status.message().ends_with("nothing was pinned"),
-            "{status:?}"
+            message.starts_with("an unsafe manifest cannot be pinned: ")
+                && message.contains(&named),
+            "{message}"
         );
     }
-    let pins = server
-        .pins()
-        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
-        .await
-        .expect("list")
-        .into_inner()
-        .pins;
+    let pins = pins_listed(&server).await;
     assert_eq!(
         pins.iter()
             .map(|pin| pin.server_id.as_str())
@@ -445,18 +452,10 @@ async fn a_manifest_whose_stored_form_would_not_read_back_is_not_pinned() {
             .collect(),
     };
     for manifest in [with_schema("deep", nested(64)), wide] {
-        let status = server
-            .pins()
-            .pin_manifest(authed(pin_request(Some(manifest), ""), ALICE))
-            .await
-            .expect_err("not pinned");
-        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        let message = pin_refused(&server, manifest).await;
         assert!(
-            status
-                .message()
-                .contains("does not read back as a manifest")
-                && status.message().ends_with("nothing was pinned"),
-            "{status:?}"
+            message.contains("does not read back as a manifest"),
+            "{message}"
         );
     }
     server
@@ -467,13 +466,7 @@ async fn a_manifest_whose_stored_form_would_not_read_back_is_not_pinned() {
         ))
         .await
         .expect("a schema 60 deep is pinned");
-    let pins = server
-        .pins()
-        .list_pins(authed(pb::ListPinsRequest {}, ALICE))
-        .await
-        .expect("list")
-        .into_inner()
-        .pins;
+    let pins = pins_listed(&server).await;
     let ids: Vec<&str> = pins.iter().map(|pin| pin.server_id.as_str()).collect();
     assert!(
         ids.contains(&"shallow") && !ids.contains(&"deep") && !ids.contains(&"wide"),
