@@ -390,16 +390,18 @@ impl Visit for Fields<'_> {
 }
 
 /// A JSON string literal (also the text format's quoting): quotes,
-/// backslashes and control characters escaped, so that no value can break
-/// the line or forge another field.
+/// backslashes and control characters escaped — C1 controls and the
+/// Unicode line and paragraph separators too, which some log readers take
+/// for line breaks (U+0085) or terminal commands (U+009B) — so that no
+/// value can break the line or forge another field.
 fn push_quoted(line: &mut String, value: &str) {
     line.push('"');
     let bytes = value.as_bytes();
     let mut plain_from = 0;
     let mut at = 0;
     loop {
-        // Runs of printable ASCII are copied whole; UTF-8 beyond ASCII is
-        // kept as it is, so only its bytes are looked at one by one.
+        // Runs of printable ASCII are copied whole; beyond ASCII, character
+        // by character.
         at += canonical::plain_prefix_len(&bytes[at..]);
         let Some(&byte) = bytes.get(at) else {
             break;
@@ -411,6 +413,20 @@ fn push_quoted(line: &mut String, value: &str) {
             b'\r' => "\\r",
             b'\t' => "\\t",
             0x00..=0x1f | 0x7f => "",
+            0x80.. => {
+                // `at` is a char boundary: every step before was a whole
+                // ASCII byte or a whole character.
+                let Some(character) = value[at..].chars().next() else {
+                    break;
+                };
+                if matches!(character, '\u{80}'..='\u{9f}' | '\u{2028}' | '\u{2029}') {
+                    line.push_str(&value[plain_from..at]);
+                    let _ = write!(line, "\\u{:04x}", u32::from(character));
+                    plain_from = at + character.len_utf8();
+                }
+                at += character.len_utf8();
+                continue;
+            }
             _ => {
                 at += 1;
                 continue;
@@ -492,13 +508,17 @@ mod tests {
 
     proptest::proptest! {
         /// Any text, quoted, is one JSON string on one line that reads back
-        /// as the text: no control character (nor DEL) left raw.
+        /// as the text: no control character (nor DEL, a C1 control or a
+        /// line or paragraph separator) left raw.
         #[test]
-        fn any_text_is_quoted_into_one_line(text in "\\PC*|[\\x00-\\x7f\\u{e9}\\u{1f600}]{0,40}") {
+        fn any_text_is_quoted_into_one_line(
+            text in "\\PC*|[\\x00-\\x7f\\u{80}-\\u{9f}\\u{e9}\\u{2028}\\u{2029}\\u{1f600}]{0,40}",
+        ) {
             let mut line = String::new();
             push_quoted(&mut line, &text);
             proptest::prop_assert!(
-                !line.bytes().any(|byte| byte < 0x20 || byte == 0x7f),
+                !line.chars().any(|character| character < ' '
+                    || matches!(character, '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{2029}')),
                 "{line:?}"
             );
             let read: String = serde_json::from_str(&line).unwrap();
