@@ -84,9 +84,10 @@ async fn reload_all(
 
 /// Catches SIGHUP from now on and, in a task of its own, reloads the
 /// policy file at `path` and the TLS files ([`reload_with_tls`]) on each
-/// one (with neither, says so: the signal never stops the server). Call it before the address is announced, so that a reload sent
-/// right after cannot kill the process. Must run inside a tokio runtime;
-/// fails when the signal cannot be caught.
+/// one (with neither, it says so: the signal never stops the server). Call
+/// it before the address is announced, so that a reload sent right after
+/// cannot kill the process. Must run inside a tokio runtime; fails when
+/// the signal cannot be caught.
 pub fn reload_on_sighup(
     engine: Engine,
     path: Option<PathBuf>,
