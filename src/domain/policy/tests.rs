@@ -21,6 +21,12 @@ fn errors_name_the_key() {
             "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"sometimes\"\n",
             "tools.t.approval",
         ),
+        // No default for an execute tool's gate: a file cut after its
+        // roles must not load as a tool that runs unapproved.
+        (
+            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\n",
+            "tools.t.approval",
+        ),
         (
             "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"threshold\"\napprovers = [\"x\"]\n",
             "tools.t.threshold_argument",
@@ -236,7 +242,7 @@ fn a_missing_file_is_named() {
 fn dangling_names_are_warnings() {
     let text = format!(
         "{BASE}[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\nserver = \"pay-server\"\n\
-         [tools.set]\nmode = \"execute\"\nroles = [\"r\"]\neffect = {{ kind = \"set\", resource_argument = \"a\", value_argument = \"b\" }}\n\
+         [tools.set]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\neffect = {{ kind = \"set\", resource_argument = \"a\", value_argument = \"b\" }}\n\
          [reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n"
     );
     let policy = Policy::parse(&text, "p.toml", None).unwrap();
@@ -398,6 +404,40 @@ fn a_file_cut_at_any_section_is_refused() {
                         full.reload_refusal(&kinds_of(&full), &truncated, loopback)
                             .is_some(),
                         "{relative} cut after line {at}: reload accepted"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A file cut at any line (a SIGHUP racing a write in place) never loads
+/// an execute tool with a weaker approval rule than the whole file gives it.
+#[test]
+fn a_file_cut_at_any_line_never_loosens_an_approval() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for relative in ["examples/policy.toml", "examples/tickets.toml"] {
+        let path = root.join(relative);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let full = Policy::parse(&text, relative, path.parent()).unwrap();
+        let gated: Vec<&str> = full
+            .tools
+            .values()
+            .filter(|tool| tool.approval != ApprovalRule::Never)
+            .map(|tool| tool.name.as_str())
+            .collect();
+        assert!(!gated.is_empty(), "{relative}");
+        let mut end = 0;
+        for line in text.split_inclusive('\n') {
+            end += line.len();
+            let Ok(truncated) = Policy::parse(&text[..end], relative, path.parent()) else {
+                continue;
+            };
+            for name in &gated {
+                if let Some(tool) = truncated.tools.get(*name) {
+                    assert_eq!(
+                        tool.approval, full.tools[*name].approval,
+                        "{relative} cut at byte {end}: tools.{name}.approval"
                     );
                 }
             }

@@ -65,8 +65,9 @@ pub(super) struct RawTool {
     roles: Vec<String>,
     #[serde(default)]
     approvers: Vec<String>,
-    #[serde(default = "default_approval")]
-    approval: String,
+    /// Required for an `execute` tool; `never` for the others (which
+    /// cannot require approval).
+    approval: Option<String>,
     threshold_argument: Option<String>,
     server: Option<String>,
     #[serde(default)]
@@ -75,10 +76,6 @@ pub(super) struct RawTool {
     cost: u64,
     #[serde(default)]
     effect: RawEffect,
-}
-
-fn default_approval() -> String {
-    "never".to_string()
 }
 
 /// `[tools]`, each checked against the declared state (for its effect).
@@ -111,7 +108,19 @@ fn tool(
             "must list the actor roles that may call the tool",
         ));
     }
-    let approval = approval_rule(loader, &key, &raw.approval, raw.threshold_argument)?;
+    let approval = match (raw.approval.as_deref(), raw.mode) {
+        (Some(approval), _) => approval_rule(loader, &key, approval, raw.threshold_argument)?,
+        // No default for the gate that opens: a file cut short after
+        // `mode = "execute"` must not load as an execute tool that runs
+        // without approval.
+        (None, Mode::Execute) => {
+            return Err(loader.error(
+                format!("{key}.approval"),
+                "is required for a tool of mode \"execute\": \"never\", \"always\" or \"threshold\"",
+            ));
+        }
+        (None, _) => approval_rule(loader, &key, "never", raw.threshold_argument)?,
+    };
     check_approval_gate(loader, &key, &approval, raw.mode, &raw.approvers)?;
     if let Some(server) = &raw.server {
         loader.server_id(&format!("{key}.server"), server)?;
