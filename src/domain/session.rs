@@ -678,16 +678,54 @@ impl Sessions {
 
     /// Room for the session a request names, if it is new: checked before
     /// anything else changes, so that an answer never fails to charge.
+    /// `actor_share`: the sessions its actor may hold under its host, when
+    /// the caller bounds that (a Check, whose client picks the session id).
     pub fn reserve(
         &mut self,
         session: SessionKey<'_>,
         now: Timestamp,
         limits: &Limits,
+        actor_share: Option<usize>,
     ) -> Result<()> {
         if self.find(session).is_some() {
             return Ok(());
         }
-        self.check_room(&session.host, now, limits)
+        self.check_room(&session.host, now, limits)?;
+        match actor_share {
+            Some(share) => self.check_actor_room(session, share, now, limits),
+            None => Ok(()),
+        }
+    }
+
+    /// Room for one more session of the actor under its host: its idle
+    /// sessions are evicted when it holds its share; still full is
+    /// RESOURCE_EXHAUSTED. Counted by a walk of the table, which only the
+    /// first call of a new session pays.
+    fn check_actor_room(
+        &mut self,
+        session: SessionKey<'_>,
+        share: usize,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> Result<()> {
+        let held = |sessions: &Self| {
+            sessions
+                .sessions
+                .iter()
+                .filter(|held| held.host == session.host && held.actor == session.actor)
+                .count()
+        };
+        if held(self) < share {
+            return Ok(());
+        }
+        self.evict_idle(now, limits);
+        if held(self) < share {
+            return Ok(());
+        }
+        Err(Error::ResourceExhausted(format!(
+            "actor {:?} holds its maximum of {share} sessions (ext_authz.max_sessions_per_actor)",
+            session.actor
+        )))
     }
 
     /// The session for `session`, created if new.

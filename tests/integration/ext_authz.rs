@@ -523,6 +523,41 @@ async fn a_session_of_another_actor_is_a_session_conflict() {
     server.stop().await;
 }
 
+/// An MCP client picks the session id it sends: one actor's Checks hold at
+/// most `max_sessions_per_actor` sessions, so a client cycling session ids
+/// fills its own share (429), not the table every other client needs.
+#[tokio::test]
+async fn one_actor_cycling_session_ids_fills_only_its_own_share() {
+    let server = start(&format!("{MAPPING}max_sessions_per_actor = 3\n")).await;
+    let body = tool_call(json!(1), "read_balance", json!({}));
+    let as_in = |actor, session| [("x-agent", actor), ("mcp-session-id", session)];
+    for session in ["s1", "s2", "s3"] {
+        assert_allowed(
+            &check(&server, post(&as_in("payer", session), &body)).await,
+            "allowed",
+        );
+    }
+    let error = assert_denied(
+        &check(&server, post(&as_in("payer", "s4"), &body)).await,
+        "resource-exhausted",
+    );
+    let message = error["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("\"payer\" holds its maximum of 3 sessions (ext_authz.max_sessions_per_actor)"),
+        "{message}"
+    );
+    // Its sessions still answer; another actor still opens sessions.
+    assert_allowed(
+        &check(&server, post(&as_in("payer", "s2"), &body)).await,
+        "allowed",
+    );
+    assert_allowed(
+        &check(&server, post(&as_in("carol", "c1"), &body)).await,
+        "allowed",
+    );
+    server.stop().await;
+}
+
 /// With Envoy's `encode_raw_headers` the headers come as a list: every
 /// copy of a header counts (joined as Envoy's `headers` map joins them),
 /// and a value that is not UTF-8 matches nothing, so neither gets a call
@@ -1029,6 +1064,16 @@ fn the_ext_authz_section_is_validated_with_the_key_named() {
             "[ext_authz]\n[ext_authz.principals]\n\"a\" = \"b\"\n",
             "ext_authz.principals",
         ),
+        (
+            "[ext_authz]\nmax_sessions_per_actor = 0\n",
+            "ext_authz.max_sessions_per_actor",
+        ),
+        // More than the host's share (decide.toml: 100 sessions, two
+        // host credentials) could never be reached.
+        (
+            "[ext_authz]\nmax_sessions_per_actor = 51\n",
+            "ext_authz.max_sessions_per_actor",
+        ),
         ("[ext_authz]\nactor_heder = \"x\"\n", "ext_authz"),
     ];
     for (section, key) in cases {
@@ -1039,6 +1084,14 @@ fn the_ext_authz_section_is_validated_with_the_key_named() {
     }
     let default = crate::support::Policy::embedded_default().expect("embedded default");
     assert!(default.ext_authz.allow_other_methods);
+    // An eighth of a host's share of the session table by default.
+    let decide = crate::support::policies::parse(&decide_text("[ext_authz]\n"));
+    assert_eq!(decide.limits.max_sessions_per_host, 50);
+    assert_eq!(decide.ext_authz.max_sessions_per_actor, 6);
+    assert_eq!(
+        default.ext_authz.max_sessions_per_actor,
+        default.limits.max_sessions_per_host / 8
+    );
 }
 
 #[tokio::test]

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::parse::Loader;
-use super::{Credential, CredentialKind, Policy, PolicyError};
+use super::limits::DEFAULT_MAX_SESSIONS;
+use super::{Credential, CredentialKind, Limits, Policy, PolicyError};
 
 /// Where the actor of a Check comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +60,10 @@ pub struct ExtAuthzSettings {
     /// Whether MCP requests other than `tools/call` (`initialize`,
     /// `tools/list`, notifications, the GET stream) are let through.
     pub allow_other_methods: bool,
+    /// Sessions one actor's Checks may hold. An MCP client picks the
+    /// session id it sends, so without this share one client could fill
+    /// the host's share of the session table for every other.
+    pub max_sessions_per_actor: usize,
 }
 
 impl Default for ExtAuthzSettings {
@@ -69,6 +74,8 @@ impl Default for ExtAuthzSettings {
             workspace: WorkspaceSource::Fixed(DEFAULT_WORKSPACE.to_string()),
             host_credential: None,
             allow_other_methods: false,
+            // A policy's one host credential holds the whole default table.
+            max_sessions_per_actor: default_actor_share(DEFAULT_MAX_SESSIONS),
         }
     }
 }
@@ -92,11 +99,19 @@ pub(super) struct RawExtAuthz {
     host_credential: Option<String>,
     other_methods: Option<String>,
     principals: Option<BTreeMap<String, String>>,
+    max_sessions_per_actor: Option<usize>,
+}
+
+/// An eighth of a host's share of the session table: no fewer than eight
+/// actors fill it.
+fn default_actor_share(max_sessions_per_host: usize) -> usize {
+    (max_sessions_per_host / 8).max(1)
 }
 
 pub(super) fn ext_authz_settings(
     loader: &Loader<'_>,
     raw: RawExtAuthz,
+    limits: &Limits,
 ) -> Result<ExtAuthzSettings, PolicyError> {
     let actor = actor_source(loader, &raw)?;
     let session_header = match raw.session_header {
@@ -132,12 +147,26 @@ pub(super) fn ext_authz_settings(
             ));
         }
     };
+    let max_sessions_per_actor = match raw.max_sessions_per_actor {
+        None => default_actor_share(limits.max_sessions_per_host),
+        Some(share) if (1..=limits.max_sessions_per_host).contains(&share) => share,
+        Some(share) => {
+            return Err(loader.error(
+                "ext_authz.max_sessions_per_actor",
+                format!(
+                    "must be from 1 to limits.max_sessions_per_host ({}), not {share}",
+                    limits.max_sessions_per_host
+                ),
+            ));
+        }
+    };
     Ok(ExtAuthzSettings {
         actor,
         session_header,
         workspace,
         host_credential: raw.host_credential,
         allow_other_methods,
+        max_sessions_per_actor,
     })
 }
 

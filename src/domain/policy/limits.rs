@@ -37,6 +37,9 @@ pub struct Limits {
     pub max_pending_per_host: usize,
 }
 
+/// `max_sessions` when the policy does not say.
+pub(super) const DEFAULT_MAX_SESSIONS: usize = 10_000;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(super) struct RawLimits {
@@ -66,7 +69,7 @@ impl Default for RawLimits {
             max_pending_total: 4096,
             max_approval_records: 100_000,
             approval_retention_seconds: 3600,
-            max_sessions: 10_000,
+            max_sessions: DEFAULT_MAX_SESSIONS,
             session_idle_seconds: 3600,
             decision_cost: 1,
             receipt_capacity: 100_000,

@@ -118,7 +118,7 @@ impl Policy {
         let pins = pins(&loader, raw.pins)?;
         let open_host_api = raw.server.open_host_api;
         let server = server_settings(&loader, raw.server)?;
-        let ext_authz = ext_authz_settings(&loader, raw.ext_authz)?;
+        let ext_authz = ext_authz_settings(&loader, raw.ext_authz, &limits)?;
         let mut policy = Policy {
             revision: revision_of(text),
             tools,

@@ -42,6 +42,7 @@ impl State {
             session: session_ref,
             proposal,
             repeats: grants.repeats(),
+            actor_share: grants.actor_share(policy),
         };
         self.charged(
             asked,
@@ -135,6 +136,16 @@ impl Grants {
         match self {
             Grants::Keep => Repeats::Free,
             Grants::Consume => Repeats::Charged,
+        }
+    }
+
+    /// The sessions one actor may hold: bounded for a Check, whose MCP
+    /// client picks the session id; a host's Decide is bounded by the
+    /// host's share only.
+    fn actor_share(self, policy: &Policy) -> Option<usize> {
+        match self {
+            Grants::Keep => None,
+            Grants::Consume => Some(policy.ext_authz.max_sessions_per_actor),
         }
     }
 }

@@ -49,6 +49,7 @@ impl State {
             session: session_ref,
             proposal,
             repeats: Repeats::Free,
+            actor_share: None,
         };
         self.charged(
             asked,

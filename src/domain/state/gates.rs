@@ -25,6 +25,8 @@ pub(super) struct Asked<'a> {
     pub(super) proposal: &'a Proposal,
     /// What a call id decided again costs.
     pub(super) repeats: Repeats,
+    /// The sessions its actor may hold, when the caller bounds that.
+    pub(super) actor_share: Option<usize>,
 }
 
 /// One Decide or Dispatch being answered: what its steps read (what it
@@ -217,10 +219,12 @@ impl State {
             session: session_ref,
             proposal,
             repeats,
+            actor_share,
         } = asked;
         let session_key = self.sessions.key(session_ref);
         self.sessions.check_binding(session_key)?;
-        self.sessions.reserve(session_key, now, &policy.limits)?;
+        self.sessions
+            .reserve(session_key, now, &policy.limits, actor_share)?;
         let standing = CallStanding::of(
             self.sessions.find(session_key),
             &proposal.call_id,
