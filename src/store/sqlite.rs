@@ -57,6 +57,9 @@ use crate::domain::session;
 
 /// The database file's name in the data directory.
 pub const DB_FILE: &str = "toolgate.sqlite3";
+/// The name a new store's database is made under, before it is renamed to
+/// [`DB_FILE`].
+pub const CREATING_FILE: &str = "toolgate.sqlite3.creating";
 /// The lock file's name in the data directory.
 pub const LOCK_FILE: &str = "lock";
 
@@ -229,19 +232,9 @@ impl SqliteStore {
             let step = step.to_string();
             move |error| store_error(dir, &step, error)
         };
-        refuse_orphan_wal(dir, &db_path)?;
-        // Created here so that it, and the WAL files SQLite gives the same
-        // mode, are the owner's only (SQLite's own default is 0644).
+        refuse_lost_database(dir, &db_path)?;
         if !db_path.exists() {
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&db_path)
-                .and_then(|_| sync_parent(&db_path))
-                .map_err(|error| {
-                    StoreError(format!("cannot create {}: {error}", db_path.display()))
-                })?;
+            create_database(dir, &db_path)?;
         }
         let mut connection = Connection::open_with_flags(
             &db_path,
@@ -1061,14 +1054,16 @@ fn existing_store(dir: &Path) -> StoreResult<(PathBuf, Vec<String>)> {
 /// A database file that is missing or empty beside a write-ahead log that
 /// holds commits is not a new store: SQLite would open it as one and
 /// delete the log (every approval and receipt in it), even through a
-/// read-only connection. Refused, saying what to do, for `serve` and for
-/// `store check` alike.
-fn refuse_orphan_wal(dir: &Path, db_path: &Path) -> StoreResult<()> {
-    let db_bytes = std::fs::metadata(db_path).map_or(0, |metadata| metadata.len());
-    let mut wal = db_path.as_os_str().to_owned();
-    wal.push("-wal");
-    let wal_bytes = std::fs::metadata(&wal).map_or(0, |metadata| metadata.len());
-    if db_bytes == 0 && wal_bytes > 0 {
+/// read-only connection. Nor is an empty database file on its own: toolgate
+/// makes a new store whole before it takes that name
+/// ([`create_database`]), so an empty one is a store that lost its
+/// contents (a failed copy or restore, a truncation), and opening it as new
+/// would let every committed Dispatch commit again. Both refused, saying
+/// what to do, for `serve` and for `store check` alike.
+fn refuse_lost_database(dir: &Path, db_path: &Path) -> StoreResult<()> {
+    let db_bytes = fs::metadata(db_path).map(|metadata| metadata.len());
+    let wal_bytes = fs::metadata(wal_path(db_path)).map_or(0, |metadata| metadata.len());
+    if db_bytes.as_ref().map_or(true, |bytes| *bytes == 0) && wal_bytes > 0 {
         return Err(StoreError(format!(
             "the SQLite store at {}: {DB_FILE} is missing or empty, but its write-ahead log \
              holds {wal_bytes} bytes of commits; not opened (SQLite would discard the log). \
@@ -1077,11 +1072,67 @@ fn refuse_orphan_wal(dir: &Path, db_path: &Path) -> StoreResult<()> {
             dir.display()
         )));
     }
+    if db_bytes.is_ok_and(|bytes| bytes == 0) {
+        return Err(StoreError(format!(
+            "the SQLite store at {}: {DB_FILE} is empty (0 bytes), and toolgate never leaves \
+             one so: the store lost its contents; not opened as a new store. Restore \
+             {DB_FILE} from a backup (toolgate store backup), or remove it to start an \
+             empty store",
+            dir.display()
+        )));
+    }
     Ok(())
 }
 
+/// Makes a new store's database whole (its schema committed) under
+/// [`CREATING_FILE`], then renames it to [`DB_FILE`]: a crash leaves either
+/// no database, or one with its schema, never an empty file that
+/// [`refuse_lost_database`] would take for a store that lost its contents.
+/// Owner-only, like the WAL files SQLite gives the same mode (SQLite's own
+/// default is 0644). A leftover of a creation that crashed is discarded:
+/// nothing was ever committed to it.
+fn create_database(dir: &Path, db_path: &Path) -> StoreResult<()> {
+    let creating = dir.join(CREATING_FILE);
+    let failed = |step: &str, error: &dyn std::fmt::Display| {
+        StoreError(format!(
+            "cannot create {} ({step}): {error}",
+            db_path.display()
+        ))
+    };
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let mut leftover = creating.clone().into_os_string();
+        leftover.push(suffix);
+        match fs::remove_file(&leftover) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(failed("removing a leftover", &error));
+            }
+            _ => {}
+        }
+    }
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&creating)
+        .map_err(|error| failed("creating the file", &error))?;
+    let mut connection = Connection::open_with_flags(
+        &creating,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|error| failed("opening it", &error))?;
+    migrate(&mut connection, dir, MIGRATIONS)?;
+    connection
+        .close()
+        .map_err(|(_, error)| failed("closing it", &error))?;
+    File::open(&creating)
+        .and_then(|file| file.sync_all())
+        .and_then(|()| fs::rename(&creating, db_path))
+        .and_then(|()| sync_parent(db_path))
+        .map_err(|error| failed("putting it in place", &error))
+}
+
 fn open_read_only(dir: &Path, db_path: &Path) -> StoreResult<Connection> {
-    refuse_orphan_wal(dir, db_path)?;
+    refuse_lost_database(dir, db_path)?;
     let connection = Connection::open_with_flags(
         db_path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,

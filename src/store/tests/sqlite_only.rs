@@ -207,29 +207,65 @@ fn a_newer_schema_is_refused_and_left_unchanged() {
     assert!(!parent.path().join("copy").exists());
 }
 
+/// A file that had a table once: version 0, no tables, a database.
 #[test]
 fn a_version_0_file_migrates() {
     let parent = tempfile::tempdir().unwrap();
-    // A zero-byte file and a file that had a table once: both version 0, no tables.
-    let empty = private_dir(parent.path(), "empty");
-    fs::File::create(empty.join(DB_FILE)).unwrap();
-    let used = private_dir(parent.path(), "used");
-    Connection::open(used.join(DB_FILE))
+    let dir = private_dir(parent.path(), "used");
+    Connection::open(dir.join(DB_FILE))
         .unwrap()
         .execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1); DROP TABLE t;")
         .unwrap();
-    assert!(fs::metadata(used.join(DB_FILE)).unwrap().len() > 0);
-    for dir in [&empty, &used] {
-        assert_eq!(user_version(&dir.join(DB_FILE)), 0);
-        let mut store = SqliteStore::open(dir).unwrap();
-        store.commit(&every_kind()).unwrap();
-        drop(store);
-        assert_eq!(user_version(&dir.join(DB_FILE)), SCHEMA_VERSION);
-        let report = sqlite::check(dir).unwrap();
-        assert!(report.ok(), "{report:?}");
-        assert_eq!(report.tables.len(), Kind::ALL.len());
-        assert!(report.tables.iter().all(|table| table.records == 3));
-    }
+    assert!(fs::metadata(dir.join(DB_FILE)).unwrap().len() > 0);
+    assert_eq!(user_version(&dir.join(DB_FILE)), 0);
+    let mut store = SqliteStore::open(&dir).unwrap();
+    store.commit(&every_kind()).unwrap();
+    drop(store);
+    assert_eq!(user_version(&dir.join(DB_FILE)), SCHEMA_VERSION);
+    let report = sqlite::check(&dir).unwrap();
+    assert!(report.ok(), "{report:?}");
+    assert_eq!(report.tables.len(), Kind::ALL.len());
+    assert!(report.tables.iter().all(|table| table.records == 3));
+}
+
+/// An empty database file is a store that lost its contents (toolgate
+/// never leaves one): refused by `serve`, `store check` and `store backup`
+/// and left as it is, not opened as a new store on which every committed
+/// Dispatch would commit again.
+#[test]
+fn an_empty_database_file_is_refused_not_taken_for_a_new_store() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = private_dir(parent.path(), "emptied");
+    fs::File::create(dir.join(DB_FILE)).unwrap();
+    let error = SqliteStore::open(&dir).unwrap_err();
+    assert!(error.0.contains("is empty (0 bytes)"), "{error}");
+    let error = sqlite::check(&dir).unwrap_err();
+    assert!(error.0.contains("is empty (0 bytes)"), "{error}");
+    let error = sqlite::backup(&dir, &parent.path().join("copy")).unwrap_err();
+    assert!(error.0.contains("is empty (0 bytes)"), "{error}");
+    assert_eq!(fs::metadata(dir.join(DB_FILE)).unwrap().len(), 0);
+    assert!(!parent.path().join("copy").exists());
+}
+
+/// A new store's database takes its name only with its schema in it; the
+/// leftover of a creation that crashed (a half-made file under the
+/// creating name, its journal) is discarded.
+#[test]
+fn a_new_store_is_made_whole_before_it_takes_its_name() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = private_dir(parent.path(), "data");
+    let creating = dir.join(sqlite::CREATING_FILE);
+    fs::write(&creating, b"half a database").unwrap();
+    fs::write(dir.join(format!("{}-journal", sqlite::CREATING_FILE)), b"j").unwrap();
+    let store = SqliteStore::open(&dir).unwrap();
+    assert_eq!(user_version(&dir.join(DB_FILE)), SCHEMA_VERSION);
+    let mode = fs::metadata(dir.join(DB_FILE)).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(!creating.exists());
+    assert!(!dir.join(format!("{}-journal", sqlite::CREATING_FILE)).exists());
+    drop(store);
+    let report = sqlite::check(&dir).unwrap();
+    assert!(report.ok(), "{report:?}");
 }
 
 /// Version 1 to 2: every decided call id's key gains the undated prefix,
