@@ -500,6 +500,39 @@ async fn refusals_name_the_code_and_never_the_token() {
     server.stop().await;
 }
 
+/// A token goes over plain `http://` only to this machine: to any other
+/// host (here `0.0.0.0`, which Linux routes to this machine, so that
+/// nothing leaves it) the CLI refuses before connecting, unless told
+/// `--insecure-plaintext` (a mesh encrypts the hop).
+#[tokio::test]
+async fn a_token_is_never_sent_in_plaintext_off_this_machine_unless_told() {
+    let server = TestServer::start_file(POLICY).await;
+    let port = server.addr.port();
+    let id = pending(&server, &payment("c1", 15000)).await.approval_id;
+    let off_machine = format!("http://0.0.0.0:{port}");
+    let refused = run_refused(
+        &["approvals", "grant", &id, "--server", &off_machine],
+        Some(ALICE),
+        2,
+        &format!("error: --server {off_machine}: the token would cross the network in plaintext"),
+    )
+    .await;
+    assert!(!refused.stderr.contains(ALICE));
+    let stored = server.get_approval(ALICE, &id).await.expect("get");
+    assert_eq!(stored.status(), pb::ApprovalStatus::Pending);
+    // localhost is this machine.
+    as_alice(&["approvals", "get", &id], &format!("localhost:{port}"), 0).await;
+    as_alice(
+        &["approvals", "grant", &id, "--insecure-plaintext"],
+        &off_machine,
+        0,
+    )
+    .await;
+    let stored = server.get_approval(ALICE, &id).await.expect("get");
+    assert_eq!(stored.status(), pb::ApprovalStatus::Granted);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn an_unreachable_server_is_a_connection_error_not_a_panic() {
     // A port that was bound and released: nothing listens on it any more.

@@ -137,6 +137,10 @@ pub struct ClientArgs {
     /// https with mTLS: the PEM private key of `--cert`.
     #[arg(long, global = true, value_name = "PEM", requires = "cert")]
     pub key: Option<PathBuf>,
+    /// Send the token over `http://` to a host that is not this machine
+    /// (refused otherwise): only where a mesh encrypts the connection.
+    #[arg(long, global = true)]
+    pub insecure_plaintext: bool,
 }
 
 /// A bearer token. Its `Debug` form hides the value so that printing the

@@ -90,6 +90,35 @@ pub fn server_url(server: &str) -> Result<String, Failure> {
     Ok(url)
 }
 
+/// A token is sent in plaintext only to this machine (`http://` to a
+/// loopback address or `localhost`), or with `--insecure-plaintext` (a
+/// mesh encrypts the hop): anyone on the path could read a reviewer's
+/// token and grant with it.
+fn refuse_plaintext_token(client: &ClientArgs, url: &str) -> Result<(), Failure> {
+    let has_token = client.token.as_ref().is_some_and(|token| !token.0.is_empty());
+    if !has_token || client.insecure_plaintext || !url.starts_with("http://") {
+        return Ok(());
+    }
+    let host = url
+        .parse::<tonic::codegen::http::Uri>()
+        .ok()
+        .and_then(|uri| uri.host().map(str::to_owned))
+        .unwrap_or_default();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    Err(Failure::Usage(format!(
+        "--server {url}: the token would cross the network in plaintext to a host that is \
+         not this machine; use https:// (with --ca), or --insecure-plaintext when a mesh \
+         encrypts the connection"
+    )))
+}
+
 /// A PEM file given on the command line.
 fn read_pem(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, Failure> {
     std::fs::read(path)
@@ -141,6 +170,7 @@ pub fn bearer(client: &ClientArgs) -> Result<BearerAuth, Failure> {
 /// The endpoint of `--server`, with its TLS (for `https://`), and its URL.
 pub fn endpoint(client: &ClientArgs) -> Result<(Endpoint, String), Failure> {
     let url = server_url(&client.server)?;
+    refuse_plaintext_token(client, &url)?;
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|error| Failure::Usage(format!("--server {url:?}: {}", error_chain(&error))))?
         .connect_timeout(CONNECT_TIMEOUT);
