@@ -543,7 +543,9 @@ async fn one_actor_cycling_session_ids_fills_only_its_own_share() {
     );
     let message = error["error"]["message"].as_str().unwrap_or("");
     assert!(
-        message.contains("\"payer\" holds its maximum of 3 sessions (ext_authz.max_sessions_per_actor)"),
+        message.contains(
+            "\"payer\" holds its maximum of 3 sessions (ext_authz.max_sessions_per_actor)"
+        ),
         "{message}"
     );
     // Its sessions still answer; another actor still opens sessions.

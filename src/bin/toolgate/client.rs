@@ -95,7 +95,10 @@ pub fn server_url(server: &str) -> Result<String, Failure> {
 /// mesh encrypts the hop): anyone on the path could read a reviewer's
 /// token and grant with it.
 fn refuse_plaintext_token(client: &ClientArgs, url: &str) -> Result<(), Failure> {
-    let has_token = client.token.as_ref().is_some_and(|token| !token.0.is_empty());
+    let has_token = client
+        .token
+        .as_ref()
+        .is_some_and(|token| !token.0.is_empty());
     if !has_token || client.insecure_plaintext || !url.starts_with("http://") {
         return Ok(());
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::parse::Loader;
 use super::limits::DEFAULT_MAX_SESSIONS;
+use super::parse::Loader;
 use super::{Credential, CredentialKind, Limits, Policy, PolicyError};
 
 /// Where the actor of a Check comes from.

@@ -259,10 +259,17 @@ fn a_new_store_is_made_whole_before_it_takes_its_name() {
     fs::write(dir.join(format!("{}-journal", sqlite::CREATING_FILE)), b"j").unwrap();
     let store = SqliteStore::open(&dir).unwrap();
     assert_eq!(user_version(&dir.join(DB_FILE)), SCHEMA_VERSION);
-    let mode = fs::metadata(dir.join(DB_FILE)).unwrap().permissions().mode() & 0o777;
+    let mode = fs::metadata(dir.join(DB_FILE))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600);
     assert!(!creating.exists());
-    assert!(!dir.join(format!("{}-journal", sqlite::CREATING_FILE)).exists());
+    assert!(
+        !dir.join(format!("{}-journal", sqlite::CREATING_FILE))
+            .exists()
+    );
     drop(store);
     let report = sqlite::check(&dir).unwrap();
     assert!(report.ok(), "{report:?}");
