@@ -697,6 +697,10 @@ pub struct PostgresStore {
     /// answer was lost with the connection.
     #[cfg(test)]
     pub(super) lose_next_answer: bool,
+    /// Fault injection: called with the backend's pid between a catch-up's
+    /// read and the end of its read-only transaction.
+    #[cfg(test)]
+    pub(super) before_release: Option<Box<dyn FnOnce(i32) + Send>>,
     bytes: u64,
     measured: Instant,
     opened: Opened,
@@ -786,6 +790,8 @@ impl PostgresStore {
             making: None,
             #[cfg(test)]
             lose_next_answer: false,
+            #[cfg(test)]
+            before_release: None,
             bytes: 0,
             measured: Instant::now(),
             opened: Opened {
@@ -833,6 +839,15 @@ impl PostgresStore {
             Ok(connection.query_one("SELECT pg_backend_pid()", &[])?.get(0))
         })
         .unwrap()
+    }
+
+    /// What a resume that found the server unreachable leaves of a lost
+    /// commit (its token kept, `seen` forgotten), as the writer gives the
+    /// commit up after [`RESUME_FOR`](super::writer::RESUME_FOR).
+    #[cfg(test)]
+    pub(super) fn give_up_commit(&mut self) {
+        assert!(self.making.is_some(), "no commit to give up");
+        self.seen = None;
     }
 
     /// Asks the server what the table and its index take.
@@ -1491,6 +1506,10 @@ impl Store for PostgresStore {
         }
         let (count, purged, now) = self.lock()?;
         let behind = self.behind(count, purged)?;
+        // A commit whose fate a resume never learned (the writer gave it
+        // up, and `seen` was forgotten) is in what this turn read, or never
+        // will be: a later resume must not find it and move `seen` back.
+        self.making = None;
         Ok(Turn { now, behind })
     }
 
@@ -1517,8 +1536,19 @@ impl Store for PostgresStore {
             return Ok(None);
         }
         self.turn = Some(count);
+        let taken_in = self.seen;
         let behind = self.behind(count, purged)?;
-        self.release()?;
+        #[cfg(test)]
+        if let Some(hook) = self.before_release.take() {
+            let pid = self.backend_pid();
+            hook(pid);
+        }
+        if let Err(error) = self.release() {
+            // What was read goes with the error, never to the state: the
+            // next catch-up or turn reads it again.
+            self.seen = taken_in;
+            return Err(error);
+        }
         Ok(behind)
     }
 }

@@ -915,3 +915,68 @@ fn a_batch_writes_each_record_once_as_its_last_change_says() {
     }
     assert!(store.size_bytes() > 0);
 }
+
+/// A catch-up whose connection is lost after it read what another replica
+/// committed, but before its read-only transaction ended, has taken none of
+/// it in: the next turn reads it (it was skipped for good, so a grant the
+/// other consumed could be consumed again here).
+#[test]
+fn a_catch_up_lost_before_it_ends_takes_nothing_in() {
+    let schema = TestSchema::new();
+    let mut first = PostgresStore::open(&schema.target).unwrap();
+    let mut second = PostgresStore::open(&schema.target).unwrap();
+    first.begin_turn().unwrap();
+    first.commit(&[]).unwrap();
+    // The second commits a consumed grant (say) the first has not seen.
+    second.begin_turn().unwrap();
+    second
+        .commit(&[put(Kind::ApprovalChange, b"consumed", b"1")])
+        .unwrap();
+    let target = schema.target.clone();
+    first.before_release = Some(Box::new(move |pid| {
+        let mut admin = connect(&target);
+        let ended: bool = admin
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .unwrap()
+            .get(0);
+        assert!(ended);
+        std::thread::sleep(Duration::from_millis(200));
+    }));
+    first.catch_up().unwrap_err();
+    // The writer's reconnect: nothing was being committed.
+    assert_eq!(resumed(&mut first), Resume::NotCommitted);
+    let Some(Behind::Changes(changes)) = first.begin_turn().unwrap().behind else {
+        panic!("the first's next turn hands back nothing: the second's commit is skipped");
+    };
+    assert_eq!(changes, [put(Kind::ApprovalChange, b"consumed", b"1")]);
+    first.commit(&[]).unwrap();
+}
+
+/// A commit whose fate a resume never learned (the writer gave it up and
+/// forgot what it had seen) is in what the next turn loads: a later resume
+/// does not find it again and move the replica back to before it.
+#[test]
+fn a_commit_given_up_is_not_found_again_after_the_next_turn() {
+    let schema = TestSchema::new();
+    let mut store = PostgresStore::open(&schema.target).unwrap();
+    let mut other = PostgresStore::open(&schema.target).unwrap();
+    store.load().unwrap();
+    store.lose_next_answer = true;
+    store.begin_turn().unwrap();
+    store.commit(&[put(Kind::Receipt, b"r", b"1")]).unwrap_err();
+    // What the writer leaves when a resume stayed unreachable and it gave
+    // the commit up.
+    store.give_up_commit();
+    other.commit(&[put(Kind::Receipt, b"o", b"1")]).unwrap();
+    let Some(Behind::Everything(_)) = store.begin_turn().unwrap().behind else {
+        panic!("a replica that gave a commit up loads everything");
+    };
+    store.commit(&[]).unwrap();
+    // A lost connection later: nothing is being committed now.
+    assert_eq!(resumed(&mut store), Resume::NotCommitted);
+    assert!(
+        store.begin_turn().unwrap().behind.is_none(),
+        "the replica went back to before commits it had loaded"
+    );
+    store.commit(&[]).unwrap();
+}
