@@ -1413,11 +1413,14 @@ async fn answers_nobody_reads_are_bounded_in_memory_and_dropped_after_the_write_
     let _serial = SERIAL.lock().await;
     let big = "x".repeat(800_000);
     // The handshake timeout counts until a connection's first call reaches
-    // the service; the 1,000 calls queue behind each other's 800 KB answers
-    // (seconds in a debug build on a busy machine), and a connection closed
-    // for it would reset its calls before they are answered.
+    // the service, and the read timeout until its request is read; the
+    // 1,000 calls queue behind each other's 800 KB answers (seconds in a
+    // debug build on a busy machine), and a connection closed for the one,
+    // or a call cut by the other (DEADLINE_EXCEEDED), is not what this
+    // test is about.
     let server = Serve::new(&decide_text(&format!(
         "[server]\nwrite_timeout_ms = 30000\nhandshake_timeout_ms = 600000\n\
+         read_timeout_ms = 600000\n\
          [state.resources]\nbig = \"{big}\"\n"
     )))
     .with_metrics()
