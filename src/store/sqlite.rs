@@ -868,35 +868,78 @@ fn check_with(
         problems.push(foreign.0);
     }
     if report.schema_version == SCHEMA_VERSION {
-        match table_counts(&transaction) {
-            Ok((tables, missing)) => {
-                report.tables = tables;
-                problems.extend(
-                    missing
-                        .into_iter()
-                        .map(|table| format!("the {table} table is missing")),
-                );
-            }
-            Err(error) => corrupt_or("counting records", error, &mut problems)?,
-        }
-        if let Some(restore) = restore
-            && problems.is_empty()
-        {
-            match read_records(&transaction) {
-                Ok(records) => {
-                    if let Err(why) = restore(records) {
-                        problems.push(format!("the records do not restore: {why}"));
-                    }
-                }
-                Err((_, error)) => corrupt_or("reading the records", error, &mut problems)?,
-            }
+        check_contents(
+            &transaction,
+            restore,
+            &mut report,
+            &mut problems,
+            corrupt_or,
+        )?;
+    } else if report.schema_version > 0 && problems.is_empty() {
+        // An older schema is checked as the next start will see it: this
+        // snapshot, copied into memory and migrated there, must migrate
+        // and restore. (Version 0, created and never migrated, holds
+        // nothing.)
+        match migrated_copy(&transaction, dir) {
+            Ok(copy) => check_contents(&copy, restore, &mut report, &mut problems, corrupt_or)?,
+            Err(why) => problems.push(format!(
+                "the store does not migrate to schema version {SCHEMA_VERSION}: {why}"
+            )),
         }
     }
-    // A version below this binary's (0: created, never migrated) is sound:
-    // the next start migrates it.
     drop(transaction);
     report.problems = problems;
     Ok(report)
+}
+
+/// The tables of a store at this binary's schema, counted, and its records
+/// handed to `restore` when the tables are sound.
+fn check_contents(
+    connection: &Connection,
+    restore: Option<&dyn Fn(Vec<Record>) -> Result<(), String>>,
+    report: &mut CheckReport,
+    problems: &mut Vec<String>,
+    corrupt_or: impl Fn(&str, rusqlite::Error, &mut Vec<String>) -> StoreResult<()>,
+) -> StoreResult<()> {
+    match table_counts(connection) {
+        Ok((tables, missing)) => {
+            report.tables = tables;
+            problems.extend(
+                missing
+                    .into_iter()
+                    .map(|table| format!("the {table} table is missing")),
+            );
+        }
+        Err(error) => corrupt_or("counting records", error, problems)?,
+    }
+    if let Some(restore) = restore
+        && problems.is_empty()
+    {
+        match read_records(connection) {
+            Ok(records) => {
+                if let Err(why) = restore(records) {
+                    problems.push(format!("the records do not restore: {why}"));
+                }
+            }
+            Err((_, error)) => corrupt_or("reading the records", error, problems)?,
+        }
+    }
+    Ok(())
+}
+
+/// A copy in memory of what `source` reads, migrated to this binary's
+/// schema (it takes memory the size of the store).
+fn migrated_copy(source: &Connection, dir: &Path) -> Result<Connection, String> {
+    let mut copy = Connection::open_in_memory().map_err(|error| error.to_string())?;
+    // Every page in one step, from the snapshot `source` reads.
+    let copied = Backup::new(source, &mut copy).and_then(|backup| backup.step(-1));
+    match copied {
+        Ok(StepResult::Done) => {}
+        Ok(other) => return Err(format!("copying it: {other:?}")),
+        Err(error) => return Err(format!("copying it: {error}")),
+    }
+    migrate(&mut copy, dir, MIGRATIONS).map_err(|error| error.0)?;
+    Ok(copy)
 }
 
 /// Copies the store in `dir` to the new file `file`: one consistent
