@@ -416,15 +416,10 @@ pub(crate) fn resource_page(name: String, page: ResourcePage) -> pb::Resource {
 
 impl From<ResourceList> for pb::ListResourcesResponse {
     fn from(page: ResourceList) -> Self {
-        let resources = page.resources.into_iter().map(|listed| pb::Resource {
-            name: listed.name,
-            value_json: listed.value_json,
-            version: listed.version,
-            // Listed whole: a queue's first page is all of it.
-            next_page_token: String::new(),
-            item_count: listed.item_count,
-            first_index: 0,
-        });
+        let resources = page
+            .resources
+            .into_iter()
+            .map(|listed| resource_page(listed.name, listed.page));
         pb::ListResourcesResponse {
             resources: resources.collect(),
             next_page_token: page.next.unwrap_or_default(),

@@ -45,14 +45,7 @@ impl Resources for ResourcesService {
     ) -> Result<Response<pb::ListResourcesResponse>, Status> {
         unary(request, Reach::HostOrReviewer, |_, message| async move {
             let listing = ResourceListing::new(message.page_size, message.page_token)?;
-            let page = self
-                .engine
-                .list_resources(
-                    listing.after.as_deref(),
-                    listing.page_size,
-                    listing.max_bytes,
-                )
-                .await?;
+            let page = self.engine.list_resources(&listing).await?;
             Ok(page.into())
         })
         .await

@@ -31,7 +31,7 @@ use crate::domain::decision::{ANSWER_OVERHEAD_BYTES, Decision, DispatchStatus, D
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::id_text;
 use crate::domain::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
-use crate::domain::limits::ResourceRead;
+use crate::domain::limits::{ResourceListing, ResourceRead};
 use crate::domain::manifest::{Assessment, Manifest};
 use crate::domain::pins::PinRecord;
 use crate::domain::policy::{Credential, CredentialKind, Policy};
@@ -530,15 +530,20 @@ impl Engine {
             .await
     }
 
-    /// A page of resources as (name, canonical JSON, version), and the name
-    /// to continue after when more follow.
+    /// The page of resources a `ListResources` asks for, each resource
+    /// with its first page, bounded in bytes like a `GetResource` answer.
     pub async fn list_resources(
         &self,
-        after: Option<&str>,
-        page_size: usize,
-        max_bytes: usize,
+        listing: &ResourceListing,
     ) -> Result<crate::domain::state::ResourceList> {
-        self.committed(|state, _| Ok(state.list_resources(after, page_size, max_bytes)))
+        let max_bytes = self
+            .policy()
+            .server
+            .max_message_bytes
+            .saturating_sub(ANSWER_OVERHEAD_BYTES)
+            .min(listing.max_bytes);
+        let after = listing.after.as_deref();
+        self.committed(|state, _| Ok(state.list_resources(after, listing.page_size, max_bytes)))
             .await
     }
 

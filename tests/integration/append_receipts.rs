@@ -253,6 +253,52 @@ async fn get_resource_pages_a_queue_in_items_and_in_bytes() {
     server.stop().await;
 }
 
+/// ListResources lists a queue as GetResource reads its first page,
+/// bounded by what one answer may carry, with the token to read on: a
+/// queue grows without a bound of its own and was listed whole.
+#[tokio::test]
+async fn list_resources_lists_a_queue_by_its_first_page() {
+    let server = TestServer::start(&policy()).await;
+    let texts: Vec<String> = (0..10)
+        .map(|index| format!("{index}{}", "x".repeat(3500)))
+        .collect();
+    for (index, text) in texts.iter().enumerate() {
+        let answer = server
+            .dispatch_agent(&post(&format!("c{index}"), index as u64, text))
+            .await
+            .expect("Dispatch answers");
+        assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
+    }
+    let listed = server
+        .resources()
+        .list_resources(authed(pb::ListResourcesRequest::default(), ALICE))
+        .await
+        .expect("ListResources")
+        .into_inner();
+    let queue = listed
+        .resources
+        .iter()
+        .find(|resource| resource.name == "queue")
+        .expect("the queue is listed");
+    assert!(
+        queue.value_json.len() <= MAX_MESSAGE_BYTES - 1024,
+        "{}",
+        queue.value_json.len()
+    );
+    let first: Vec<serde_json::Value> = serde_json::from_str(&queue.value_json).expect("JSON");
+    assert_eq!(first.len(), 4);
+    assert_eq!((queue.item_count, queue.first_index), (Some(10), 0));
+    let rest = page(&server, "queue", &queue.next_page_token, 0)
+        .await
+        .expect("GetResource reads on from the listed page");
+    assert_eq!(rest.first_index, 4);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&rest.value_json).expect("JSON")[0],
+        serde_json::json!({ "text": texts[4] })
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_commit_whose_answer_could_not_be_sent_is_refused_before_it_applies() {
     let server = TestServer::start(&policy()).await;

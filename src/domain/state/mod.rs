@@ -23,7 +23,7 @@ use crate::domain::pins::ApiPin;
 use crate::domain::policy::{Limits, Policy};
 use crate::domain::receipts::ReceiptLog;
 use crate::domain::records::{self, Change, Journal, Kind, Record};
-use crate::domain::resources::Resources;
+use crate::domain::resources::{ResourcePage, Resources};
 use crate::domain::session::Sessions;
 
 #[derive(Debug)]
@@ -56,15 +56,12 @@ pub struct ResourceList {
     pub next: Option<String>,
 }
 
-/// One resource of a [`ResourceList`], listed whole.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One resource of a [`ResourceList`]: its first page, as GetResource
+/// reads it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ListedResource {
     pub name: String,
-    /// The value as canonical JSON.
-    pub value_json: String,
-    pub version: u64,
-    /// For a queue: how many items it holds (as GetResource says).
-    pub item_count: Option<u64>,
+    pub page: ResourcePage,
 }
 
 /// The changes taken from the state for the store ([`State::take`]).

@@ -2,6 +2,7 @@
 
 use crate::domain::canonical::Value;
 use crate::domain::error::{Error, Result};
+use crate::domain::limits::QUEUE_PAGE;
 use crate::domain::resources::{PageError, PagePosition, ResourcePage};
 use crate::domain::session::SessionSummary;
 
@@ -56,9 +57,14 @@ impl State {
             .ok_or_else(|| Error::NotFound(format!("no session {session_id:?}")))
     }
 
-    /// Resources in name order after `after` as (name, canonical JSON,
-    /// version): at most `page_size` of them and about `max_bytes` (at
-    /// least one). The name to continue after, when more follow.
+    /// Resources in name order after `after`: at most `page_size` of them
+    /// and about `max_bytes` (at least one). Each is read as GetResource
+    /// reads its first page: a queue (which grows without a bound of its
+    /// own) with at most GetResource's default page of its items
+    /// ([`QUEUE_PAGE`]), within what
+    /// is left of `max_bytes`, and a token to read on with GetResource;
+    /// nothing is rendered whole under the lock. The name to continue
+    /// after, when more follow.
     pub fn list_resources(
         &self,
         after: Option<&str>,
@@ -71,19 +77,14 @@ impl State {
             if after.is_some_and(|after| name <= after) {
                 continue;
             }
-            let Some((value, version)) = self.resources.get(name) else {
-                continue;
+            let room = max_bytes.saturating_sub(bytes);
+            let items = QUEUE_PAGE.default as usize;
+            let listed = match self.resources.page(name, None, items, room) {
+                Ok(listed) => listed,
+                Err(_) => continue,
             };
-            if page.len() == page_size {
-                let next = page.last().map(|listed| listed.name.clone());
-                return ResourceList {
-                    resources: page,
-                    next,
-                };
-            }
-            let value_json = crate::domain::canonical::to_canonical(value);
-            let size = name.len() + value_json.len();
-            if !page.is_empty() && bytes.saturating_add(size) > max_bytes {
+            let size = name.len() + listed.value_json.len();
+            if page.len() == page_size || (!page.is_empty() && size > room) {
                 let next = page.last().map(|listed| listed.name.clone());
                 return ResourceList {
                     resources: page,
@@ -91,15 +92,9 @@ impl State {
                 };
             }
             bytes = bytes.saturating_add(size);
-            let item_count = match value {
-                Value::Array(items) => Some(items.len() as u64),
-                _ => None,
-            };
             page.push(ListedResource {
                 name: name.to_string(),
-                value_json,
-                version,
-                item_count,
+                page: listed,
             });
         }
         ResourceList {
