@@ -151,6 +151,15 @@ impl QueueItemChanges {
 
 /// The meta record of the global version.
 const GLOBAL_VERSION_KEY: &[u8] = b"global_version";
+/// The meta record of the scope the versions are kept under.
+const SCOPE_KEY: &[u8] = b"version_scope";
+
+fn scope_name(scope: VersionScope) -> &'static str {
+    match scope {
+        VersionScope::Global => "global",
+        VersionScope::Resource => "resource",
+    }
+}
 
 fn item_key(name: &str, index: usize) -> Vec<u8> {
     records::key(&[name.as_bytes(), &(index as u64).to_be_bytes()])
@@ -240,8 +249,58 @@ impl Resources {
         }
     }
 
+    /// Takes the policy's version scope on, the versions having been kept
+    /// under `kept` until now. From `global` to `resource`, every
+    /// resource's own version (a count of its commits, below the global
+    /// version) is raised to the global version, at least any version a
+    /// proposal against it could have carried: a version never goes back,
+    /// or an old proposal (a call id whose receipt is gone, a grant of a
+    /// stale one) would be valid again and commit twice. The scope is
+    /// journaled when it is not what the store holds, so that a restart
+    /// knows what the versions were kept under.
+    pub fn take_scope(&mut self, kept: Option<VersionScope>, scope: VersionScope) {
+        if kept.unwrap_or(VersionScope::Global) == VersionScope::Global
+            && scope == VersionScope::Resource
+        {
+            let global = self.global_version;
+            let behind: Vec<String> = self
+                .resources
+                .iter()
+                .filter(|(_, resource)| resource.version < global)
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in behind {
+                if let Some(resource) = self.resources.get_mut(&name) {
+                    resource.version = global;
+                }
+                self.journal_resource(&name, false);
+            }
+        }
+        if kept != Some(scope) {
+            self.journal
+                .put(Kind::Meta, SCOPE_KEY.to_vec(), &scope_name(scope));
+        }
+        self.scope = scope;
+    }
+
+    /// The scope a meta record says the versions were kept under, if it is
+    /// that record (recovery).
+    pub fn stored_scope(record: &Record) -> Result<Option<VersionScope>> {
+        if record.key != SCOPE_KEY {
+            return Ok(None);
+        }
+        match records::decode::<String>(record)?.as_str() {
+            "global" => Ok(Some(VersionScope::Global)),
+            "resource" => Ok(Some(VersionScope::Resource)),
+            other => Err(Error::Internal(format!(
+                "the store holds a version scope {other:?} this toolgate does not know"
+            ))),
+        }
+    }
+
     /// After a policy reload: resources the new policy declares that do not
-    /// exist yet get their initial values; existing values and versions stay.
+    /// exist yet get their initial values; existing values and versions stay
+    /// (raised to the global version when the scope becomes `resource`).
     pub fn adopt(&mut self, policy: &StatePolicy) {
         for (name, value) in &policy.resources {
             if !self.resources.contains_key(name) {
@@ -255,7 +314,9 @@ impl Resources {
                 self.journal_resource(name, true);
             }
         }
-        self.scope = policy.version_scope;
+        if self.scope != policy.version_scope {
+            self.take_scope(Some(self.scope), policy.version_scope);
+        }
     }
 
     /// Journals a resource's record, and every item of a list when

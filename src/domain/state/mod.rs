@@ -117,11 +117,18 @@ impl State {
             .collect::<Result<Vec<_>>>()?;
         let mut resources =
             Resources::restore(&policy.state, &take(Kind::Resource), &take(Kind::QueueItem))?;
+        let mut kept = None;
         for record in take(Kind::Meta) {
             if Resources::is_global_version(&record) {
                 resources.restore_global_version(&record)?;
+            } else if let Some(scope) = Resources::stored_scope(&record)? {
+                kept = Some(scope);
             }
         }
+        // A store that does not say (made before the scope was stored) is
+        // taken as global: at worst, proposals made before the restart
+        // against a resource are stale once.
+        resources.take_scope(kept, policy.state.version_scope);
         let mut restored = State {
             api_pins: HashMap::new(),
             last_assessed: HashMap::new(),

@@ -1435,3 +1435,109 @@ fn an_approval_stored_whole_by_an_older_toolgate_goes_on() {
     );
     assert_eq!(dump(&restored, policy, false), dump(&state, policy, false));
 }
+
+/// Two resources and a tool that sets either; receipts kept 20 s, two at a
+/// time, so that a committed call id's receipt is soon gone and only its
+/// version keeps it from committing again.
+fn scope_policy(scope: &str) -> Policy {
+    let text = format!(
+        r#"
+[limits]
+receipt_capacity = 2
+receipt_retention_seconds = 20
+
+[profiles.agent]
+roles = ["agent"]
+
+[actors.learner]
+profile = "agent"
+
+[tools.reset]
+mode = "execute"
+roles = ["agent"]
+approval = "never"
+effect = {{ kind = "set", resource_argument = "name", value_argument = "value" }}
+
+[state]
+version_scope = "{scope}"
+
+[state.resources]
+a = "x"
+b = "x"
+
+[server]
+open_host_api = true
+"#
+    );
+    Policy::parse(&text, "scope.toml", None).unwrap()
+}
+
+/// From `global` to `resource` versions, by a reload or across a restart,
+/// no resource's version goes back: a call id committed under the global
+/// version, its receipt gone, stays stale instead of committing again
+/// (each resource's own count of commits was below the global version the
+/// proposals carried).
+#[test]
+fn a_scope_changed_to_per_resource_never_takes_a_version_back() {
+    for restart in [false, true] {
+        let global = scope_policy("global");
+        let mut store = MemoryStore::new();
+        let mut state = State::restore(&global, store.load().unwrap()).unwrap();
+        let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
+        let call = |call_id: &str, version: u64, arguments: &str| Call {
+            session: session.clone(),
+            proposal: Proposal::new(
+                call_id.into(),
+                "learner".into(),
+                "reset".into(),
+                version,
+                arguments,
+            )
+            .unwrap(),
+        };
+        let paid = call("c1", 1, r#"{"name":"a","value":"paid"}"#);
+        let status = |state: &mut State, policy: &Policy, now: u64, call: &Call| {
+            let (answer, _) = dispatch_on(state, policy, Timestamp(now), call).expect("answered");
+            (answer.status, answer.replayed)
+        };
+        let ok = (DispatchStatus::Ok, false);
+        let b = |id: &str, version: u64| call(id, version, r#"{"name":"b","value":"y"}"#);
+        assert_eq!(status(&mut state, &global, 1_000, &b("c0", 0)), ok);
+        assert_eq!(status(&mut state, &global, 1_000, &paid), ok);
+        // Past retention, two more commits push c0's and c1's receipts out.
+        assert_eq!(status(&mut state, &global, 22_000, &b("c2", 2)), ok);
+        assert_eq!(status(&mut state, &global, 22_000, &b("c3", 3)), ok);
+        let stale = (DispatchStatus::StaleVersion, false);
+        assert_eq!(status(&mut state, &global, 22_000, &paid), stale);
+        let per_resource = scope_policy("resource");
+        if restart {
+            store.commit(&state.take_changes().unwrap()).unwrap();
+            state = State::restore(&per_resource, store.load().unwrap()).unwrap();
+        } else {
+            state.adopt_policy(&per_resource);
+        }
+        assert_eq!(status(&mut state, &per_resource, 44_000, &paid), stale);
+        // Proposals at the version in force commit, against either.
+        let version = state.resource("a").unwrap().1;
+        assert_eq!(version, 4, "restart {restart}");
+        assert_eq!(
+            status(
+                &mut state,
+                &per_resource,
+                44_000,
+                &call("c4", 4, r#"{"name":"a","value":"z"}"#)
+            ),
+            ok
+        );
+        // What was raised is stored, and the scope with it: a restart on
+        // the same policy changes nothing more.
+        store.commit(&state.take_changes().unwrap()).unwrap();
+        let mut again = State::restore(&per_resource, store.load().unwrap()).unwrap();
+        assert!(
+            again.take_changes().unwrap().is_empty(),
+            "restart {restart}"
+        );
+        assert_eq!(again.resource("a").unwrap().1, 5);
+        assert_eq!(again.resource("b").unwrap().1, 4);
+    }
+}
