@@ -1196,6 +1196,14 @@ fn check_authority(approval: &Approval, reviewer_identity: &str, policy: &Policy
             "{reviewer_identity:?} is not a reviewer in the policy"
         )));
     };
+    // An approval the reviewer may not see, it learns nothing of here
+    // either (reading it is NOT_FOUND): not its tool, workspace or actor.
+    if !visible_to(approval, reviewer_identity, policy) {
+        return Err(Error::PermissionDenied(format!(
+            "reviewer {reviewer_identity:?} may not review this approval \
+             (no approver role of its tool in its workspace)"
+        )));
+    }
     if reviewer.identity == approval.request.actor {
         return Err(Error::PermissionDenied(
             "a reviewer may not decide a request made by its own actor".into(),

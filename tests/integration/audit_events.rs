@@ -537,9 +537,11 @@ async fn refused_grants_denials_and_revocations_leave_review_refused_lines() {
             "{index}: {line}"
         );
     }
+    // An approval bob may not see: nothing of its tool or workspace.
     assert_eq!(
         lines[0]["rule"],
-        "reviewer \"bob\" holds no approver role of \"payment_execute\""
+        "reviewer \"bob\" may not review this approval \
+         (no approver role of its tool in its workspace)"
     );
     // The one review that went through is an approval_granted, not a refusal.
     assert_eq!(audit.named("approval_granted").len(), 1);
