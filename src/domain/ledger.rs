@@ -236,6 +236,10 @@ pub struct ListQuery {
     pub max_bytes: usize,
 }
 
+/// Most records one [`Ledger::list`] looks at: a page of a filter that
+/// matches few ends there, with the key to go on from.
+pub const MAX_EXAMINED: usize = 10_000;
+
 /// About how many bytes an approval takes on the wire: its text fields plus
 /// a fixed allowance for ids, timestamps and framing. Only used to bound
 /// pages, so it errs on the large side.
@@ -966,7 +970,10 @@ impl Ledger {
     }
 
     /// A page of approvals in request order, bounded by `page_size` and
-    /// `max_bytes`.
+    /// `max_bytes`, and by [`MAX_EXAMINED`] records looked at: a filter
+    /// that matches few of them ends a page short (even empty) with the
+    /// key to go on from, so that no call holds the state lock for a walk
+    /// of the whole ledger.
     pub fn list(&self, query: &ListQuery, policy: &Policy) -> Page {
         let start = match query.after {
             Some(key) => std::ops::Bound::Excluded(key),
@@ -975,7 +982,17 @@ impl Ledger {
         let mut page = Page::default();
         let mut page_bytes = 0usize;
         let mut id_text = Uuid::encode_buffer();
-        for key in self.by_request.range((start, std::ops::Bound::Unbounded)) {
+        let mut examined: Option<&PageKey> = None;
+        for (count, key) in self
+            .by_request
+            .range((start, std::ops::Bound::Unbounded))
+            .enumerate()
+        {
+            if count == MAX_EXAMINED {
+                page.next = examined.copied();
+                return page;
+            }
+            examined = Some(key);
             let Some(approval) = find_record(&self.records, key.1) else {
                 continue;
             };

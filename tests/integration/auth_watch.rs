@@ -4,7 +4,8 @@ use tokio_stream::StreamExt;
 use tonic::Code;
 
 use crate::support::policies::{
-    self, DECIDE as POLICY, DECIDE_ALICE_CREDENTIAL, TICKETS, policy_text, portable,
+    self, DECIDE as POLICY, DECIDE_ALICE_CREDENTIAL, TICKETS, integer, policy_text, policy_with,
+    portable,
 };
 use crate::support::tokens::{
     ALICE, BOB, CAROL, DAVE, ERIN, EXAMPLE_REVIEWER, HOST, OTHER_HOST, digest,
@@ -568,5 +569,67 @@ async fn list_resources_pages_in_name_order() {
         .expect_err("too large");
     assert_eq!(refused.code(), Code::InvalidArgument);
     assert_eq!(violation_field(&refused), "page_size");
+    server.stop().await;
+}
+
+/// A page of a filter that matches few approvals ends after 10,000 records
+/// looked at, short or even empty, with the token to go on from: no
+/// ListApprovals walks the whole ledger while every Decide waits on the
+/// state lock. Following the tokens still finds everything.
+#[tokio::test]
+async fn a_list_looks_at_a_bounded_number_of_records_a_page() {
+    let many = 10_050;
+    let server = TestServer::start(&policy_with(
+        "roomy",
+        &[
+            ("limits.max_pending_per_actor", integer(many)),
+            ("limits.max_pending_total", integer(many)),
+            ("limits.max_approval_records", integer(many)),
+            ("profiles.p.max_decisions", integer(many)),
+        ],
+    ))
+    .await;
+    let session = crate::support::SessionRef::new("a".into(), "s1".into(), "w".into())
+        .expect("session")
+        .for_host("h");
+    for index in 0..many {
+        let proposal =
+            crate::support::Proposal::new(format!("c{index}"), "a".into(), "t".into(), 0, "{}")
+                .expect("proposal");
+        let (decision, _) = server
+            .engine
+            .decide(&session, &proposal)
+            .await
+            .expect("decided");
+        assert!(decision.approval.is_some(), "{decision:?}");
+    }
+    // The last in list order: 10,049 others are looked at before it.
+    let all = server.all_approvals(ALICE).await;
+    assert_eq!(all.len(), many);
+    let last = all.last().expect("approvals").approval_id.clone();
+    let mut pages = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = server
+            .approvals()
+            .list_approvals(authed(
+                pb::ListApprovalsRequest {
+                    approval_id_prefix: last.clone(),
+                    page_token: page_token.clone(),
+                    ..Default::default()
+                },
+                ALICE,
+            ))
+            .await
+            .expect("ListApprovals")
+            .into_inner();
+        let ids: Vec<String> = page.approvals.into_iter().map(|a| a.approval_id).collect();
+        pages.push(ids);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(pages, [vec![], vec![last]]);
     server.stop().await;
 }
