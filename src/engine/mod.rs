@@ -17,7 +17,7 @@ pub mod bootstrap;
 pub mod reload;
 mod replica;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tokio::sync::broadcast;
@@ -79,6 +79,9 @@ struct Shared {
     /// Every ledger transition, for `WatchApprovals`. A broadcast channel
     /// never blocks the sender: a slow watcher lags, the ledger does not wait.
     events: broadcast::Sender<Watched>,
+    /// This replica's transitions waiting for their batch to be durable,
+    /// in commit order ([`Engine::flush_outbox`]).
+    outbox: Mutex<VecDeque<(u64, Vec<ApprovalEvent>)>>,
     /// Credentials made at start (the embedded default's reviewer token),
     /// kept across policy reloads.
     runtime_credentials: RwLock<HashMap<Fingerprint, Arc<Credential>>>,
@@ -156,6 +159,7 @@ impl Engine {
                 clock,
                 state,
                 events,
+                outbox: Mutex::new(VecDeque::new()),
                 runtime_credentials: RwLock::new(HashMap::new()),
                 metrics: std::sync::OnceLock::new(),
                 closing: tokio::sync::watch::Sender::new(false),
@@ -184,7 +188,7 @@ impl Engine {
             && let Ok(mut state) = self.state()
         {
             state.note_every_touch();
-            let _ = self.hand_to_writer(&mut state);
+            let _ = self.hand_to_writer(&mut state, Vec::new());
         }
         let _ = self
             .shared
@@ -292,7 +296,8 @@ impl Engine {
         self.shared.events.subscribe()
     }
 
-    /// Audits ledger transitions and sends them to watchers.
+    /// Audits ledger transitions and sends them to watchers (in the order
+    /// given: [`Engine::flush_outbox`] gives them in commit order).
     fn publish(&self, events: impl IntoIterator<Item = ApprovalEvent>) {
         for event in events {
             let approval = &event.approval;
@@ -387,12 +392,14 @@ impl Engine {
     ) -> Result<(Decision, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
-        let (decision, transition) = self
-            .with_expiry(&policy, |state, now| {
-                state.decide(&policy, now, session, proposal, screened, grants)
+        let decision = self
+            .with_expiry(&policy, |state, now, transitions| {
+                let (decision, transition) =
+                    state.decide(&policy, now, session, proposal, screened, grants)?;
+                transitions.extend(transition);
+                Ok(decision)
             })
             .await?;
-        self.publish(transition);
         if let Some(metrics) = self.metrics() {
             metrics.decision(decision.reason);
         }
@@ -423,12 +430,14 @@ impl Engine {
     ) -> Result<(Dispatched, String)> {
         let policy = self.policy();
         let screened = proposal::screen(&policy, session, proposal);
-        let (dispatched, events) = self
-            .with_expiry(&policy, |state, now| {
-                state.dispatch(&policy, now, session, proposal, screened)
+        let dispatched = self
+            .with_expiry(&policy, |state, now, transitions| {
+                let (dispatched, events) =
+                    state.dispatch(&policy, now, session, proposal, screened)?;
+                transitions.extend(events);
+                Ok(dispatched)
             })
             .await?;
-        self.publish(events);
         let result = dispatched.result.as_ref();
         if let Some(metrics) = self.metrics() {
             metrics.dispatch(dispatched.status);
@@ -515,7 +524,7 @@ impl Engine {
     pub async fn get_approval_for(&self, id: Uuid, viewer: &str) -> Result<Approval> {
         let policy = self.policy();
         let approval = self
-            .with_expiry(&policy, |state, _| state.get_approval(id))
+            .with_expiry(&policy, |state, _, _| state.get_approval(id))
             .await?;
         if crate::domain::ledger::visible_to(&approval, viewer, &policy) {
             Ok(approval)
@@ -526,8 +535,10 @@ impl Engine {
 
     pub async fn list_approvals(&self, query: &ListQuery) -> Result<Page> {
         let policy = self.policy();
-        self.with_expiry(&policy, |state, _| Ok(state.list_approvals(&policy, query)))
-            .await
+        self.with_expiry(&policy, |state, _, _| {
+            Ok(state.list_approvals(&policy, query))
+        })
+        .await
     }
 
     /// The page of resources a `ListResources` asks for, each resource
@@ -557,12 +568,15 @@ impl Engine {
     ) -> Result<Approval> {
         let policy = self.policy();
         let reviewed = self
-            .with_expiry(&policy, |state, now| {
-                state.review(&policy, now, id, verdict, reviewer, note)
+            .with_expiry(&policy, |state, now, transitions| {
+                let event = state.review(&policy, now, id, verdict, reviewer, note)?;
+                let approval = event.approval.clone();
+                transitions.push(event);
+                Ok(approval)
             })
             .await;
-        let event = match reviewed {
-            Ok(event) => event,
+        match reviewed {
+            Ok(approval) => Ok(approval),
             Err(error) => {
                 if matches!(
                     error,
@@ -585,43 +599,39 @@ impl Engine {
                         );
                     });
                 }
-                return Err(error);
+                Err(error)
             }
-        };
-        let approval = event.approval.clone();
-        self.publish([event]);
-        Ok(approval)
+        }
     }
 
     /// Expires due approvals and evicts idle sessions; run periodically so
     /// that `approval_expired` is reported even when nothing else happens.
     pub async fn sweep(&self) -> Result<()> {
         let policy = self.policy();
-        let expired = self
-            .committed(|state, now| Ok(state.sweep(&policy, now)))
-            .await?;
-        self.publish(expired);
+        self.committed_publishing(|state, now, transitions| {
+            transitions.extend(state.sweep(&policy, now));
+            Ok(())
+        })
+        .await?;
         self.report_coalesced();
         Ok(())
     }
 
     /// Runs one operation under the state lock after expiring what is due
-    /// and waits until it is durable ([`Engine::committed`]), then publishes
-    /// the expirations (even when the operation fails). The caller passes
-    /// the policy snapshot it already holds.
+    /// and waits until it is durable ([`Engine::committed_publishing`]);
+    /// the expirations are published with the operation's transitions
+    /// (even when the operation fails). The caller passes the policy
+    /// snapshot it already holds.
     async fn with_expiry<T>(
         &self,
         policy: &Policy,
-        operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
+        operation: impl FnOnce(&mut State, Timestamp, &mut Vec<ApprovalEvent>) -> Result<T>,
     ) -> Result<T> {
-        let (expired, result) = self
-            .committed(|state, now| {
-                let expired = state.expire_due(policy, now);
-                Ok((expired, operation(state, now)))
-            })
-            .await?;
-        self.publish(expired);
-        result
+        self.committed_publishing(|state, now, transitions| {
+            transitions.extend(state.expire_due(policy, now));
+            operation(state, now, transitions)
+        })
+        .await
     }
 
     /// Runs one operation under the state lock, hands what it changed to
@@ -634,21 +644,59 @@ impl Engine {
         &self,
         operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
     ) -> Result<T> {
+        self.committed_publishing(|state, now, _| operation(state, now))
+            .await
+    }
+
+    /// [`Engine::committed`] for an operation that makes ledger
+    /// transitions (it adds them to the list it is given): they are
+    /// queued under the state lock with the batch of the operation's
+    /// changes, so in commit order, and audited and sent to watchers once
+    /// that batch is durable, never before and never out of order
+    /// ([`Engine::flush_outbox`]).
+    async fn committed_publishing<T>(
+        &self,
+        operation: impl FnOnce(&mut State, Timestamp, &mut Vec<ApprovalEvent>) -> Result<T>,
+    ) -> Result<T> {
         let (result, number) = match self.shared.writer.gate() {
             None => {
                 let now = self.now();
                 let mut state = self.state()?;
-                let result = operation(&mut state, now);
-                (result, self.hand_to_writer(&mut state)?)
+                let mut transitions = Vec::new();
+                let result = operation(&mut state, now, &mut transitions);
+                (result, self.hand_to_writer(&mut state, transitions)?)
             }
             Some(gate) => self.in_turn(gate, operation).await?,
         };
-        self.shared
-            .writer
-            .durable(number)
-            .await
-            .map_err(|error| store_failed(&error.to_string()))?;
+        let durable = self.shared.writer.durable(number).await;
+        self.flush_outbox();
+        durable.map_err(|error| store_failed(&error.to_string()))?;
         result
+    }
+
+    /// Publishes the queued transitions whose batch is durable, oldest
+    /// first, and drops those of a batch that never took effect; stops at
+    /// the first still in flight. Whichever call finds a batch durable
+    /// first publishes it (and all before it), under the outbox's lock, so
+    /// watchers and the audit log hear transitions in commit order however
+    /// the calls that made them are scheduled.
+    fn flush_outbox(&self) {
+        let mut outbox = match self.shared.outbox.lock() {
+            Ok(outbox) => outbox,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        while let Some((number, _)) = outbox.front() {
+            match self.shared.writer.settled(*number) {
+                None => break,
+                Some(durable) => {
+                    if let Some((_, transitions)) = outbox.pop_front()
+                        && durable
+                    {
+                        self.publish(transitions);
+                    }
+                }
+            }
+        }
     }
 
     /// Waits for a turn of the shared store (asking for one when none is
@@ -657,7 +705,7 @@ impl Engine {
     async fn in_turn<T>(
         &self,
         gate: &Gate,
-        operation: impl FnOnce(&mut State, Timestamp) -> Result<T>,
+        operation: impl FnOnce(&mut State, Timestamp, &mut Vec<ApprovalEvent>) -> Result<T>,
     ) -> Result<(Result<T>, u64)> {
         let mut opened = gate.subscribe();
         let mut operation = Some(operation);
@@ -670,8 +718,9 @@ impl Engine {
                     && let Some(operation) = operation.take()
                 {
                     self.shared.writer.ran_in_turn(ticket);
-                    let result = operation(&mut state, now);
-                    return Ok((result, self.hand_to_writer(&mut state)?));
+                    let mut transitions = Vec::new();
+                    let result = operation(&mut state, now, &mut transitions);
+                    return Ok((result, self.hand_to_writer(&mut state, transitions)?));
                 }
                 ticket = Some(self.shared.writer.want_turn());
             }
@@ -681,12 +730,22 @@ impl Engine {
         }
     }
 
-    /// Hands the state's changes to the writer (under the state lock): the
-    /// number the answer must wait for. A change that cannot be encoded
-    /// breaks the engine for good: the state is ahead of the store.
-    fn hand_to_writer(&self, state: &mut State) -> Result<u64> {
+    /// Hands the state's changes to the writer (under the state lock), and
+    /// queues `transitions` with their batch: the number the answer must
+    /// wait for. A change that cannot be encoded breaks the engine for
+    /// good: the state is ahead of the store.
+    fn hand_to_writer(&self, state: &mut State, transitions: Vec<ApprovalEvent>) -> Result<u64> {
         match state.take() {
-            Ok(taken) => Ok(self.shared.writer.append(taken.changes, taken.observable)),
+            Ok(taken) => {
+                let number = self.shared.writer.append(taken.changes, taken.observable);
+                if !transitions.is_empty() {
+                    match self.shared.outbox.lock() {
+                        Ok(mut outbox) => outbox.push_back((number, transitions)),
+                        Err(poisoned) => poisoned.into_inner().push_back((number, transitions)),
+                    }
+                }
+                Ok(number)
+            }
             Err(error) => {
                 tracing::error!(%error, "a change could not be made durable; every call is refused from now on");
                 let _ = self.shared.broken.set(error.to_string());
@@ -739,7 +798,7 @@ impl Engine {
             state.adopt_policy(&policy);
             // Nobody is answered about the new resources: they are stored
             // with the next batch, without waiting.
-            let _ = self.hand_to_writer(&mut state);
+            let _ = self.hand_to_writer(&mut state, Vec::new());
         }
         let new_policy = Arc::new(policy);
         match self.shared.policy.write() {

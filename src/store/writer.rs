@@ -489,6 +489,20 @@ impl Writer {
         lock(&self.shared.outage).clone()
     }
 
+    /// What became of the batch `number`: durable (`Some(true)`), abandoned
+    /// (`Some(false)`: it never took effect), or neither yet (`None`).
+    pub fn settled(&self, number: u64) -> Option<bool> {
+        let pending = self.shared.pending();
+        if pending
+            .abandoned
+            .iter()
+            .any(|(first, last)| (*first..=*last).contains(&number))
+        {
+            return Some(false);
+        }
+        (pending.durable >= number).then_some(true)
+    }
+
     /// Waits until every batch up to `number` is durable, or the writer
     /// stopped before it was.
     pub async fn durable(&self, number: u64) -> Result<(), StoreError> {
