@@ -35,6 +35,12 @@ fn errors_name_the_key() {
             "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = { type = 12 }\n",
             "tools.t.input_schema",
         ),
+        // JSON text with a key twice: serde_json kept the last copy, so the
+        // bound the text shows first was never enforced.
+        (
+            "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = '{\"type\":\"object\",\"properties\":{\"n\":{\"maximum\":1}},\"properties\":{}}'\n",
+            "tools.t.input_schema",
+        ),
         (
             "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = { \"$ref\" = \"https://example.com/s.json\" }\n",
             "tools.t.input_schema",

@@ -210,9 +210,17 @@ fn input_schema(
 ) -> Result<jsonschema::Validator<Canonical>, PolicyError> {
     let schema_json = match raw {
         None => serde_json::json!({"type": "object"}),
-        Some(toml::Value::String(text)) => serde_json::from_str(&text).map_err(|error| {
-            loader.error(format!("{key}.input_schema"), format!("not JSON: {error}"))
-        })?,
+        // Read as toolgate reads JSON: a duplicate key is an error, never
+        // the last copy winning (a schema that enforced another bound than
+        // the text shows).
+        Some(toml::Value::String(text)) => crate::domain::canonical::parse_str(&text)
+            .map(|schema| crate::domain::canonical::to_serde_json(&schema))
+            .map_err(|error| {
+                loader.error(
+                    format!("{key}.input_schema"),
+                    format!("not JSON toolgate accepts: {error}"),
+                )
+            })?,
         Some(value) => toml_to_json(&value, "")
             .map_err(|error| loader.error(format!("{key}.input_schema"), error))?,
     };
