@@ -3,7 +3,7 @@
 
 use jsonschema::error::ValidationErrorKind;
 
-use crate::domain::canonical::{self, Fingerprint, Instance, Object, Value};
+use crate::domain::canonical::{self, Fingerprint, Instance, Number, Object, Value};
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::check_identifier;
 use crate::domain::manifest::ManifestStatus;
@@ -271,13 +271,20 @@ pub fn approval_reason(tool: &Tool, profile: &ActorProfile, arguments: &Object) 
         ApprovalRule::Never => None,
         ApprovalRule::Always => Some(Reason::ApprovalRequired),
         ApprovalRule::Threshold { argument } => {
-            let amount = arguments.get(argument).and_then(Value::as_f64);
-            match (amount, profile.approval_threshold) {
-                (Some(amount), Some(threshold)) if amount <= threshold => None,
-                // Over the threshold, no threshold in the profile, or the
-                // argument missing or not a number: fail closed.
-                _ => Some(Reason::ApprovalThresholdExceeded),
-            }
+            let within = match (arguments.get(argument), profile.approval_threshold) {
+                // Exactly: an integer over 2^53 is not rounded to a double
+                // first (1e18 + 64 would compare equal to 1e18).
+                (Some(Value::Number(Number::Int(amount))), Some(threshold)) => {
+                    *amount <= threshold.floor() as i128
+                }
+                (Some(Value::Number(Number::Float(amount))), Some(threshold)) => {
+                    *amount <= threshold
+                }
+                // No threshold in the profile, or the argument missing or
+                // not a number: fail closed.
+                _ => false,
+            };
+            (!within).then_some(Reason::ApprovalThresholdExceeded)
         }
     }
 }
@@ -299,4 +306,41 @@ pub fn redacted_arguments(tool: &Tool, arguments: &Object) -> String {
         }
     }
     canonical::to_canonical(&Value::Object(shown))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The threshold rule compares an integer amount exactly: one unit over
+    /// a threshold past 2^53 needs approval (as a double it was equal).
+    #[test]
+    fn a_large_integer_amount_is_compared_exactly() {
+        let policy = Policy::parse(
+            "[server]\nopen_host_api = true\n\
+             [profiles.p]\nroles = [\"r\"]\napproval_threshold = 1e18\n\
+             [actors.a]\nprofile = \"p\"\n\
+             [tools.pay]\nmode = \"execute\"\nroles = [\"r\"]\napprovers = [\"x\"]\n\
+             approval = \"threshold\"\nthreshold_argument = \"amount\"\n",
+            "p.toml",
+            None,
+        )
+        .unwrap();
+        let (tool, profile) = (&policy.tools["pay"], &policy.actors["a"]);
+        let reason = |amount: &str| {
+            let arguments = canonical::parse_str(&format!("{{\"amount\":{amount}}}")).unwrap();
+            let Value::Object(arguments) = arguments else {
+                unreachable!()
+            };
+            approval_reason(tool, profile, &arguments)
+        };
+        let over = Some(Reason::ApprovalThresholdExceeded);
+        assert_eq!(reason("1000000000000000000"), None);
+        assert_eq!(reason("1000000000000000001"), over);
+        assert_eq!(reason("1000000000000000064"), over);
+        assert_eq!(reason("999999999999999999.0"), None);
+        assert_eq!(reason("1.0000000000000002e18"), over);
+        assert_eq!(reason("-5"), None);
+        assert_eq!(reason("\"5\""), over);
+    }
 }
