@@ -283,33 +283,6 @@ impl Manifest {
     /// and so have the same fingerprint: a comparison, much cheaper than
     /// the fingerprint's canonical text and SHA-256.
     pub fn identical(&self, other: &Manifest) -> bool {
-        let optional = |left: &Option<Value>, right: &Option<Value>| match (left, right) {
-            (Some(left), Some(right)) => left.identical(right),
-            (left, right) => left.is_none() && right.is_none(),
-        };
-        // Every field named, so that a new one cannot be left out.
-        let tool = |left: &ManifestTool, right: &ManifestTool| {
-            let ManifestTool {
-                name,
-                description,
-                parameters,
-                read_only,
-                scopes,
-                title,
-                input_schema,
-                output_schema,
-                annotations,
-            } = left;
-            *name == right.name
-                && *description == right.description
-                && *parameters == right.parameters
-                && *read_only == right.read_only
-                && *scopes == right.scopes
-                && *title == right.title
-                && optional(input_schema, &right.input_schema)
-                && optional(output_schema, &right.output_schema)
-                && optional(annotations, &right.annotations)
-        };
         let Manifest {
             server_id,
             revision,
@@ -321,7 +294,7 @@ impl Manifest {
             && tools
                 .iter()
                 .zip(&other.tools)
-                .all(|(left, right)| tool(left, right))
+                .all(|(left, right)| left.identical(right))
     }
 
     /// The tool of that name; only meaningful for a manifest without problems.
@@ -716,7 +689,9 @@ pub fn diff(reference: &Manifest, current: &Manifest) -> Vec<ToolDiff> {
                 change: ToolChange::Removed,
                 ..ToolDiff::default()
             }),
-            (Some(before), Some(after)) if before != after => Some(tool_diff(before, after)),
+            (Some(before), Some(after)) if !before.identical(after) => {
+                Some(tool_diff(before, after))
+            }
             _ => None,
         })
         .collect();
@@ -747,16 +722,52 @@ fn tool_diff(before: &ManifestTool, after: &ManifestTool) -> ToolDiff {
         parameters_changed: before.parameters != after.parameters,
         scopes_changed: before.scopes != after.scopes,
         read_only_changed,
-        input_schema_changed: before.input_schema != after.input_schema,
+        input_schema_changed: !identical_values(&before.input_schema, &after.input_schema),
         title_changed: before.title != after.title,
-        output_schema_changed: before.output_schema != after.output_schema,
-        annotations_changed: before.annotations != after.annotations,
+        output_schema_changed: !identical_values(&before.output_schema, &after.output_schema),
+        annotations_changed: !identical_values(&before.annotations, &after.annotations),
         widened: !scopes_added.is_empty() || (before.read_only && !after.read_only),
         parameters_added,
         parameters_removed,
         scopes_added,
         scopes_removed,
         problem: None,
+    }
+}
+
+impl ManifestTool {
+    /// Whether the two print the same canonical JSON: `-0.0` and `0.0` in a
+    /// schema differ, as they do in the fingerprint ([`Value::identical`]).
+    fn identical(&self, other: &ManifestTool) -> bool {
+        // Every field named, so that a new one cannot be left out.
+        let ManifestTool {
+            name,
+            description,
+            parameters,
+            read_only,
+            scopes,
+            title,
+            input_schema,
+            output_schema,
+            annotations,
+        } = self;
+        *name == other.name
+            && *description == other.description
+            && *parameters == other.parameters
+            && *read_only == other.read_only
+            && *scopes == other.scopes
+            && *title == other.title
+            && identical_values(input_schema, &other.input_schema)
+            && identical_values(output_schema, &other.output_schema)
+            && identical_values(annotations, &other.annotations)
+    }
+}
+
+/// Two optional values that print the same canonical JSON.
+fn identical_values(left: &Option<Value>, right: &Option<Value>) -> bool {
+    match (left, right) {
+        (Some(left), Some(right)) => left.identical(right),
+        (left, right) => left.is_none() && right.is_none(),
     }
 }
 
@@ -996,7 +1007,19 @@ mod tests {
             );
             assert_eq!(assessment.diffs, diff(&pinned, &current), "{current:?}");
             assert_eq!(assessment.problems, current.problems());
+            // A change the fingerprint sees, the diff shows: a reviewer is
+            // never told "changed" with nothing to look at.
+            if assessment.reason == AssessReason::Changed && current.problems().is_empty() {
+                assert!(!assessment.diffs.is_empty(), "{current:?}");
+            }
         }
+        // -0.0 for 0.0 in a schema: the changed flag names the schema.
+        let diffs = diff(
+            &manifest(vec![with_schema("0.0")]),
+            &manifest(vec![with_schema("-0.0")]),
+        );
+        assert_eq!(diffs.len(), 1, "{diffs:?}");
+        assert!(diffs[0].input_schema_changed, "{diffs:?}");
     }
 
     #[test]
