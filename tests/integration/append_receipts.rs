@@ -133,10 +133,10 @@ async fn an_append_answers_with_the_item_and_its_index_and_a_replay_repeats_it()
     server.stop().await;
 }
 
-#[tokio::test]
-async fn get_resource_pages_a_queue_in_items_and_in_bytes() {
+/// A server whose queue holds ten items of 3,512 bytes (a page holds at
+/// most 16 KiB - 1 KiB of JSON), and the texts posted.
+async fn server_with_ten_items() -> (TestServer, Vec<String>) {
     let server = TestServer::start(&policy()).await;
-    // Items of 3,512 bytes: a page holds at most 16 KiB - 1 KiB of JSON.
     let texts: Vec<String> = (0..10)
         .map(|index| format!("{index}{}", "x".repeat(3500)))
         .collect();
@@ -147,6 +147,12 @@ async fn get_resource_pages_a_queue_in_items_and_in_bytes() {
             .expect("Dispatch answers");
         assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
     }
+    (server, texts)
+}
+
+#[tokio::test]
+async fn get_resource_pages_a_queue_in_items_and_in_bytes() {
+    let (server, texts) = server_with_ten_items().await;
 
     // By count: pages of 3 items.
     let mut token = String::new();
@@ -258,17 +264,7 @@ async fn get_resource_pages_a_queue_in_items_and_in_bytes() {
 /// queue grows without a bound of its own and was listed whole.
 #[tokio::test]
 async fn list_resources_lists_a_queue_by_its_first_page() {
-    let server = TestServer::start(&policy()).await;
-    let texts: Vec<String> = (0..10)
-        .map(|index| format!("{index}{}", "x".repeat(3500)))
-        .collect();
-    for (index, text) in texts.iter().enumerate() {
-        let answer = server
-            .dispatch_agent(&post(&format!("c{index}"), index as u64, text))
-            .await
-            .expect("Dispatch answers");
-        assert_eq!(answer.status(), pb::DispatchStatus::Ok, "{answer:?}");
-    }
+    let (server, texts) = server_with_ten_items().await;
     let listed = server
         .resources()
         .list_resources(authed(pb::ListResourcesRequest::default(), ALICE))
