@@ -14,10 +14,11 @@
 //! reload swaps the whole `Arc`.
 
 pub mod bootstrap;
+mod publisher;
 pub mod reload;
 mod replica;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tokio::sync::broadcast;
@@ -45,6 +46,7 @@ use crate::store::memory::MemoryStore;
 use crate::store::writer::Gate;
 use crate::store::writer::Writer;
 use crate::store::{Behind, Store};
+use publisher::Publisher;
 
 /// Ledger transitions buffered per watcher before it is told it lagged.
 pub const WATCH_BUFFER: usize = 1024;
@@ -76,17 +78,12 @@ struct Shared {
     policy: Arc<RwLock<Arc<Policy>>>,
     clock: Arc<dyn Clock>,
     state: Arc<Mutex<State>>,
-    /// Every ledger transition, for `WatchApprovals`. A broadcast channel
-    /// never blocks the sender: a slow watcher lags, the ledger does not wait.
-    events: broadcast::Sender<Watched>,
-    /// This replica's transitions waiting for their batch to be durable,
-    /// in commit order ([`Engine::flush_outbox`]).
-    outbox: Mutex<VecDeque<(u64, Vec<ApprovalEvent>)>>,
+    /// Ledger transitions out to the audit log and watchers, in commit
+    /// order (shared with a shared store's turn host).
+    publisher: Arc<Publisher>,
     /// Credentials made at start (the embedded default's reviewer token),
     /// kept across policy reloads.
     runtime_credentials: RwLock<HashMap<Fingerprint, Arc<Credential>>>,
-    /// Counters, when a server attached them (lock-free to read).
-    metrics: std::sync::OnceLock<Arc<Metrics>>,
     /// Set once when the server begins to shut down; ends watch streams.
     closing: tokio::sync::watch::Sender<bool>,
     /// Budgets for the audit lines clients can cause at will.
@@ -142,11 +139,12 @@ impl Engine {
         let shared_policy = Arc::new(RwLock::new(Arc::clone(&policy)));
         let state = Arc::new(Mutex::new(state));
         let (events, _) = broadcast::channel(WATCH_BUFFER);
+        let publisher = Arc::new(Publisher::new(events));
         let host = store.shared().then(|| {
             Box::new(replica::Host {
                 state: Arc::clone(&state),
                 policy: Arc::clone(&shared_policy),
-                events: events.clone(),
+                publisher: Arc::clone(&publisher),
                 adopted: policy,
                 clock: Arc::clone(&clock),
             }) as Box<dyn crate::store::writer::TurnHost>
@@ -158,10 +156,8 @@ impl Engine {
                 policy: shared_policy,
                 clock,
                 state,
-                events,
-                outbox: Mutex::new(VecDeque::new()),
+                publisher,
                 runtime_credentials: RwLock::new(HashMap::new()),
-                metrics: std::sync::OnceLock::new(),
                 closing: tokio::sync::watch::Sender::new(false),
                 coalescer: audit::Coalescer::default(),
                 reloads: tokio::sync::watch::Sender::new(0),
@@ -169,7 +165,7 @@ impl Engine {
                 broken: std::sync::OnceLock::new(),
             }),
         };
-        engine.publish(expired);
+        engine.shared.publisher.publish(expired);
         Ok(engine)
     }
 
@@ -251,7 +247,7 @@ impl Engine {
     /// transitions are counted in (once; later calls are ignored).
     pub fn attach_metrics(&self, metrics: Arc<Metrics>) {
         let for_batches = Arc::clone(&metrics);
-        if self.shared.metrics.set(metrics).is_ok() {
+        if self.shared.publisher.metrics.set(metrics).is_ok() {
             self.shared.writer.on_batch(Box::new(move |batch| {
                 for_batches.store_batch(
                     batch.operations,
@@ -270,7 +266,7 @@ impl Engine {
     }
 
     fn metrics(&self) -> Option<&Metrics> {
-        self.shared.metrics.get().map(Arc::as_ref)
+        self.shared.publisher.metrics.get().map(Arc::as_ref)
     }
 
     /// Marks the engine as shutting down: long-lived streams end.
@@ -293,36 +289,7 @@ impl Engine {
 
     /// A receiver of every ledger transition from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Watched> {
-        self.shared.events.subscribe()
-    }
-
-    /// Audits ledger transitions and sends them to watchers (in the order
-    /// given: [`Engine::flush_outbox`] gives them in commit order).
-    fn publish(&self, events: impl IntoIterator<Item = ApprovalEvent>) {
-        for event in events {
-            let approval = &event.approval;
-            let approval_id = id_text(approval.id);
-            audit!(
-                event.kind.audit_name(),
-                approval_id = &*approval_id,
-                fingerprint = approval.request.fingerprint.hex().as_str(),
-                actor = approval.request.actor.as_str(),
-                session_id = approval.request.session_id.as_str(),
-                workspace = approval.request.workspace.as_str(),
-                tool = approval.request.tool.as_str(),
-                call_id = approval.request.call_id.as_str(),
-                status = approval.status.as_str(),
-                reviewer = approval.decided_by.as_deref(),
-                // The reviewer's words: a grant's comment, a denial's or
-                // revocation's reason.
-                note = Some(approval.decision_note.as_str()).filter(|note| !note.is_empty()),
-            );
-            if let Some(metrics) = self.metrics() {
-                metrics.transition(event.kind.audit_name());
-            }
-            // No receivers is fine: nobody is watching.
-            let _ = self.shared.events.send(Watched::Transition(event));
-        }
+        self.shared.publisher.events.subscribe()
     }
 
     /// Writes the audit line of a client-caused rejection through the
@@ -674,29 +641,12 @@ impl Engine {
         result
     }
 
-    /// Publishes the queued transitions whose batch is durable, oldest
-    /// first, and drops those of a batch that never took effect; stops at
-    /// the first still in flight. Whichever call finds a batch durable
-    /// first publishes it (and all before it), under the outbox's lock, so
-    /// watchers and the audit log hear transitions in commit order however
-    /// the calls that made them are scheduled.
+    /// Publishes the queued transitions whose batch is settled, in commit
+    /// order ([`Publisher::flush`]).
     fn flush_outbox(&self) {
-        let mut outbox = match self.shared.outbox.lock() {
-            Ok(outbox) => outbox,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        while let Some((number, _)) = outbox.front() {
-            match self.shared.writer.settled(*number) {
-                None => break,
-                Some(durable) => {
-                    if let Some((_, transitions)) = outbox.pop_front()
-                        && durable
-                    {
-                        self.publish(transitions);
-                    }
-                }
-            }
-        }
+        self.shared
+            .publisher
+            .flush(|number| self.shared.writer.settled(number));
     }
 
     /// Waits for a turn of the shared store (asking for one when none is
@@ -738,12 +688,7 @@ impl Engine {
         match state.take() {
             Ok(taken) => {
                 let number = self.shared.writer.append(taken.changes, taken.observable);
-                if !transitions.is_empty() {
-                    match self.shared.outbox.lock() {
-                        Ok(mut outbox) => outbox.push_back((number, transitions)),
-                        Err(poisoned) => poisoned.into_inner().push_back((number, transitions)),
-                    }
-                }
+                self.shared.publisher.queue(number, transitions);
                 Ok(number)
             }
             Err(error) => {

@@ -6,9 +6,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use tokio::sync::broadcast;
-
 use super::Watched;
+use super::publisher::Publisher;
 use crate::domain::clock::{Clock, SystemClock, Timestamp};
 use crate::domain::policy::Policy;
 use crate::domain::records::Change;
@@ -20,7 +19,8 @@ use crate::store::{Behind, StoreError, Turn};
 pub(super) struct Host {
     pub state: Arc<Mutex<State>>,
     pub policy: Arc<RwLock<Arc<Policy>>>,
-    pub events: broadcast::Sender<Watched>,
+    /// Where this replica's transitions and those it takes in go out.
+    pub publisher: Arc<Publisher>,
     /// The policy the state last adopted (its resources): a reload's new
     /// resources are adopted in the next turn, against the state every
     /// replica committed.
@@ -80,11 +80,19 @@ impl Host {
         }
     }
 
-    fn send(&self, events: Vec<Watched>) {
-        for event in events {
-            // No receivers is fine: nobody is watching.
-            let _ = self.events.send(event);
+    /// Publishes this replica's transitions taken out of the queue
+    /// (`own`, unless `reloaded`: the turn before may have been abandoned,
+    /// and the watchers are told to re-list), then sends the others'.
+    fn send(
+        &self,
+        own: Vec<crate::domain::ledger::ApprovalEvent>,
+        reloaded: bool,
+        taken_in: Vec<Watched>,
+    ) {
+        if !reloaded {
+            self.publisher.publish(own);
         }
+        self.publisher.send(taken_in);
     }
 }
 
@@ -93,6 +101,11 @@ impl TurnHost for Host {
         let policy = self.policy();
         let shared = Arc::clone(&self.state);
         let mut state = lock(&shared)?;
+        // The turn before has committed: this replica's transitions still
+        // queued go out before the others' taken in now, which came after
+        // them in the store.
+        let own = self.publisher.take_settled();
+        let reloaded = matches!(turn.behind, Some(Behind::Everything(_)));
         let events = match turn.behind {
             Some(behind) => self.take_in(&mut state, &policy, behind)?,
             None => Vec::new(),
@@ -106,7 +119,7 @@ impl TurnHost for Host {
             .map_err(|error| StoreError(format!("a change could not be encoded: {error}")))?;
         gate.open(time_of(self.clock.as_ref(), turn.now));
         drop(state);
-        self.send(events);
+        self.send(own, reloaded, events);
         Ok(changes)
     }
 
@@ -119,9 +132,12 @@ impl TurnHost for Host {
     fn catch_up(&mut self, behind: Behind) -> Result<(), StoreError> {
         let policy = self.policy();
         let mut state = lock(&self.state)?;
+        // Between turns: everything queued is durable (see `begin`).
+        let own = self.publisher.take_settled();
+        let reloaded = matches!(behind, Behind::Everything(_));
         let events = self.take_in(&mut state, &policy, behind)?;
         drop(state);
-        self.send(events);
+        self.send(own, reloaded, events);
         Ok(())
     }
 }

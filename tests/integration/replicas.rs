@@ -479,3 +479,108 @@ async fn a_replica_too_far_behind_for_the_transitions_tells_its_watchers_they_la
         "{consumed:?}"
     );
 }
+
+/// A replica sends its own transitions before the other replicas' that
+/// came after them in the store, even when the call that made its own is
+/// not polled again after it ran: the catch-up (or turn) that takes the
+/// others' in publishes first what this replica still holds. (In-process
+/// engines, so that the granting call can be left waiting.)
+#[tokio::test]
+async fn a_replica_hears_its_own_grant_before_a_consumption_made_after_it_elsewhere() {
+    use std::sync::Arc;
+
+    use futures_util::FutureExt;
+    use toolgate::domain::clock::SystemClock;
+    use toolgate::engine::Watched;
+
+    use crate::support::{
+        Engine, EventKind, PostgresStore, Proposal, SessionRef, Verdict, policies,
+    };
+
+    let schema = TestSchema::new();
+    let text = std::fs::read_to_string(policies::repo_path(RECOVERY)).expect(RECOVERY);
+    let open = || {
+        let store = PostgresStore::open(&schema.target).expect("open the store");
+        Engine::open(
+            policies::parse(&text),
+            Arc::new(SystemClock),
+            Box::new(store),
+        )
+        .expect("an engine")
+    };
+    let (a, b) = (open(), open());
+    let mut watched = a.subscribe();
+    let mut context = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+    // A round whose granting call happens to finish in the one poll that
+    // ran it (its batch durable at once) shows nothing: try again.
+    let mut left_waiting = false;
+    for round in 0..20 {
+        let session =
+            SessionRef::new("agent".into(), format!("s{round}"), "w".into()).expect("session");
+        let version = a.resource("note").expect("note").1;
+        let proposal = Proposal::new(
+            format!("c{round}"),
+            "agent".into(),
+            "set_item".into(),
+            version,
+            &format!(r#"{{"item":"note","value":"{round}"}}"#),
+        )
+        .expect("proposal");
+        let (decision, _) = a.decide(&session, &proposal).await.expect("Decide");
+        let (id, _) = decision.approval.expect("a request");
+        // A grants: its call is polled until the grant is made in A's
+        // state, then never again (it never publishes anything itself).
+        let mut granting = Box::pin(a.review(id, Verdict::Grant, "lead", String::new()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        left_waiting = loop {
+            if granting.poll_unpin(&mut context).is_ready() {
+                break false;
+            }
+            let status = a.get_approval(id).expect("the approval").status;
+            if status == crate::support::ApprovalStatus::Granted {
+                break true;
+            }
+            assert!(Instant::now() < deadline, "the grant never ran");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        // B consumes it: after the grant, in the store's order.
+        let (dispatched, _) = b
+            .dispatch(&session, &proposal)
+            .await
+            .expect("Dispatch on B");
+        assert_eq!(
+            dispatched.status,
+            crate::support::DispatchStatus::Ok,
+            "{dispatched:?}"
+        );
+        let mut heard = Vec::new();
+        while heard.len() < 3 {
+            let event = tokio::time::timeout(Duration::from_secs(10), watched.recv())
+                .await
+                .map_err(|_| format!("A's watcher heard only {heard:?}"))
+                .expect("in time")
+                .expect("a transition");
+            if let Watched::Transition(event) = event
+                && event.approval.id == id
+            {
+                heard.push(event.kind);
+            }
+        }
+        assert_eq!(
+            heard,
+            [
+                EventKind::Requested,
+                EventKind::Granted,
+                EventKind::Consumed
+            ],
+            "round {round}"
+        );
+        drop(granting);
+        if left_waiting {
+            break;
+        }
+    }
+    assert!(left_waiting, "no round left the granting call waiting");
+    a.close_store();
+    b.close_store();
+}
