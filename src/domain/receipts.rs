@@ -237,45 +237,63 @@ impl ReceiptLog {
         Some(stored.bytes)
     }
 
-    /// Makes room for one more receipt if the log is full, evicting only
-    /// receipts past retention. False when the log is full within the window.
-    pub fn make_room(&mut self, now: Timestamp, limits: &Limits) -> bool {
-        while self.receipts.len() >= limits.receipt_capacity {
-            if self.evict_oldest_past_retention(now, limits).is_none() {
-                return false;
-            }
-        }
-        true
+    /// How many receipts must go before one more fits under
+    /// `limits.receipt_capacity`.
+    pub fn over_capacity(&self, limits: &Limits) -> usize {
+        (self.receipts.len() + 1).saturating_sub(limits.receipt_capacity)
     }
 
-    /// Bytes that evicting receipts past retention would free, counted
-    /// oldest first and only until `enough` is reached (changes nothing).
-    pub fn evictable_bytes(&self, now: Timestamp, limits: &Limits, enough: usize) -> usize {
+    /// The sizes of the receipts past retention, oldest first: those that
+    /// may be evicted.
+    fn past_retention<'a>(
+        &'a self,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> impl Iterator<Item = usize> + 'a {
         let retention = retention_millis(limits);
-        let mut total = 0usize;
-        for (created_at, key) in &self.by_age {
-            if total >= enough || now.millis_since(*created_at) < retention {
+        self.by_age
+            .iter()
+            .take_while(move |(created_at, _)| now.millis_since(*created_at) >= retention)
+            .map(|(_, key)| {
+                let (host, actor, call_id) = key.parts();
+                let hash = self.hash(host, actor, call_id);
+                self.receipts
+                    .find(hash, |stored| stored.key.is(host, actor, call_id))
+                    .map_or(0, |stored| stored.bytes)
+            })
+    }
+
+    /// What evicting receipts past retention, oldest first, until `count`
+    /// of them and `enough` bytes are gone would take: the receipts and the
+    /// bytes, fewer when too few are past retention (changes nothing).
+    pub fn evictable(
+        &self,
+        now: Timestamp,
+        limits: &Limits,
+        count: usize,
+        enough: usize,
+    ) -> (usize, usize) {
+        let (mut receipts, mut bytes) = (0usize, 0usize);
+        for size in self.past_retention(now, limits) {
+            if receipts >= count && bytes >= enough {
                 break;
             }
-            let (host, actor, call_id) = key.parts();
-            let hash = self.hash(host, actor, call_id);
-            if let Some(stored) = self
-                .receipts
-                .find(hash, |stored| stored.key.is(host, actor, call_id))
-            {
-                total = total.saturating_add(stored.bytes);
-            }
+            receipts += 1;
+            bytes = bytes.saturating_add(size);
         }
-        total
+        (receipts, bytes)
     }
 
-    /// Evicts receipts past retention, oldest first, until `needed` bytes
-    /// are freed or none is left; the bytes freed.
-    pub fn evict_bytes(&mut self, now: Timestamp, limits: &Limits, needed: usize) -> usize {
-        let mut freed = 0usize;
-        while freed < needed {
+    /// Evicts receipts past retention, oldest first, until `count` of them
+    /// and `needed` bytes are gone or none is left; the bytes freed.
+    pub fn evict(&mut self, now: Timestamp, limits: &Limits, count: usize, needed: usize) -> usize {
+        let (mut evicted, mut freed) = (0usize, 0usize);
+        while evicted < count || freed < needed {
             match self.evict_oldest_past_retention(now, limits) {
-                Some(bytes) => freed = freed.saturating_add(bytes),
+                Some(bytes) => {
+                    evicted += 1;
+                    freed = freed.saturating_add(bytes);
+                }
                 None => break,
             }
         }

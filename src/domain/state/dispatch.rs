@@ -172,9 +172,10 @@ impl State {
             .map_err(|found| Halt::Cause(Cause::MissingResource(found)))
     }
 
-    /// SPEC §6 step 8: the receipt log is full, none past retention →
+    /// SPEC §6 step 8: the receipt log is full, too few past retention →
     /// LOG_FULL; then room for the receipt in the byte budget, or
-    /// RESOURCE_EXHAUSTED.
+    /// RESOURCE_EXHAUSTED. Both are checked before anything is evicted: a
+    /// refusal evicts nothing.
     fn make_receipt_room(
         &mut self,
         call: &Call<'_>,
@@ -182,7 +183,8 @@ impl State {
         carried: Option<&Value>,
     ) -> Step<(), Answer> {
         let limits = &call.policy.limits;
-        if !self.receipts.make_room(call.now, limits) {
+        let over = self.receipts.over_capacity(limits);
+        if self.receipts.evictable(call.now, limits, over, 0).0 < over {
             let capacity = limits.receipt_capacity;
             return Err(Halt::Cause(Cause::LogFull { capacity }));
         }
@@ -196,7 +198,7 @@ impl State {
         // A list's items are never evicted: an append (or a set of a
         // longer list) needs room of its own.
         let items = self.resources.items_growth(target, carried);
-        self.make_byte_room(receipt_bytes.saturating_add(items), call.now, limits)?;
+        self.make_room(over, receipt_bytes.saturating_add(items), call.now, limits)?;
         Ok(())
     }
 

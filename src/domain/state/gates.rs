@@ -231,13 +231,15 @@ impl State {
             proposal.fingerprint,
         );
         // Every call id remembered counts under the byte budget, whatever
-        // the answer: room for it now, or RESOURCE_EXHAUSTED and no change.
+        // the answer: room for it checked now (RESOURCE_EXHAUSTED and no
+        // change), counted by the steps' own room, and made once the steps
+        // answered, so that an error evicts nothing.
         let budget = Budget::of(policy.actors.get(&session_ref.actor));
         let call_bytes =
             self.sessions
                 .bytes_to_remember(session_key, &proposal.call_id, standing, &budget);
         if call_bytes > 0 {
-            self.make_byte_room(call_bytes, now, &policy.limits)?;
+            self.excess(0, call_bytes, now, &policy.limits)?;
         }
         self.charging_bytes = call_bytes;
         let call = Call {
@@ -248,6 +250,11 @@ impl State {
         let answered = answered(steps(self, &call), word);
         self.charging_bytes = 0;
         let (answer, refused) = answered?;
+        if call_bytes > 0 {
+            // Cannot fail: the room was there before the steps, and what
+            // they added made room for it too (`charging_bytes`).
+            self.make_byte_room(call_bytes, now, &policy.limits)?;
+        }
         let charge = Charge::of(standing, is_tool_call(policy, proposal), refused, repeats);
         // Counts the bytes of a call id it remembers.
         self.sessions.settle(

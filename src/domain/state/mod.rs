@@ -229,19 +229,49 @@ impl State {
             .saturating_add(self.charging_bytes)
     }
 
-    /// Room for `needed` more bytes under `limits.max_state_bytes`. Only
-    /// what exactly-once does not need is evicted to make it: receipts past
+    /// Room for `needed` more bytes under `limits.max_state_bytes`.
+    fn make_byte_room(&mut self, needed: usize, now: Timestamp, limits: &Limits) -> Result<()> {
+        self.make_room(0, needed, now, limits)
+    }
+
+    /// Room for `needed` more bytes under `limits.max_state_bytes` with at
+    /// least `receipts` receipts evicted (the count cap of the receipt log;
+    /// the caller has checked that so many are past retention). Only what
+    /// exactly-once does not need is evicted to make it: receipts past
     /// retention first, then finished approval records, oldest first — and
     /// only when that makes enough room. Otherwise RESOURCE_EXHAUSTED, and
     /// nothing changes.
-    fn make_byte_room(&mut self, needed: usize, now: Timestamp, limits: &Limits) -> Result<()> {
+    fn make_room(
+        &mut self,
+        receipts: usize,
+        needed: usize,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> Result<()> {
+        let excess = self.excess(receipts, needed, now, limits)?;
+        if excess > 0 || receipts > 0 {
+            let freed = self.receipts.evict(now, limits, receipts, excess);
+            self.ledger.evict_bytes(excess.saturating_sub(freed));
+        }
+        Ok(())
+    }
+
+    /// The bytes [`State::make_room`] would free, or RESOURCE_EXHAUSTED when
+    /// it cannot (changes nothing).
+    fn excess(
+        &self,
+        receipts: usize,
+        needed: usize,
+        now: Timestamp,
+        limits: &Limits,
+    ) -> Result<usize> {
         let used = self.state_bytes();
         let budget = limits.max_state_bytes;
         let excess = used.saturating_add(needed).saturating_sub(budget);
         if excess == 0 {
-            return Ok(());
+            return Ok(0);
         }
-        let from_receipts = self.receipts.evictable_bytes(now, limits, excess);
+        let (_, from_receipts) = self.receipts.evictable(now, limits, receipts, excess);
         if from_receipts.saturating_add(self.ledger.evictable_bytes()) < excess {
             return Err(Error::ResourceExhausted(format!(
                 "the state holds {used} of its {budget} bytes (limits.max_state_bytes) in \
@@ -249,8 +279,6 @@ impl State {
                  items of lists; {needed} more do not fit"
             )));
         }
-        let freed = self.receipts.evict_bytes(now, limits, excess);
-        self.ledger.evict_bytes(excess.saturating_sub(freed));
-        Ok(())
+        Ok(excess)
     }
 }

@@ -1541,3 +1541,148 @@ fn a_scope_changed_to_per_resource_never_takes_a_version_back() {
         assert_eq!(again.resource("b").unwrap().1, 4);
     }
 }
+
+/// One resource and a tool that sets it to a string; receipts kept 20 s,
+/// two at a time; `max_state_bytes` as given.
+fn tight_policy(max_state_bytes: usize) -> Policy {
+    let text = format!(
+        r#"
+[limits]
+receipt_capacity = 2
+receipt_retention_seconds = 20
+max_state_bytes = {max_state_bytes}
+max_approval_argument_bytes = 64
+
+[profiles.agent]
+roles = ["agent"]
+
+[actors.learner]
+profile = "agent"
+
+[tools.reset]
+mode = "execute"
+roles = ["agent"]
+approval = "never"
+effect = {{ kind = "set", resource_argument = "name", value_argument = "value" }}
+input_schema = {{ type = "object", properties = {{ value = {{ type = "string" }} }} }}
+
+[state.resources]
+a = "x"
+
+[server]
+open_host_api = true
+"#
+    );
+    Policy::parse(&text, "tight.toml", None).unwrap()
+}
+
+/// A commit refused for the byte budget evicts nothing, not even the
+/// receipt past retention the count cap would have let go: a refusal
+/// changes no state, and a replay of that receipt still finds it.
+#[test]
+fn a_commit_refused_for_bytes_evicts_no_receipt() {
+    let policy = tight_policy(2048);
+    let mut state = State::restore(&policy, MemoryStore::new().load().unwrap()).unwrap();
+    let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
+    let call = |call_id: &str, version: u64, value: &str| Call {
+        session: session.clone(),
+        proposal: Proposal::new(
+            call_id.into(),
+            "learner".into(),
+            "reset".into(),
+            version,
+            &format!(r#"{{"name":"a","value":"{value}"}}"#),
+        )
+        .unwrap(),
+    };
+    let mut dispatch = |now: u64, call: &Call| {
+        let screened = proposal::screen(&policy, &call.session, &call.proposal);
+        state
+            .dispatch(
+                &policy,
+                Timestamp(now),
+                &call.session,
+                &call.proposal,
+                screened,
+            )
+            .map(|(answer, _)| (answer.status, answer.replayed))
+    };
+    let (ok, replayed) = ((DispatchStatus::Ok, false), (DispatchStatus::Ok, true));
+    assert_eq!(dispatch(1_000, &call("c0", 0, "y")).unwrap(), ok);
+    assert_eq!(dispatch(1_000, &call("c1", 1, "z")).unwrap(), ok);
+    // Past retention: c0's receipt may go for the count, but the receipt of
+    // this value alone is over the whole budget.
+    let big = "v".repeat(2_000);
+    let refused = dispatch(22_000, &call("c2", 2, &big)).unwrap_err();
+    assert!(
+        matches!(refused, Error::ResourceExhausted(_)),
+        "{refused:?}"
+    );
+    assert_eq!(dispatch(22_000, &call("c0", 0, "y")).unwrap(), replayed);
+    // A commit that fits lets c0's receipt go for the count, and only it.
+    assert_eq!(dispatch(22_000, &call("c3", 2, "w")).unwrap(), ok);
+    assert_eq!(dispatch(22_000, &call("c1", 1, "z")).unwrap(), replayed);
+    assert_eq!(
+        dispatch(22_000, &call("c0", 0, "y")).unwrap(),
+        (DispatchStatus::StaleVersion, false)
+    );
+}
+
+/// A call that ends in an error evicts nothing to remember its call id:
+/// with the state full and a receipt past retention, a new call id whose
+/// arguments fail the schema leaves that receipt, which a replay finds.
+#[test]
+fn a_call_refused_with_an_error_evicts_nothing() {
+    let roomy = tight_policy(1 << 20);
+    let mut state = State::restore(&roomy, MemoryStore::new().load().unwrap()).unwrap();
+    let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
+    let call = |call_id: &str, version: u64, value: &str| Call {
+        session: session.clone(),
+        proposal: Proposal::new(
+            call_id.into(),
+            "learner".into(),
+            "reset".into(),
+            version,
+            &format!(r#"{{"name":"a","value":{value}}}"#),
+        )
+        .unwrap(),
+    };
+    let dispatch = |state: &mut State, policy: &Policy, now: u64, call: &Call| {
+        let screened = proposal::screen(policy, &call.session, &call.proposal);
+        state
+            .dispatch(
+                policy,
+                Timestamp(now),
+                &call.session,
+                &call.proposal,
+                screened,
+            )
+            .map(|(answer, _)| (answer.status, answer.replayed))
+    };
+    let c0 = call("c0", 0, r#""y""#);
+    assert_eq!(
+        dispatch(&mut state, &roomy, 1_000, &c0).unwrap(),
+        (DispatchStatus::Ok, false)
+    );
+    // Full: a new call id fits only by evicting c0's receipt (past
+    // retention at 22 s).
+    let full = tight_policy(state.state_bytes());
+    let refused = dispatch(&mut state, &full, 22_000, &call("c1", 1, "5")).unwrap_err();
+    assert!(
+        matches!(refused, Error::InvalidArgument { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(
+        dispatch(&mut state, &full, 22_000, &c0).unwrap(),
+        (DispatchStatus::Ok, true)
+    );
+    // An answer makes the room: the next new call id evicts it.
+    assert_eq!(
+        dispatch(&mut state, &full, 22_000, &call("c2", 0, r#""z""#)).unwrap(),
+        (DispatchStatus::StaleVersion, false)
+    );
+    assert_eq!(
+        dispatch(&mut state, &full, 22_000, &c0).unwrap(),
+        (DispatchStatus::StaleVersion, false)
+    );
+}
