@@ -421,6 +421,9 @@ pub struct Charge {
     pub tool_attempt: bool,
     /// The budget that refused the call, if one did.
     pub refused: Option<Reason>,
+    /// The budget verdict a new call id is remembered with: `refused`, or
+    /// what the budget says of it when another step answered first.
+    pub verdict: Option<Reason>,
 }
 
 impl Charge {
@@ -429,6 +432,7 @@ impl Charge {
         decision: false,
         tool_attempt: false,
         refused: None,
+        verdict: None,
     };
 
     /// The charge of an answer: `decision` when the call id is new; a
@@ -447,6 +451,7 @@ impl Charge {
             decision,
             tool_attempt: attempt && is_tool_call && refused != Some(Reason::ToolBudget),
             refused,
+            verdict: refused,
         }
     }
 }
@@ -772,7 +777,7 @@ impl Sessions {
                 call_id: call_id.into(),
                 decided_at: now,
                 fingerprint,
-                refused: charge.refused,
+                refused: charge.verdict,
             };
             // A copy for the journal only when there is one (not under
             // `--store memory`): the Decide of a new call id allocates once.

@@ -255,7 +255,16 @@ impl State {
             // they added made room for it too (`charging_bytes`).
             self.make_byte_room(call_bytes, now, &policy.limits)?;
         }
-        let charge = Charge::of(standing, is_tool_call(policy, proposal), refused, repeats);
+        let tool_call = is_tool_call(policy, proposal);
+        let mut charge = Charge::of(standing, tool_call, refused, repeats);
+        // A new call id answered before the budget step (an unknown tool,
+        // an unverified manifest, …) was never admitted by the budget: it
+        // keeps the verdict the budget gives it now, so that asked again
+        // once those steps pass, it is not let past a budget it had spent.
+        if charge.decision && refused.is_none() {
+            let session = self.sessions.find(session_key);
+            charge.verdict = budget.refusal(session, tool_call, now);
+        }
         // Counts the bytes of a call id it remembers.
         self.sessions.settle(
             session_key,

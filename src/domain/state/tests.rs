@@ -12,6 +12,7 @@ use crate::domain::ledger::{ApprovalEvent, ApprovalStatus, EventKind, ListQuery,
 use crate::domain::manifest::Manifest;
 use crate::domain::policy::Policy;
 use crate::domain::proposal::{self, Proposal, SessionRef};
+use crate::domain::reason::Reason;
 use crate::domain::records::{Change, Kind, key, time_part};
 use crate::domain::session;
 use crate::store::Store;
@@ -1626,6 +1627,64 @@ fn a_commit_refused_for_bytes_evicts_no_receipt() {
         dispatch(22_000, &call("c0", 0, "y")).unwrap(),
         (DispatchStatus::StaleVersion, false)
     );
+}
+
+/// A policy whose actor may call `deploy` once a session, with or without
+/// the role the tool needs.
+fn budget_policy(role: &str) -> Policy {
+    let text = format!(
+        r#"
+[profiles.agent]
+roles = ["{role}"]
+max_tool_calls = 1
+
+[actors.learner]
+profile = "agent"
+
+[tools.deploy]
+mode = "execute"
+roles = ["deployer"]
+approval = "never"
+
+[server]
+open_host_api = true
+"#
+    );
+    Policy::parse(&text, "budget.toml", None).unwrap()
+}
+
+/// A new call id answered before the budget step keeps the verdict the
+/// budget gave it then: once a reload lets its tool through, the call id
+/// decided after the one tool call was spent is refused `tool-budget`,
+/// and the first one, decided within the budget, is allowed.
+#[test]
+fn a_call_id_refused_before_the_budget_keeps_the_budgets_verdict() {
+    let (before, after) = (budget_policy("agent"), budget_policy("deployer"));
+    let mut state = State::restore(&before, MemoryStore::new().load().unwrap()).unwrap();
+    let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
+    let proposal =
+        |call_id: &str| Proposal::new(call_id.into(), "learner".into(), "deploy".into(), 0, "{}");
+    let reason = |state: &mut State, policy: &Policy, call_id: &str| {
+        let proposal = proposal(call_id).unwrap();
+        let screened = proposal::screen(policy, &session, &proposal);
+        let (decision, _) = state
+            .decide(
+                policy,
+                Timestamp(1_000),
+                &session,
+                &proposal,
+                screened,
+                Grants::Keep,
+            )
+            .unwrap();
+        decision.reason
+    };
+    assert_eq!(reason(&mut state, &before, "c0"), Reason::NotAuthorized);
+    assert_eq!(reason(&mut state, &before, "c1"), Reason::NotAuthorized);
+    state.adopt_policy(&after);
+    assert_eq!(reason(&mut state, &after, "c0"), Reason::Allowed);
+    assert_eq!(reason(&mut state, &after, "c1"), Reason::ToolBudget);
+    assert_eq!(reason(&mut state, &after, "c2"), Reason::ToolBudget);
 }
 
 /// A call that ends in an error evicts nothing to remember its call id:
