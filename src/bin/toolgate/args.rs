@@ -25,9 +25,12 @@ use toolgate::store::postgres::{self, PostgresTarget};
         `toolgate serve --config POLICY.toml` runs the server; `toolgate <command> --help` \
         describes each command; `toolgate man` prints this manual as a man page and \
         `toolgate completions bash|zsh|fish` a shell completion script.",
-    after_long_help = "EXIT STATUS:\n  0 on success; 1 when a check fails or the server refuses a call; \
-        2 for usage, input-file and connection errors.\n\n\
+    after_long_help = "EXIT STATUS:\n  0 on success; 1 when a check fails, an input file is refused or the \
+        server refuses a call; 2 for usage and connection errors; 3 when `manifest assess` \
+        is answered that the manifest is not accepted.\n\n\
         ENVIRONMENT:\n  TOOLGATE_TOKEN  the bearer token of the client commands (never printed)\n  \
+        TOOLGATE_STORE  the store of `serve --store` and the `store` commands (a \
+        PostgreSQL URL may hold a password: never printed)\n  \
         RUST_LOG        the log filter of `serve` (tracing-subscriber's EnvFilter)\n\n\
         SIGNALS:\n  SIGHUP reloads the policy file of `serve`; SIGTERM and SIGINT shut down gracefully."
 )]
@@ -270,7 +273,7 @@ pub struct PinsArgs {
 pub enum PinsCommand {
     /// List the pins in force (policy and API). JSON: `{"pins": [...]}`.
     List,
-    /// Pin a manifest (JSON file, as `toolgate manifest fingerprint` reads it).
+    /// Pin a manifest (a reference-form JSON file, not an MCP tools/list result).
     Add {
         /// Manifest file (JSON).
         file: PathBuf,
