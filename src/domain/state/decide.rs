@@ -43,6 +43,7 @@ impl State {
             proposal,
             repeats: grants.repeats(),
             actor_share: grants.actor_share(policy),
+            dispatch: false,
         };
         self.charged(
             asked,

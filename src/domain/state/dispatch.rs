@@ -50,6 +50,7 @@ impl State {
             proposal,
             repeats: Repeats::Free,
             actor_share: None,
+            dispatch: true,
         };
         self.charged(
             asked,

@@ -27,6 +27,9 @@ pub(super) struct Asked<'a> {
     pub(super) repeats: Repeats,
     /// The sessions its actor may hold, when the caller bounds that.
     pub(super) actor_share: Option<usize>,
+    /// A Dispatch: its budget step is an `execute` tool's whatever the
+    /// tool named (only those are dispatched).
+    pub(super) dispatch: bool,
 }
 
 /// One Decide or Dispatch being answered: what its steps read (what it
@@ -220,6 +223,7 @@ impl State {
             proposal,
             repeats,
             actor_share,
+            dispatch,
         } = asked;
         let session_key = self.sessions.key(session_ref);
         self.sessions.check_binding(session_key)?;
@@ -230,11 +234,25 @@ impl State {
             &proposal.call_id,
             proposal.fingerprint,
         );
+        // What the budget step (SPEC §4 step 6) says of a new call id, as
+        // every step before it finds the session: the verdict it is
+        // remembered with, whichever step answers it, so that one answered
+        // before the budget (an unknown, forbidden or unauthorized tool, an
+        // unverified manifest) is not let past a budget it had spent once a
+        // reload or an assessment lets it through. A forbidden tool counts
+        // as a tool call here: a reload can make it an `execute` one.
+        let budget = Budget::of(policy.actors.get(&session_ref.actor));
+        let verdict = match standing {
+            CallStanding::New => {
+                let tool_call = dispatch || budget_counts_tool(policy, proposal);
+                budget.refusal(self.sessions.find(session_key), tool_call, now)
+            }
+            _ => None,
+        };
         // Every call id remembered counts under the byte budget, whatever
         // the answer: room for it checked now (RESOURCE_EXHAUSTED and no
         // change), counted by the steps' own room, and made once the steps
         // answered, so that an error evicts nothing.
-        let budget = Budget::of(policy.actors.get(&session_ref.actor));
         let call_bytes =
             self.sessions
                 .bytes_to_remember(session_key, &proposal.call_id, standing, &budget);
@@ -255,16 +273,8 @@ impl State {
             // they added made room for it too (`charging_bytes`).
             self.make_byte_room(call_bytes, now, &policy.limits)?;
         }
-        let tool_call = is_tool_call(policy, proposal);
-        let mut charge = Charge::of(standing, tool_call, refused, repeats);
-        // A new call id answered before the budget step (an unknown tool,
-        // an unverified manifest, …) was never admitted by the budget: it
-        // keeps the verdict the budget gives it now, so that asked again
-        // once those steps pass, it is not let past a budget it had spent.
-        if charge.decision && refused.is_none() {
-            let session = self.sessions.find(session_key);
-            charge.verdict = budget.refusal(session, tool_call, now);
-        }
+        let mut charge = Charge::of(standing, is_tool_call(policy, proposal), refused, repeats);
+        charge.verdict = refused.or(verdict);
         // Counts the bytes of a call id it remembers.
         self.sessions.settle(
             session_key,
@@ -304,4 +314,14 @@ pub(super) fn is_tool_call(policy: &Policy, proposal: &Proposal) -> bool {
         .tools
         .get(&proposal.name)
         .is_none_or(|tool| tool.mode == Mode::Execute)
+}
+
+/// Whether the session's tool budget applies to a new call id of this
+/// proposal's tool when it is remembered: a tool call, or a forbidden
+/// tool's (which a reload can make an `execute` one).
+fn budget_counts_tool(policy: &Policy, proposal: &Proposal) -> bool {
+    policy
+        .tools
+        .get(&proposal.name)
+        .is_none_or(|tool| matches!(tool.mode, Mode::Execute | Mode::Forbidden))
 }

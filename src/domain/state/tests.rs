@@ -1629,21 +1629,27 @@ fn a_commit_refused_for_bytes_evicts_no_receipt() {
     );
 }
 
-/// A policy whose actor may call `deploy` once a session, with or without
-/// the role the tool needs.
-fn budget_policy(role: &str) -> Policy {
+/// A policy whose actor may call `deploy` (of `mode`) once a session, with
+/// or without the role the tool needs; `budget` is more of the profile.
+fn budget_policy(role: &str, mode: &str, budget: &str) -> Policy {
     let text = format!(
         r#"
 [profiles.agent]
 roles = ["{role}"]
 max_tool_calls = 1
+{budget}
 
 [actors.learner]
 profile = "agent"
 
 [tools.deploy]
-mode = "execute"
+mode = "{mode}"
 roles = ["deployer"]
+approval = "never"
+
+[tools.other]
+mode = "execute"
+roles = ["agent", "deployer"]
 approval = "never"
 
 [server]
@@ -1654,37 +1660,77 @@ open_host_api = true
 }
 
 /// A new call id answered before the budget step keeps the verdict the
-/// budget gave it then: once a reload lets its tool through, the call id
-/// decided after the one tool call was spent is refused `tool-budget`,
-/// and the first one, decided within the budget, is allowed.
+/// budget gave it then: once a reload lets its tool through, one decided
+/// after the one tool call was spent is refused `tool-budget`, and one
+/// decided within the budget is allowed — whether the tool was refused for
+/// the actor's roles or as forbidden.
 #[test]
 fn a_call_id_refused_before_the_budget_keeps_the_budgets_verdict() {
-    let (before, after) = (budget_policy("agent"), budget_policy("deployer"));
-    let mut state = State::restore(&before, MemoryStore::new().load().unwrap()).unwrap();
+    let after = budget_policy("deployer", "execute", "");
+    for (before, refusal) in [
+        (budget_policy("agent", "execute", ""), Reason::NotAuthorized),
+        (
+            budget_policy("deployer", "forbidden", ""),
+            Reason::ForbiddenTool,
+        ),
+    ] {
+        let mut state = State::restore(&before, MemoryStore::new().load().unwrap()).unwrap();
+        let reason = |state: &mut State, policy: &Policy, session: &str, call_id: &str| {
+            let session = SessionRef::new("learner".into(), session.into(), "ws".into()).unwrap();
+            let tool = if call_id.starts_with('o') {
+                "other"
+            } else {
+                "deploy"
+            };
+            let proposal =
+                Proposal::new(call_id.into(), "learner".into(), tool.into(), 0, "{}").unwrap();
+            let screened = proposal::screen(policy, &session, &proposal);
+            let (decision, _) = state
+                .decide(
+                    policy,
+                    Timestamp(1_000),
+                    &session,
+                    &proposal,
+                    screened,
+                    Grants::Keep,
+                )
+                .unwrap();
+            decision.reason
+        };
+        // s1 spends its one tool call, then asks for `deploy`; s2 asks
+        // for `deploy` first.
+        assert_eq!(reason(&mut state, &before, "s1", "o0"), Reason::Allowed);
+        assert_eq!(reason(&mut state, &before, "s1", "c1"), refusal);
+        assert_eq!(reason(&mut state, &before, "s2", "c0"), refusal);
+        state.adopt_policy(&after);
+        assert_eq!(reason(&mut state, &after, "s1", "c1"), Reason::ToolBudget);
+        assert_eq!(reason(&mut state, &after, "s2", "c0"), Reason::Allowed);
+    }
+}
+
+/// A call id the budget admitted stays admitted: the first call of a new
+/// session, committed by Dispatch, is replayed, even under a session age
+/// limit of zero that its own commit's session then meets.
+#[test]
+fn a_commit_admitted_by_the_budget_is_replayed() {
+    let policy = budget_policy("agent", "execute", "max_session_seconds = 0");
+    let mut state = State::restore(&policy, MemoryStore::new().load().unwrap()).unwrap();
     let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
-    let proposal =
-        |call_id: &str| Proposal::new(call_id.into(), "learner".into(), "deploy".into(), 0, "{}");
-    let reason = |state: &mut State, policy: &Policy, call_id: &str| {
-        let proposal = proposal(call_id).unwrap();
-        let screened = proposal::screen(policy, &session, &proposal);
-        let (decision, _) = state
-            .decide(
-                policy,
-                Timestamp(1_000),
-                &session,
-                &proposal,
-                screened,
-                Grants::Keep,
-            )
-            .unwrap();
-        decision.reason
+    let call = Call {
+        session: session.clone(),
+        proposal: Proposal::new("c1".into(), "learner".into(), "other".into(), 0, "{}").unwrap(),
     };
-    assert_eq!(reason(&mut state, &before, "c0"), Reason::NotAuthorized);
-    assert_eq!(reason(&mut state, &before, "c1"), Reason::NotAuthorized);
-    state.adopt_policy(&after);
-    assert_eq!(reason(&mut state, &after, "c0"), Reason::Allowed);
-    assert_eq!(reason(&mut state, &after, "c1"), Reason::ToolBudget);
-    assert_eq!(reason(&mut state, &after, "c2"), Reason::ToolBudget);
+    let first = dispatch_on(&mut state, &policy, Timestamp(1_000), &call).unwrap();
+    assert_eq!(
+        (first.0.status, first.0.replayed),
+        (DispatchStatus::Ok, false)
+    );
+    let again = dispatch_on(&mut state, &policy, Timestamp(1_000), &call).unwrap();
+    assert_eq!(
+        (again.0.status, again.0.replayed),
+        (DispatchStatus::Ok, true)
+    );
+    assert_eq!(again.0.receipt_id, first.0.receipt_id);
 }
 
 /// A call that ends in an error evicts nothing to remember its call id:
