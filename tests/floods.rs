@@ -1206,6 +1206,36 @@ async fn five_thousand_connections_that_never_speak_are_capped_and_closed() {
     assert_eq!(server.stop(), Some(0));
 }
 
+/// A `Health/Watch` takes no token and never ends: it does not keep its
+/// connection from eviction, so connections that only watch health cannot
+/// hold every slot against new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watchers_do_not_hold_every_connection() {
+    let _serial = SERIAL.lock().await;
+    let server = Serve::new(&decide_text(
+        "[server]\nmax_connections = 4\nmax_connections_per_peer = 4",
+    ))
+    .start();
+    let mut watches = Vec::new();
+    for _ in 0..4 {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
+        let mut watch = health
+            .watch(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        let first = watch.message().await.expect("status").expect("a status");
+        assert_eq!(first.status(), ServingStatus::Serving);
+        watches.push((health, watch));
+    }
+    // Every slot holds a watch; a new connection is still served.
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    drop(watches);
+    assert_eq!(server.stop(), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_descriptor_limit_accept_backs_off_and_health_answers() {
     let _serial = SERIAL.lock().await;
@@ -1263,6 +1293,45 @@ async fn stalled_requests(
         calls.push((response, stream));
     }
     (client, calls)
+}
+
+/// A call without a valid credential is refused on its headers: its
+/// stalled message is never waited for (the read timeout here is ten
+/// minutes), so it holds no request-buffer bytes and no permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_without_a_credential_are_refused_before_their_message_is_read() {
+    let _serial = SERIAL.lock().await;
+    let server = Serve::new(&decide_text("[server]\nread_timeout_ms = 600000")).start();
+    assert_eq!(server.health().await, ServingStatus::Serving);
+    let tcp = TcpStream::connect(server.addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let mut body = vec![0u8];
+    body.extend_from_slice(&1_000_000u32.to_be_bytes());
+    body.resize(5 + 1_000, b'x');
+    let request = grpc_request(
+        server.addr,
+        "/toolgate.v1.PolicyDecisionPoint/Decide",
+        "application/grpc",
+        "not-a-token",
+    );
+    let (response, mut stream) = client.send_request(request, false).expect("headers");
+    stream
+        .send_data(bytes::Bytes::from(body), false)
+        .expect("part of the message");
+    // Generous: the old order answered only at the read timeout.
+    let response = tokio::time::timeout(Duration::from_secs(60), response)
+        .await
+        .expect("refused before the message is read")
+        .expect("response");
+    let status = response
+        .headers()
+        .get("grpc-status")
+        .map(|value| value.to_str().unwrap());
+    assert_eq!(status, Some("16"), "{response:?}");
+    drop(stream);
+    assert_eq!(server.stop(), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,11 +111,18 @@ impl ConnectionInfo {
     /// Marks the connection as having made a request and counts the call as
     /// in flight until the returned guard is dropped.
     pub(crate) fn call_started(&self) -> CallGuard {
-        self.state.spoken.store(true, Ordering::Release);
+        self.probe_started();
         self.state.in_flight.fetch_add(1, Ordering::AcqRel);
         CallGuard {
             state: Arc::clone(&self.state),
         }
+    }
+
+    /// Marks the connection as having made a request, not counted in
+    /// flight: a health or reflection call, which takes no token, never
+    /// keeps its connection from eviction (a `Health/Watch` never ends).
+    pub(crate) fn probe_started(&self) {
+        self.state.spoken.store(true, Ordering::Release);
     }
 
     /// The verified client certificate, on an mTLS connection.

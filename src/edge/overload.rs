@@ -248,16 +248,22 @@ where
     fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
         let limits = Arc::clone(&self.limits);
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
-        let call = connection.map(|connection| {
+        let probe = exempt(request.uri().path());
+        let call = connection.and_then(|connection| {
             request.extensions_mut().insert(connection.tcp_info());
-            connection.call_started()
+            if probe {
+                connection.probe_started();
+                None
+            } else {
+                Some(connection.call_started())
+            }
         });
         if !is_grpc(request.headers()) {
             limits.metrics.transport_refused("malformed");
             // HTTP 415, with a gRPC status for clients that read one.
             return answer(ready(EdgeError::NotGrpc.into_http()));
         }
-        if exempt(request.uri().path()) {
+        if probe {
             let request = request.map(|body| {
                 Body::new(ProbeBody {
                     inner: body,

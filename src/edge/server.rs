@@ -257,12 +257,13 @@ struct Grpc<'a> {
     tls: Option<ServerTls>,
 }
 
-/// The layers every listener's calls go through, outermost first.
-type Layers = ServiceBuilder<Stack<AuthLayer, Stack<OverloadLayer, Stack<MetricsLayer, Identity>>>>;
+/// The layers every listener's calls go through (tower's `Stack` names
+/// the innermost first): metrics, authentication, then the overload bounds.
+type Layers = ServiceBuilder<Stack<OverloadLayer, Stack<AuthLayer, Stack<MetricsLayer, Identity>>>>;
 
 impl Grpc<'_> {
-    /// The server's transport settings behind the metrics, overload and
-    /// authentication (`auth`) layers, and its connections under the
+    /// The server's transport settings behind the metrics, authentication
+    /// (`auth`) and overload layers, and its connections under the
     /// policy's caps.
     fn transport(
         self,
@@ -280,14 +281,18 @@ impl Grpc<'_> {
             tls,
             Arc::clone(&metrics),
         );
+        // Authentication reads only the headers, so it runs before the
+        // overload layer reads the message: a call without a credential is
+        // refused at once, and never holds request-buffer bytes, a permit
+        // or its connection's in-flight count.
         let layers = ServiceBuilder::new()
             .layer(MetricsLayer::new(Arc::clone(&metrics)))
+            .layer(auth(engine))
             .layer(OverloadLayer::new(
                 OverloadSettings::from(settings),
                 metrics,
                 log_sink,
-            ))
-            .layer(auth(engine));
+            ));
         let server = Server::builder()
             .http2_keepalive_interval(Some(settings.http2_keepalive_interval))
             .http2_keepalive_timeout(Some(settings.http2_keepalive_timeout))
@@ -296,7 +301,7 @@ impl Grpc<'_> {
         (server, connections)
     }
 
-    /// toolgate's services behind the metrics, overload and authentication
+    /// toolgate's services behind the metrics, authentication and overload
     /// layers, plus health and reflection, on `listener` until `stopped`.
     fn serve(
         self,
