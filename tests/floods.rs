@@ -1295,9 +1295,10 @@ async fn stalled_requests(
     (client, calls)
 }
 
-/// A call without a valid credential is refused on its headers: its
-/// stalled message is never waited for (the read timeout here is ten
-/// minutes), so it holds no request-buffer bytes and no permit.
+/// A call without a valid credential is refused on its headers,
+/// UNAUTHENTICATED: its stalled message is never waited for (the read
+/// timeout here is ten minutes), so it holds no request-buffer bytes and
+/// no permit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_without_a_credential_are_refused_before_their_message_is_read() {
     let _serial = SERIAL.lock().await;
@@ -1320,7 +1321,8 @@ async fn calls_without_a_credential_are_refused_before_their_message_is_read() {
     stream
         .send_data(bytes::Bytes::from(body), false)
         .expect("part of the message");
-    // Generous: the old order answered only at the read timeout.
+    // Generous: reading the message first, the old order answered only
+    // when the call's 10 s ran out, with DEADLINE_EXCEEDED.
     let response = tokio::time::timeout(Duration::from_secs(60), response)
         .await
         .expect("refused before the message is read")
