@@ -125,6 +125,11 @@ impl ConnectionInfo {
         self.state.spoken.store(true, Ordering::Release);
     }
 
+    /// What closes this connection from outside its task.
+    pub(crate) fn closer(&self) -> Closer {
+        Closer(Arc::clone(&self.state))
+    }
+
     /// The verified client certificate, on an mTLS connection.
     pub(crate) fn peer_certificate(&self) -> Option<&PeerCertificate> {
         self.state.peer_certificate.get()
@@ -135,6 +140,18 @@ impl ConnectionInfo {
             local_addr: self.state.local,
             remote_addr: Some(self.state.peer),
         }
+    }
+}
+
+/// Closes a connection from outside its task: for a response its peer
+/// stopped reading, which HTTP/2 holds where no timer of the connection's
+/// own sees it (a stream window the peer never opens).
+#[derive(Debug, Clone)]
+pub(crate) struct Closer(Arc<ConnectionState>);
+
+impl Closer {
+    pub(crate) fn close(&self) {
+        self.0.close();
     }
 }
 
@@ -396,7 +413,7 @@ impl Connection {
         if self.state.closing.load(Ordering::Acquire) {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
-                "closed to make room for another connection",
+                "closed by toolgate (to make room, or its peer stopped reading)",
             ));
         }
         if let Some(handshake) = &mut self.handshake {

@@ -29,13 +29,14 @@
 //! log gate, so that probes still answer under load. They take no token, so
 //! their requests are bounded too, apart from everyone else's: each message
 //! to [`PROBE_MESSAGE_BYTES`] (the services' decoding limit), the bytes of
-//! all probes in flight to [`PROBE_BUFFER_BYTES`], and a probe's request
-//! side to the read timeout (reflection's stream included: its client sends
-//! its questions and closes).
+//! all probes in flight beyond each one's first [`PROBE_FREE_BYTES`] to
+//! [`PROBE_BUFFER_BYTES`], and a probe's request side to the read timeout
+//! (reflection's stream included: its client sends its questions and
+//! closes).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -49,7 +50,7 @@ use tonic::body::Body;
 use tower::{Layer, Service};
 
 use crate::edge::BoxFuture;
-use crate::edge::connections::{CallGuard, ConnectionInfo};
+use crate::edge::connections::{CallGuard, Closer, ConnectionInfo};
 use crate::edge::status::{EdgeError, GRPC_MESSAGE, GRPC_STATUS};
 use crate::ops::logwriter::SinkStatus;
 use crate::ops::methods;
@@ -64,8 +65,13 @@ const HEADER: usize = 5;
 /// The largest message health or reflection decodes: a service name, a
 /// file name or a symbol.
 pub(crate) const PROBE_MESSAGE_BYTES: usize = 16 * 1024;
-/// The request bytes of all health and reflection calls in flight.
+/// The request bytes of all health and reflection calls in flight, beyond
+/// each one's first [`PROBE_FREE_BYTES`].
 const PROBE_BUFFER_BYTES: usize = 1024 * 1024;
+/// The request bytes of a probe that its share of [`PROBE_BUFFER_BYTES`]
+/// does not count: an orchestrator's health check (a service name) always
+/// fits, so probes stalled to fill the buffer never shut it out.
+pub(crate) const PROBE_FREE_BYTES: usize = 512;
 
 /// Overload settings (the policy's `[server]` section).
 #[derive(Debug, Clone)]
@@ -249,15 +255,19 @@ where
         let limits = Arc::clone(&self.limits);
         let connection = request.extensions().get::<ConnectionInfo>().cloned();
         let probe = exempt(request.uri().path());
-        let call = connection.and_then(|connection| {
-            request.extensions_mut().insert(connection.tcp_info());
-            if probe {
-                connection.probe_started();
-                None
-            } else {
-                Some(connection.call_started())
+        // A call in flight; a probe's closer instead (see `outgoing`).
+        let (call, closer) = match connection {
+            Some(connection) => {
+                request.extensions_mut().insert(connection.tcp_info());
+                if probe {
+                    connection.probe_started();
+                    (None, Some(connection.closer()))
+                } else {
+                    (Some(connection.call_started()), None)
+                }
             }
-        });
+            None => (None, None),
+        };
         if !is_grpc(request.headers()) {
             limits.metrics.transport_refused("malformed");
             // HTTP 415, with a gRPC status for clients that read one.
@@ -268,6 +278,7 @@ where
                 Body::new(ProbeBody {
                     inner: body,
                     held: Reservation::new(&limits.probe_bytes),
+                    free: PROBE_FREE_BYTES,
                     deadline: Box::pin(tokio::time::sleep(limits.settings.read_timeout)),
                     limits: Arc::clone(&limits),
                 })
@@ -275,7 +286,7 @@ where
             let future = self.inner.call(request);
             return Box::pin(async move {
                 let response = future.await?;
-                Ok(limits.outgoing(response, call))
+                Ok(limits.outgoing(response, call, closer))
             });
         }
         if limits.log_sink.as_ref().is_some_and(SinkStatus::stalled) {
@@ -295,7 +306,7 @@ where
                     Ok(Err(error)) => return Err(error),
                     Err(_) => EdgeError::RequestTimeout(timeout).into_http(),
                 };
-            Ok(limits.outgoing(response, call))
+            Ok(limits.outgoing(response, call, closer))
         })
     }
 }
@@ -406,11 +417,14 @@ impl Limits {
     }
 
     /// The response as it goes out: statuses normalised, data in chunks,
-    /// bounded in bytes and time.
+    /// bounded in bytes and time. A probe's (which takes no token), given
+    /// its connection's `closer`, is watched as a whole: the connection is
+    /// closed when the peer stops reading it ([`watch_progress`]).
     fn outgoing(
         self: &Arc<Self>,
         response: http::Response<Body>,
         call: Option<CallGuard>,
+        closer: Option<Closer>,
     ) -> http::Response<Body> {
         let (mut parts, body) = response.into_parts();
         if parts.headers.contains_key(&GRPC_STATUS) {
@@ -422,6 +436,7 @@ impl Limits {
             return http::Response::from_parts(parts, body);
         }
         parts.headers.remove(http::header::CONTENT_LENGTH);
+        let watched = closer.map(|closer| (Arc::<Progress>::default(), closer));
         let mut outgoing = Outgoing {
             inner: body,
             first: None,
@@ -429,6 +444,8 @@ impl Limits {
             limits: Arc::clone(self),
             generation: 0,
             done: false,
+            progress: watched.as_ref().map(|(progress, _)| Arc::clone(progress)),
+            handed: 0,
             _call: call,
         };
         // A unary answer is ready now: take it into account before hyper
@@ -441,6 +458,12 @@ impl Limits {
                 Ok(Err(refused)) => return refused.into_http(),
                 Err(error) => outgoing.first = Some(Err(error)),
             }
+        }
+        if let Some((progress, closer)) = watched {
+            // Until hyper first asks, the answer counts as handed out.
+            outgoing.handed = 1;
+            progress.handed.store(1, Ordering::Release);
+            watch_progress(Arc::clone(self), Arc::downgrade(&progress), closer);
         }
         http::Response::from_parts(parts, Body::new(outgoing))
     }
@@ -549,6 +572,8 @@ impl http_body::Body for Replayed {
 struct ProbeBody {
     inner: Body,
     held: Reservation,
+    /// What is left of the call's [`PROBE_FREE_BYTES`].
+    free: usize,
     deadline: Pin<Box<tokio::time::Sleep>>,
     limits: Arc<Limits>,
 }
@@ -571,7 +596,9 @@ impl http_body::Body for ProbeBody {
             other => return other,
         };
         let length = frame.data_ref().map_or(0, Bytes::len);
-        if !self.held.grow(length) {
+        let free = self.free.min(length);
+        self.free -= free;
+        if !self.held.grow(length - free) {
             self.limits.metrics.transport_refused("request-buffer-full");
             return Poll::Ready(Some(Err(EdgeError::RequestBufferFull.into())));
         }
@@ -646,6 +673,39 @@ fn decode_error_field(text: &str) -> (String, String) {
     (field, rest.to_string())
 }
 
+/// What a probe's response body tells its watchdog ([`watch_progress`]).
+#[derive(Debug, Default)]
+struct Progress {
+    /// The number of the data frame handed to HTTP/2 and not yet followed
+    /// by another poll; 0 when none is (the body waits for its own data).
+    handed: AtomicU64,
+}
+
+/// Closes the connection of a response whose peer stopped reading it: the
+/// same data frame handed out and not followed by another poll at two
+/// looks a write timeout apart. hyper takes a frame before it waits for
+/// the stream's window, so a window the peer never opens holds the frame,
+/// the stream and its connection where no poll of the body notices.
+fn watch_progress(limits: Arc<Limits>, progress: Weak<Progress>, closer: Closer) {
+    let timeout = limits.settings.write_timeout;
+    tokio::spawn(async move {
+        let mut seen = 0;
+        loop {
+            tokio::time::sleep(timeout).await;
+            let Some(progress) = progress.upgrade() else {
+                return;
+            };
+            let handed = progress.handed.load(Ordering::Acquire);
+            if handed != 0 && handed == seen {
+                limits.metrics.transport_refused("write-timeout");
+                closer.close();
+                return;
+            }
+            seen = handed;
+        }
+    });
+}
+
 /// What the write-timeout watchdog shares with a response body.
 #[derive(Debug, Default)]
 struct Slot {
@@ -673,6 +733,10 @@ struct Outgoing {
     /// Counts messages, so that a watchdog acts on its own message only.
     generation: u64,
     done: bool,
+    /// A probe's, watched as a whole ([`watch_progress`]).
+    progress: Option<Arc<Progress>>,
+    /// Data frames handed out (numbers [`Progress::handed`]).
+    handed: u64,
     _call: Option<CallGuard>,
 }
 
@@ -775,6 +839,43 @@ impl http_body::Body for Outgoing {
         mut self: Pin<&mut Self>,
         context: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        let Some(progress) = self.progress.clone() else {
+            return self.poll_next(context);
+        };
+        let polled = self.poll_next(context);
+        let handed = match &polled {
+            Poll::Ready(Some(Ok(frame))) if frame.is_data() => {
+                self.handed += 1;
+                self.handed
+            }
+            _ => 0,
+        };
+        progress.handed.store(handed, Ordering::Release);
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+            || (self.first.is_none()
+                && self
+                    .slot
+                    .as_ref()
+                    .is_none_or(|slot| lock(slot).pending.is_empty())
+                && self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::default()
+    }
+}
+
+impl Outgoing {
+    /// The next frame for HTTP/2: from the slot, the frame taken early, or
+    /// the inner body.
+    fn poll_next(
+        &mut self,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
         loop {
             if self.done {
                 return Poll::Ready(None);
@@ -812,20 +913,6 @@ impl http_body::Body for Outgoing {
                 }
             }
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-            || (self.first.is_none()
-                && self
-                    .slot
-                    .as_ref()
-                    .is_none_or(|slot| lock(slot).pending.is_empty())
-                && self.inner.is_end_stream())
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::default()
     }
 }
 

@@ -339,6 +339,37 @@ async fn a_response_that_cannot_be_sent_is_cancelled_after_the_write_timeout() {
     server.stop().await;
 }
 
+/// A health check takes no token, and its answer is small enough to go
+/// out whole: hyper takes it before it waits for the stream's window. When
+/// the peer never opens that window, the answer is held where no poll of
+/// the body sees it; after the write timeout the connection is closed.
+#[tokio::test]
+async fn a_probe_answer_that_cannot_be_sent_closes_its_connection() {
+    let server = start("write_timeout_ms = 300").await;
+    let tcp = TcpStream::connect(server.addr).await.expect("connect");
+    let (client, mut connection) = closed_windows().handshake(tcp).await.expect("handshake");
+    let mut client = client.ready().await.expect("ready");
+    let mut request = grpc_request(
+        server.addr,
+        "/grpc.health.v1.Health/Check",
+        "application/grpc",
+        "",
+    );
+    request.headers_mut().remove("authorization");
+    let (response, mut stream) = client.send_request(request, false).expect("send headers");
+    stream.send_data(framed(0, &[]), true).expect("send body");
+    let response = tokio::select! {
+        response = response => response.expect("headers"),
+        _ = &mut connection => panic!("connection ended before the headers"),
+    };
+    assert_eq!(response.status(), 200);
+    let ended = tokio::time::timeout(GUARD, connection).await;
+    assert!(ended.is_ok(), "the connection outlived the write timeout");
+    wait_for_metric(&server, &refused("write-timeout"), 1.0).await;
+    drop(client);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn bytes_waiting_to_be_sent_are_bounded() {
     // Room for two ~800 KB answers waiting, not three.
