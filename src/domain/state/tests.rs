@@ -1437,15 +1437,16 @@ fn an_approval_stored_whole_by_an_older_toolgate_goes_on() {
     assert_eq!(dump(&restored, policy, false), dump(&state, policy, false));
 }
 
-/// Two resources and a tool that sets either; receipts kept 20 s, two at a
-/// time, so that a committed call id's receipt is soon gone and only its
-/// version keeps it from committing again.
-fn scope_policy(scope: &str) -> Policy {
+/// A tool `reset` that sets a resource to a string; receipts kept 20 s, two
+/// at a time, so that a committed call id's receipt is soon gone; `limits`
+/// more of `[limits]`, `state` the `[state]` sections.
+fn reset_policy(limits: &str, state: &str) -> Policy {
     let text = format!(
         r#"
 [limits]
 receipt_capacity = 2
 receipt_retention_seconds = 20
+{limits}
 
 [profiles.agent]
 roles = ["agent"]
@@ -1458,19 +1459,39 @@ mode = "execute"
 roles = ["agent"]
 approval = "never"
 effect = {{ kind = "set", resource_argument = "name", value_argument = "value" }}
+input_schema = {{ type = "object", properties = {{ value = {{ type = "string" }} }} }}
 
-[state]
-version_scope = "{scope}"
-
-[state.resources]
-a = "x"
-b = "x"
+{state}
 
 [server]
 open_host_api = true
 "#
     );
-    Policy::parse(&text, "scope.toml", None).unwrap()
+    Policy::parse(&text, "reset.toml", None).unwrap()
+}
+
+/// A call of `reset` by `learner` in `session`.
+fn reset_call(session: &SessionRef, call_id: &str, version: u64, arguments: &str) -> Call {
+    Call {
+        session: session.clone(),
+        proposal: Proposal::new(
+            call_id.into(),
+            "learner".into(),
+            "reset".into(),
+            version,
+            arguments,
+        )
+        .unwrap(),
+    }
+}
+
+/// Two resources under `reset` (only a committed call id's version keeps
+/// it from committing again once its receipt is gone).
+fn scope_policy(scope: &str) -> Policy {
+    reset_policy(
+        "",
+        &format!("[state]\nversion_scope = \"{scope}\"\n\n[state.resources]\na = \"x\"\nb = \"x\""),
+    )
 }
 
 /// From `global` to `resource` versions, by a reload or across a restart,
@@ -1485,16 +1506,8 @@ fn a_scope_changed_to_per_resource_never_takes_a_version_back() {
         let mut store = MemoryStore::new();
         let mut state = State::restore(&global, store.load().unwrap()).unwrap();
         let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
-        let call = |call_id: &str, version: u64, arguments: &str| Call {
-            session: session.clone(),
-            proposal: Proposal::new(
-                call_id.into(),
-                "learner".into(),
-                "reset".into(),
-                version,
-                arguments,
-            )
-            .unwrap(),
+        let call = |call_id: &str, version: u64, arguments: &str| {
+            reset_call(&session, call_id, version, arguments)
         };
         let paid = call("c1", 1, r#"{"name":"a","value":"paid"}"#);
         let status = |state: &mut State, policy: &Policy, now: u64, call: &Call| {
@@ -1543,38 +1556,12 @@ fn a_scope_changed_to_per_resource_never_takes_a_version_back() {
     }
 }
 
-/// One resource and a tool that sets it to a string; receipts kept 20 s,
-/// two at a time; `max_state_bytes` as given.
+/// One resource under `reset`, and `max_state_bytes` as given.
 fn tight_policy(max_state_bytes: usize) -> Policy {
-    let text = format!(
-        r#"
-[limits]
-receipt_capacity = 2
-receipt_retention_seconds = 20
-max_state_bytes = {max_state_bytes}
-max_approval_argument_bytes = 64
-
-[profiles.agent]
-roles = ["agent"]
-
-[actors.learner]
-profile = "agent"
-
-[tools.reset]
-mode = "execute"
-roles = ["agent"]
-approval = "never"
-effect = {{ kind = "set", resource_argument = "name", value_argument = "value" }}
-input_schema = {{ type = "object", properties = {{ value = {{ type = "string" }} }} }}
-
-[state.resources]
-a = "x"
-
-[server]
-open_host_api = true
-"#
-    );
-    Policy::parse(&text, "tight.toml", None).unwrap()
+    reset_policy(
+        &format!("max_state_bytes = {max_state_bytes}\nmax_approval_argument_bytes = 64"),
+        "[state.resources]\na = \"x\"",
+    )
 }
 
 /// A commit refused for the byte budget evicts nothing, not even the
@@ -1585,16 +1572,9 @@ fn a_commit_refused_for_bytes_evicts_no_receipt() {
     let policy = tight_policy(2048);
     let mut state = State::restore(&policy, MemoryStore::new().load().unwrap()).unwrap();
     let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
-    let call = |call_id: &str, version: u64, value: &str| Call {
-        session: session.clone(),
-        proposal: Proposal::new(
-            call_id.into(),
-            "learner".into(),
-            "reset".into(),
-            version,
-            &format!(r#"{{"name":"a","value":"{value}"}}"#),
-        )
-        .unwrap(),
+    let call = |call_id: &str, version: u64, value: &str| {
+        let arguments = format!(r#"{{"name":"a","value":"{value}"}}"#);
+        reset_call(&session, call_id, version, &arguments)
     };
     let mut dispatch = |now: u64, call: &Call| {
         let screened = proposal::screen(&policy, &call.session, &call.proposal);
@@ -1741,16 +1721,9 @@ fn a_call_refused_with_an_error_evicts_nothing() {
     let roomy = tight_policy(1 << 20);
     let mut state = State::restore(&roomy, MemoryStore::new().load().unwrap()).unwrap();
     let session = SessionRef::new("learner".into(), "s1".into(), "ws".into()).unwrap();
-    let call = |call_id: &str, version: u64, value: &str| Call {
-        session: session.clone(),
-        proposal: Proposal::new(
-            call_id.into(),
-            "learner".into(),
-            "reset".into(),
-            version,
-            &format!(r#"{{"name":"a","value":{value}}}"#),
-        )
-        .unwrap(),
+    let call = |call_id: &str, version: u64, value: &str| {
+        let arguments = format!(r#"{{"name":"a","value":{value}}}"#);
+        reset_call(&session, call_id, version, &arguments)
     };
     let dispatch = |state: &mut State, policy: &Policy, now: u64, call: &Call| {
         let screened = proposal::screen(policy, &call.session, &call.proposal);
