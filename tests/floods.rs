@@ -1236,6 +1236,37 @@ async fn health_watchers_do_not_hold_every_connection() {
     assert_eq!(server.stop(), Some(0));
 }
 
+/// The metrics listener holds at most 16 connections, each closed after
+/// 10 s without progress: 40 silent ones take no more descriptors than
+/// that (each was a descriptor the gRPC listener needs too), and a scrape
+/// gets through once they are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_metrics_connections_are_capped_and_closed() {
+    let _serial = SERIAL.lock().await;
+    let server = Serve::new(&decide_text("")).with_metrics().start();
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
+            .expect("/proc/PID/fd")
+            .count()
+    };
+    let before = descriptors();
+    let addr = server.metrics_addr.expect("metrics");
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    // Time for the listener to take what it may (the old one took all 40).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = descriptors();
+    assert!(during <= before + 20, "{before} -> {during} descriptors");
+    let samples = tokio::time::timeout(GUARD, server.metrics())
+        .await
+        .expect("scraped once the silent ones are closed");
+    assert!(samples.contains_key("toolgate_connections_open"));
+    drop(silent);
+    assert_eq!(server.stop(), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_descriptor_limit_accept_backs_off_and_health_answers() {
     let _serial = SERIAL.lock().await;

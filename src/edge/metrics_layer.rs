@@ -2,11 +2,16 @@
 //! status code, and the `GET /metrics` listener.
 
 use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Layer, Service};
 
 use crate::edge::BoxFuture;
@@ -30,9 +35,114 @@ pub(crate) async fn serve_metrics(
             async move { exposition(text, accepts_gzip(&headers)) }
         }),
     );
+    let listener = Bounded {
+        inner: listener,
+        permits: Arc::new(Semaphore::new(MAX_METRICS_CONNECTIONS)),
+    };
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Connections the metrics listener serves at once: a scraper needs one or
+/// two, and each is a descriptor the gRPC listener needs too.
+const MAX_METRICS_CONNECTIONS: usize = 16;
+/// How long a metrics connection may make no progress (its request's
+/// headers, the next request, its answer taken) before it is closed, so
+/// that silent connections cannot hold every slot.
+const METRICS_IDLE: Duration = Duration::from_secs(10);
+
+/// The metrics listener, at most [`MAX_METRICS_CONNECTIONS`] connections
+/// open (the next waits in the kernel's backlog), each closed after
+/// [`METRICS_IDLE`] without progress.
+struct Bounded {
+    inner: TcpListener,
+    permits: Arc<Semaphore>,
+}
+
+impl axum::serve::Listener for Bounded {
+    type Io = BoundedConnection;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (BoundedConnection, SocketAddr) {
+        // The semaphore is never closed.
+        let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
+            return std::future::pending().await;
+        };
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        let connection = BoundedConnection {
+            stream,
+            idle: Box::pin(tokio::time::sleep(METRICS_IDLE)),
+            _permit: permit,
+        };
+        (connection, addr)
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A metrics connection: its slot, and the deadline of its next progress.
+struct BoundedConnection {
+    stream: TcpStream,
+    idle: Pin<Box<tokio::time::Sleep>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl BoundedConnection {
+    /// Moves the deadline on after progress; fails a wait past it.
+    fn progress<T>(
+        &mut self,
+        context: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Pending => match self.idle.as_mut().poll(context) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "metrics connection made no progress",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            ready => {
+                let next = tokio::time::Instant::now() + METRICS_IDLE;
+                self.idle.as_mut().reset(next);
+                ready
+            }
+        }
+    }
+}
+
+impl AsyncRead for BoundedConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.stream).poll_read(context, buf);
+        self.progress(context, polled)
+    }
+}
+
+impl AsyncWrite for BoundedConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.stream).poll_write(context, buf);
+        self.progress(context, polled)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.stream).poll_flush(context);
+        self.progress(context, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(context)
+    }
 }
 
 /// The content type of the Prometheus text format.
