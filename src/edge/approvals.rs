@@ -1,8 +1,10 @@
 //! `Approvals` handlers (reviewer-facing). The reviewer is always the
 //! authenticated caller.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast::error::RecvError;
 use tokio_stream::Stream;
@@ -24,11 +26,73 @@ use crate::pb::approvals_server::Approvals;
 #[derive(Debug, Clone)]
 pub(crate) struct ApprovalsService {
     engine: Engine,
+    watches: Arc<Watches>,
+}
+
+/// `WatchApprovals` streams open at once, in all.
+pub(crate) const MAX_WATCHES: usize = 256;
+/// `WatchApprovals` streams one reviewer may hold open at once.
+pub(crate) const MAX_WATCHES_PER_REVIEWER: usize = 16;
+
+/// The open watches by reviewer: a stream holds no call permit once it
+/// is answered, so these bound what reviewers' clients can hold open.
+#[derive(Debug, Default)]
+struct Watches {
+    by_reviewer: Mutex<HashMap<String, usize>>,
+}
+
+/// One open watch's place in [`Watches`], given back when it is dropped.
+struct WatchSlot {
+    watches: Arc<Watches>,
+    reviewer: String,
+}
+
+impl Watches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        // Plain counts: a panic elsewhere leaves them usable.
+        self.by_reviewer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A slot for one more watch of `reviewer`, or RESOURCE_EXHAUSTED.
+    fn take(self: &Arc<Self>, reviewer: &str) -> Result<WatchSlot> {
+        let mut open = self.lock();
+        let total: usize = open.values().sum();
+        let held = open.get(reviewer).copied().unwrap_or(0);
+        if total >= MAX_WATCHES || held >= MAX_WATCHES_PER_REVIEWER {
+            return Err(Error::ResourceExhausted(format!(
+                "at most {MAX_WATCHES_PER_REVIEWER} WatchApprovals streams per reviewer and \
+                 {MAX_WATCHES} in all are open at once; reviewer {reviewer:?} holds {held}, \
+                 all hold {total}: close one first"
+            )));
+        }
+        *open.entry(reviewer.to_string()).or_insert(0) += 1;
+        Ok(WatchSlot {
+            watches: Arc::clone(self),
+            reviewer: reviewer.to_string(),
+        })
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut open = self.watches.lock();
+        if let Some(held) = open.get_mut(&self.reviewer) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                open.remove(&self.reviewer);
+            }
+        }
+    }
 }
 
 impl ApprovalsService {
     pub(crate) fn new(engine: Engine) -> Self {
-        ApprovalsService { engine }
+        ApprovalsService {
+            engine,
+            watches: Arc::default(),
+        }
     }
 
     /// Grant, deny or revoke as the authenticated reviewer; `note_field`
@@ -66,6 +130,7 @@ struct Watch {
     closed: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Set once the final status has been sent.
     ended: bool,
+    _slot: WatchSlot,
 }
 
 impl Watch {
@@ -88,6 +153,7 @@ impl Watch {
         caller: &Caller,
         digest: Option<Fingerprint>,
         peer: Option<PeerCertificate>,
+        slot: WatchSlot,
     ) -> Result<Watch> {
         let watch = Watch {
             engine: engine.clone(),
@@ -98,6 +164,7 @@ impl Watch {
             reloads: engine.reloads(),
             closed: Box::pin(engine.closed()),
             ended: false,
+            _slot: slot,
         };
         if !watch.credential_holds() {
             return Err(revoked());
@@ -234,11 +301,13 @@ impl Approvals for ApprovalsService {
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let caller = Caller::require(&request, Reach::Reviewer)?;
+        let slot = self.watches.take(&caller.identity)?;
         let watch = Watch::open(
             &self.engine,
             &caller,
             token_digest(&request),
             peer_certificate(&request),
+            slot,
         )?;
         Ok(Response::new(watch.into_stream()))
     }

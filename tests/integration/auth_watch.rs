@@ -7,6 +7,7 @@ use crate::support::policies::{
     self, DECIDE as POLICY, DECIDE_ALICE_CREDENTIAL, TICKETS, integer, policy_text, policy_with,
     portable,
 };
+use crate::support::raw::until;
 use crate::support::tokens::{
     ALICE, BOB, CAROL, DAVE, ERIN, EXAMPLE_REVIEWER, HOST, OTHER_HOST, digest,
 };
@@ -703,4 +704,41 @@ async fn transitions_are_published_in_commit_order_whoever_runs_first() {
     // this test is about happened.
     assert!(left_waiting > 0);
     engine.close_store();
+}
+
+/// A reviewer holds at most 16 watches open: the 17th is
+/// RESOURCE_EXHAUSTED, naming the bound; another reviewer's are its own,
+/// and closing one makes room again.
+#[tokio::test]
+async fn a_reviewer_holds_a_bounded_number_of_watches() {
+    let server = TestServer::start_file(POLICY).await;
+    let mut open = Vec::new();
+    for _ in 0..16 {
+        open.push(watch(&server, ALICE).await);
+    }
+    let refused = server
+        .approvals()
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
+        .await
+        .expect_err("a 17th watch");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("at most 16 WatchApprovals streams per reviewer"),
+        "{}",
+        refused.message()
+    );
+    let _other = watch(&server, BOB).await;
+    drop(open.pop());
+    // The slot is given back once the server sees the stream end.
+    until("a closed watch makes room", || async {
+        server
+            .approvals()
+            .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
+            .await
+            .is_ok()
+    })
+    .await;
+    server.stop().await;
 }
