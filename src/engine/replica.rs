@@ -97,7 +97,12 @@ impl Host {
 }
 
 impl TurnHost for Host {
-    fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError> {
+    fn begin(
+        &mut self,
+        turn: Turn,
+        gate: &Gate,
+        queue: &mut dyn FnMut(Vec<Change>),
+    ) -> Result<(), StoreError> {
         let policy = self.policy();
         let shared = Arc::clone(&self.state);
         let mut state = lock(&shared)?;
@@ -117,10 +122,13 @@ impl TurnHost for Host {
         let changes = state
             .take_changes()
             .map_err(|error| StoreError(format!("a change could not be encoded: {error}")))?;
+        // Queued before the gate opens: a call in this turn (it needs the
+        // gate, and the lock) comes after them.
+        queue(changes);
         gate.open(time_of(self.clock.as_ref(), turn.now));
         drop(state);
         self.send(own, reloaded, events);
-        Ok(changes)
+        Ok(())
     }
 
     fn end(&mut self, gate: &Gate) {

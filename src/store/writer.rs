@@ -232,11 +232,19 @@ impl std::fmt::Debug for Shared {
 /// The state a shared store's turns work on: the engine's, behind its lock.
 pub trait TurnHost: Send + 'static {
     /// Under the state lock: takes in what `turn` says other replicas
-    /// committed, then opens `gate` at the turn's time. Returns the changes
-    /// the state made while taking the turn in (resources a new policy
-    /// declares, say), which the turn commits. An error (the state cannot
-    /// take in what the store holds) stops the writer.
-    fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError>;
+    /// committed, hands the changes the state made while taking the turn
+    /// in (resources a new policy declares, say), which the turn commits,
+    /// to `queue`, then opens `gate` at the turn's time — in that order, so
+    /// that they come before every change a call makes in the turn (a call
+    /// that sets a resource the policy just declared must not be followed
+    /// by the resource's initial value). An error (the state cannot take
+    /// in what the store holds) stops the writer.
+    fn begin(
+        &mut self,
+        turn: Turn,
+        gate: &Gate,
+        queue: &mut dyn FnMut(Vec<Change>),
+    ) -> Result<(), StoreError>;
     /// Under the state lock: closes `gate`.
     fn end(&mut self, gate: &Gate);
     /// Takes in what other replicas committed between two turns.
@@ -741,17 +749,20 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
                 continue;
             }
         };
-        match host.begin(turn, gate) {
-            Ok(changes) if !changes.is_empty() => {
-                // What the turn takes in (resources a reloaded policy
-                // declares, say) is what its calls observe.
-                let mut pending = shared.pending();
-                pending.changes.extend(changes);
-                pending.operations += 1;
-                pending.last += 1;
-                pending.observable = pending.last;
+        let mut queue = |changes: Vec<Change>| {
+            if changes.is_empty() {
+                return;
             }
-            Ok(_) => {}
+            // What the turn takes in (resources a reloaded policy
+            // declares, say) is what its calls observe.
+            let mut pending = shared.pending();
+            pending.changes.extend(changes);
+            pending.operations += 1;
+            pending.last += 1;
+            pending.observable = pending.last;
+        };
+        match host.begin(turn, gate, &mut queue) {
+            Ok(()) => {}
             Err(error) => {
                 let _ = store.commit(&[]);
                 shared.stop(error);
@@ -957,9 +968,9 @@ mod tests {
     }
 
     /// The memory store as a store that does not commit in place, so that
-    /// the writer's thread is tested on it.
+    /// the writer's thread is tested on it; shared (taking turns) when `.1`.
     #[derive(Debug, Clone)]
-    struct Threaded(MemoryStore);
+    struct Threaded(MemoryStore, bool);
 
     impl Store for Threaded {
         fn name(&self) -> &'static str {
@@ -973,6 +984,15 @@ mod tests {
         }
         fn size_bytes(&self) -> u64 {
             self.0.size_bytes()
+        }
+        fn shared(&self) -> bool {
+            self.1
+        }
+        fn begin_turn(&mut self) -> StoreResult<Turn> {
+            Ok(Turn {
+                now: Timestamp(1),
+                behind: None,
+            })
         }
     }
 
@@ -1025,7 +1045,7 @@ mod tests {
     #[tokio::test]
     async fn the_thread_releases_answers_once_their_batch_is_stored() {
         let store = MemoryStore::new();
-        let writer = Writer::start(Box::new(Threaded(store.clone())), None).unwrap();
+        let writer = Writer::start(Box::new(Threaded(store.clone(), false)), None).unwrap();
         assert!(lock(&writer.thread).is_some(), "a thread commits");
         answers_wait_for_their_batch_and_see_it_stored(writer, || {
             Store::load(&mut store.clone()).unwrap().len()
@@ -1098,10 +1118,16 @@ mod tests {
     struct Host(Arc<Mutex<()>>, Option<Vec<Change>>);
 
     impl TurnHost for Host {
-        fn begin(&mut self, turn: Turn, gate: &Gate) -> Result<Vec<Change>, StoreError> {
+        fn begin(
+            &mut self,
+            turn: Turn,
+            gate: &Gate,
+            queue: &mut dyn FnMut(Vec<Change>),
+        ) -> Result<(), StoreError> {
             let _state = lock(&self.0);
+            queue(self.1.take().unwrap_or_default());
             gate.open(turn.now);
-            Ok(self.1.take().unwrap_or_default())
+            Ok(())
         }
         fn end(&mut self, gate: &Gate) {
             let _state = lock(&self.0);
@@ -1150,6 +1176,85 @@ mod tests {
             answered.is_err(),
             "read #{read} answered although the change it saw was abandoned"
         );
+    }
+
+    /// Queues what its first turn begins with, opens the gate, says so
+    /// (`opened`), and only returns once a call has run in the turn (`ran`):
+    /// the window in which a replica's turn sends its audit lines and
+    /// watcher events, and a call that arrives then runs at once.
+    struct Racing {
+        state: Arc<Mutex<()>>,
+        begins_with: Option<Vec<Change>>,
+        opened: std::sync::mpsc::Sender<()>,
+        ran: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl TurnHost for Racing {
+        fn begin(
+            &mut self,
+            turn: Turn,
+            gate: &Gate,
+            queue: &mut dyn FnMut(Vec<Change>),
+        ) -> Result<(), StoreError> {
+            let first = self.begins_with.take();
+            {
+                let _state = lock(&self.state);
+                queue(first.clone().unwrap_or_default());
+                gate.open(turn.now);
+            }
+            if first.is_some() {
+                let _ = self.opened.send(());
+                let _ = self.ran.recv_timeout(Duration::from_secs(10));
+            }
+            Ok(())
+        }
+        fn end(&mut self, gate: &Gate) {
+            let _state = lock(&self.state);
+            gate.close();
+        }
+        fn catch_up(&mut self, _behind: Behind) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    /// What a turn begins with (a resource a reloaded policy declares, at
+    /// its initial value) is committed before what a call in the turn sets
+    /// it to, even when the call runs before the turn's beginning is done.
+    /// Found in review: the turn's changes were queued after the gate
+    /// opened, and a call's commit could be overwritten by the initial
+    /// value (the store keeps the last change of a record).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_turns_own_changes_come_before_its_calls() {
+        let state = Arc::new(Mutex::new(()));
+        let (opened, opened_receiver) = std::sync::mpsc::channel();
+        let (ran, ran_receiver) = std::sync::mpsc::channel();
+        let host = Box::new(Racing {
+            state: Arc::clone(&state),
+            begins_with: Some(vec![put(b"resource", b"initial")]),
+            opened,
+            ran: ran_receiver,
+        });
+        let store = MemoryStore::new();
+        let writer =
+            Arc::new(Writer::start(Box::new(Threaded(store.clone(), true)), Some(host)).unwrap());
+        // A read asks for the turn; a call that arrives once the gate is
+        // open runs before the turn's beginning is done.
+        let asker = tokio::spawn({
+            let (writer, state) = (Arc::clone(&writer), Arc::clone(&state));
+            async move { in_a_turn(&writer, &state, Vec::new()).await }
+        });
+        tokio::task::spawn_blocking(move || opened_receiver.recv_timeout(Duration::from_secs(10)))
+            .await
+            .unwrap()
+            .expect("the turn opened");
+        let call = in_a_turn(&writer, &state, vec![put(b"resource", b"committed")]).await;
+        ran.send(()).unwrap();
+        asker.await.unwrap();
+        writer.durable(call).await.unwrap();
+        writer.close();
+        let records = Store::load(&mut store.clone()).unwrap();
+        let stored: Vec<&[u8]> = records.iter().map(|record| &record.value[..]).collect();
+        assert_eq!(stored, vec![&b"committed"[..]]);
     }
 
     #[tokio::test]
