@@ -14,8 +14,10 @@
 // from a second terminal) or denied it, then commits it with Dispatch and
 // prints the receipt. Every run is a new session (a random id unless
 // --session is given; the call id is `<session>-1`), so it can run again and
-// again on one server. `--token` (or TOOLGATE_TOKEN) is sent as
-// `authorization: Bearer <token>` when the policy has host credentials.
+// again on one server. `--token` (or TOOLGATE_HOST_TOKEN: not TOOLGATE_TOKEN,
+// which the CLI reads as a reviewer's) is sent as `authorization: Bearer
+// <token>` when the policy has host credentials; over plaintext only to
+// loopback, unless --insecure-plaintext.
 // `https://` speaks TLS, trusting `--ca` (the system's roots without it);
 // `--cert`/`--key` add a client certificate (mTLS), which may be the host's
 // credential by itself.
@@ -51,7 +53,7 @@ class HostError extends Error {}
 function usage(message) {
   process.stderr.write(
     "usage: host.mjs --server HOST:PORT|https://HOST:PORT [--session SESSION_ID] [--timeout SECONDS] [--token TOKEN]\n" +
-      "                [--ca PEM] [--cert PEM --key PEM]\n" +
+      "                [--ca PEM] [--cert PEM --key PEM] [--insecure-plaintext]\n" +
       `host.mjs: ${message}\n`,
   );
   process.exit(2);
@@ -65,7 +67,8 @@ function parse() {
         server: { type: "string" },
         session: { type: "string", default: `node-${randomBytes(4).toString("hex")}` },
         timeout: { type: "string", default: String(DEFAULT_TIMEOUT_SECONDS) },
-        token: { type: "string", default: process.env.TOOLGATE_TOKEN ?? "" },
+        token: { type: "string", default: process.env.TOOLGATE_HOST_TOKEN ?? "" },
+        "insecure-plaintext": { type: "boolean", default: false },
         ca: { type: "string" },
         cert: { type: "string" },
         key: { type: "string" },
@@ -85,6 +88,12 @@ function parse() {
   const https = values.server.startsWith("https://");
   if (!https && (values.ca || values.cert || values.key)) usage("--ca, --cert and --key need an https:// --server");
   if (!values.cert !== !values.key) usage("--cert and --key go together");
+  if (values.token && !https && !isLoopback(values.server) && !values["insecure-plaintext"]) {
+    usage(
+      `a token goes over plaintext only to loopback, not to ${values.server}: ` +
+        "use https:// (with --ca), or --insecure-plaintext behind a mesh that encrypts it",
+    );
+  }
   return {
     server: values.server.replace(/^https?:\/\//, ""),
     session: values.session,
@@ -92,6 +101,12 @@ function parse() {
     token: values.token,
     tls: https ? { ca: values.ca, cert: values.cert, key: values.key } : null,
   };
+}
+
+// Whether a `host:port` (or http://host:port) server is this machine.
+function isLoopback(server) {
+  const host = new URL(`http://${server.replace(/^http:\/\//, "")}`).hostname.replace(/^\[|\]$/g, "");
+  return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
 }
 
 // Plaintext, or TLS (with a client certificate for mTLS) for https://.

@@ -19,8 +19,10 @@ send_reply to customer-42). For each one the host
 
 Every run is a new session (a random id unless --session is given) whose call
 ids are `<session>-<n>`, so the host can run again and again on one server.
-`--token` (or TOOLGATE_TOKEN) is sent as `authorization: Bearer <token>` when
-the policy has host credentials.
+`--token` (or TOOLGATE_HOST_TOKEN: not TOOLGATE_TOKEN, which the CLI reads as
+a reviewer's) is sent as `authorization: Bearer <token>` when the policy has
+host credentials; over plaintext only to loopback, unless
+--insecure-plaintext.
 
 Every line on stdout is `<word> key=value ...` (a `value=` or `arguments=`
 JSON text is always last). Exit status: 0 when every proposal was committed,
@@ -116,8 +118,12 @@ def main(argv=None):
                         help="session id; call ids are <session>-<n> (default: a new random id)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="SECONDS",
                         help=f"how long to wait for a reviewer per approval ({DEFAULT_TIMEOUT_SECONDS:g})")
-    parser.add_argument("--token", default=os.environ.get("TOOLGATE_TOKEN"),
-                        help="host credential, sent as `authorization: Bearer` (default: $TOOLGATE_TOKEN)")
+    parser.add_argument("--token", default=os.environ.get("TOOLGATE_HOST_TOKEN"),
+                        help="host credential, sent as `authorization: Bearer`"
+                             " (default: $TOOLGATE_HOST_TOKEN)")
+    parser.add_argument("--insecure-plaintext", action="store_true",
+                        help="send --token over plaintext to a non-loopback server"
+                             " (behind a mesh that encrypts it)")
     args = parser.parse_args(argv)
     session_id = args.session or f"py-{uuid.uuid4().hex[:8]}"
     # Call ids are `<session>-<n>` and must fit the 40-character id pattern.
@@ -127,10 +133,15 @@ def main(argv=None):
         parser.error("--timeout must be a positive number of seconds")
 
     try:
-        with toolgate_client.Host(args.server, actor=ACTOR, workspace=WORKSPACE,
-                                  session_id=session_id, token=args.token or None,
-                                  rpc_timeout=RPC_TIMEOUT_SECONDS,
-                                  ca=args.ca, cert=args.cert, key=args.key) as host:
+        host = toolgate_client.Host(args.server, actor=ACTOR, workspace=WORKSPACE,
+                                    session_id=session_id, token=args.token or None,
+                                    rpc_timeout=RPC_TIMEOUT_SECONDS,
+                                    ca=args.ca, cert=args.cert, key=args.key,
+                                    insecure_plaintext=args.insecure_plaintext)
+    except (ValueError, OSError) as error:
+        parser.error(str(error))
+    try:
+        with host:
             run(host, args.timeout)
     except (HostError, toolgate_client.ToolgateError) as error:
         print(f"host: {error}", file=sys.stderr, flush=True)

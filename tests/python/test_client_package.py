@@ -8,6 +8,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -277,3 +278,64 @@ def test_host_wrapper_reports_timeouts_denials_and_stale_versions(client_module,
         assert (stale.status, stale.committed, stale.version) == (
             tc.DispatchStatus.STALE_VERSION, False, 0)
         assert host.resource("lamp").value == "open", "nothing was committed"
+
+
+def test_host_wrapper_keeps_tokens_local_and_retries_what_may_not_have_arrived(client_module):
+    tc = client_module
+    # A token goes over plaintext only to this machine, unless told otherwise.
+    with pytest.raises(ValueError, match="only to loopback, not to 10.0.0.7:50051"):
+        tc.Host("10.0.0.7:50051", actor="a", workspace="w", token="t")
+    tc.Host("10.0.0.7:50051", actor="a", workspace="w", token="t", insecure_plaintext=True).close()
+    for target in ("localhost:1", "127.0.0.1:1", "[::1]:1", "http://127.0.0.2:1"):
+        tc.Host(target, actor="a", workspace="w", token="t").close()
+
+    # Nothing listens: a Dispatch whose answer never came is sent again, the
+    # same request each time, then the error raised; the wait for a verdict
+    # asks again until its timeout.
+    calls = []
+
+    class Count(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, continuation, details, request):
+            calls.append((details.method, request.SerializeToString()))
+            return continuation(details, request)
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    channel = grpc.intercept_channel(grpc.insecure_channel(f"127.0.0.1:{closed_port}"), Count())
+    host = tc.Host("unused", actor="support-agent", workspace="desk", channel=channel,
+                   rpc_timeout=1)
+    proposal = host.propose("set_ticket", {"ticket": "lamp", "status": "done"}, version=0)
+    with pytest.raises(grpc.RpcError) as raised:
+        host.dispatch(proposal, retries=2)
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert [method for method, _ in calls] == ["/toolgate.v1.PolicyDecisionPoint/Dispatch"] * 3
+    assert len({request for _, request in calls}) == 1, "one proposal, sent again"
+    calls.clear()
+    with pytest.raises(grpc.RpcError) as raised:
+        host.wait_for_verdict(proposal, timeout=0.5, poll_interval=0.1)
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(calls) >= 2, calls
+    with pytest.raises(ValueError, match="timeout"):
+        host.wait_for_verdict(proposal, timeout=float("nan"))
+    with pytest.raises(ValueError, match="poll_interval"):
+        host.wait_for_verdict(proposal, timeout=1, poll_interval=0)
+    channel.close()
+
+
+def test_an_appends_receipt_says_where_the_item_landed(client_module, embedded_server):
+    tc = client_module
+    with tc.Host(embedded_server.address, actor="support-agent", workspace="desk") as host:
+        outbox = host.resource("outbox")
+        proposal = host.propose("send_reply", {"recipient": "customer-1", "text": "hi"},
+                                version=outbox.version)
+        pending = host.decide(proposal)
+        assert pending.pending, pending
+        approvals = tc.toolgate_pb2_grpc.ApprovalsStub(host.channel)
+        approvals.GrantApproval(
+            tc.toolgate_pb2.GrantApprovalRequest(approval_id=pending.approval_id, comment="ok"),
+            metadata=[("authorization", f"Bearer {embedded_server.token}")], timeout=10)
+        receipt = host.dispatch(proposal)
+        assert receipt.committed, receipt
+        assert receipt.appended_index == len(outbox.value)
+        assert receipt.value == {"recipient": "customer-1", "text": "hi"}

@@ -3,7 +3,7 @@ examples/tickets.toml: examples/python/host.py (grpcio) and
 examples/node/host.mjs (@grpc/grpc-js). The test plays the reviewer with the
 `toolgate approvals grant` CLI each time a host prints `waiting approval_id=`.
 Each host runs as an executable (its shebang), twice on one server, and with
-a host token from `--token` or TOOLGATE_TOKEN. Also checks that the request bodies of the ghz configs in benches/ghz/ are
+a host token from `--token` or TOOLGATE_HOST_TOKEN. Also checks that the request bodies of the ghz configs in benches/ghz/ are
 accepted by the server and answer what benches/ghz/README.md says."""
 
 import hashlib
@@ -121,8 +121,10 @@ def assert_refused_without_token(name, host, reviewer, tmp_path, lamp):
 
 def script_env(**overrides):
     """The environment a host runs in as an executable: its shebang's
-    `env python3` finds this interpreter; no TOOLGATE_TOKEN unless given."""
-    env = {key: value for key, value in os.environ.items() if key != "TOOLGATE_TOKEN"}
+    `env python3` finds this interpreter; no TOOLGATE_HOST_TOKEN (nor the
+    CLI's TOOLGATE_TOKEN) unless given."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("TOOLGATE_TOKEN", "TOOLGATE_HOST_TOKEN")}
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env.update(overrides)
     return env
@@ -261,8 +263,8 @@ def test_python_host_sends_its_token(pb, tickets_server_with_host_token, tmp_pat
     assert python_host_run(lines)[1:] == (["0", "1"], ["1", "2"])
 
     code, lines, stderr = run_host(host, reviewer, tmp_path,
-                                   env=script_env(TOOLGATE_TOKEN=HOST_TOKEN))
-    assert code == 0, f"host.py with TOOLGATE_TOKEN exited {code}: {lines} {stderr}"
+                                   env=script_env(TOOLGATE_HOST_TOKEN=HOST_TOKEN))
+    assert code == 0, f"host.py with TOOLGATE_HOST_TOKEN exited {code}: {lines} {stderr}"
     assert python_host_run(lines)[1:] == (["2", "3"], ["3", "4"])
 
     assert_refused_without_token("host.py", host, reviewer, tmp_path, ("done", 4))
@@ -275,7 +277,7 @@ def test_node_host_runs_twice_with_its_token(pb, tickets_server_with_host_token,
     host = [str(node_host()), "--server", address, "--timeout", "20"]
     runs = [
         run_host(host + ["--token", HOST_TOKEN], reviewer, tmp_path, env=script_env()),
-        run_host(host, reviewer, tmp_path, env=script_env(TOOLGATE_TOKEN=HOST_TOKEN)),
+        run_host(host, reviewer, tmp_path, env=script_env(TOOLGATE_HOST_TOKEN=HOST_TOKEN)),
     ]
     call_ids = []
     for (code, lines, stderr), (version, committed) in zip(runs, [("0", "1"), ("1", "2")]):
@@ -390,3 +392,13 @@ def test_ghz_dispatch_replay_after_the_documented_setup(pb, start_server):
         assert (replayed.status, replayed.reason, replayed.replayed, replayed.version,
                 replayed.receipt_id) == (pb2.DISPATCH_STATUS_OK, "replayed", True, 1,
                                          committed.receipt_id)
+
+
+def test_hosts_send_a_token_over_plaintext_only_to_loopback(tmp_path):
+    """A token for a server off this machine over plaintext is a usage error
+    (exit 2), before anything is sent; --insecure-plaintext allows it."""
+    for host in (str(PYTHON_HOST), str(node_host())):
+        refused = subprocess.run([host, "--server", "10.0.0.7:50051", "--token", "t"],
+                                 env=script_env(), capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, (host, refused)
+        assert "only to loopback" in refused.stderr, (host, refused.stderr)

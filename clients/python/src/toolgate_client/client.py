@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import datetime
 import enum
+import ipaddress
 import itertools
 import json
+import math
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -118,6 +121,8 @@ class Receipt:
     replayed: bool
     approval_id: str
     policy_revision: str
+    # After an append: the index the item landed at.
+    appended_index: int | None = None
 
     @property
     def committed(self) -> bool:
@@ -177,6 +182,21 @@ def open_channel(target: str, *, ca: str | None = None, cert: str | None = None,
     return grpc.insecure_channel(target.removeprefix("http://"))
 
 
+def _is_loopback(target: str) -> bool:
+    """Whether a `host:port` (or `http://host:port`) target is this machine."""
+    host = urllib.parse.urlsplit("//" + target.removeprefix("http://")).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+#: The codes after which a call may have reached the server or not.
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 class Host:
     """One agent session's view of toolgate.
 
@@ -192,13 +212,23 @@ class Host:
     is sent as `authorization: Bearer <token>` when the policy has host
     credentials. `target` may be `https://host:port`, with `ca`, `cert`
     and `key` as [`open_channel`] takes them (mTLS: a client certificate
-    may be the host's credential, with or without a token).
+    may be the host's credential, with or without a token). A token goes
+    over plaintext only to this machine (loopback), unless
+    `insecure_plaintext` says a network the caller trusts carries it
+    (a mesh that encrypts it, say).
     """
 
     def __init__(self, target: str, *, actor: str, workspace: str,
                  session_id: str | None = None, token: str | None = None,
                  rpc_timeout: float = 5.0, channel: grpc.Channel | None = None,
-                 ca: str | None = None, cert: str | None = None, key: str | None = None):
+                 ca: str | None = None, cert: str | None = None, key: str | None = None,
+                 insecure_plaintext: bool = False):
+        if (token and channel is None and not target.startswith("https://")
+                and not _is_loopback(target) and not insecure_plaintext):
+            raise ValueError(
+                f"a token goes over plaintext only to loopback, not to {target}: use "
+                "https:// (with ca=...), or insecure_plaintext=True behind a mesh that "
+                "encrypts it")
         self.actor = actor
         self.workspace = workspace
         self.session_id = session_id or f"s{uuid.uuid4().hex[:12]}"
@@ -262,27 +292,53 @@ class Host:
 
         `on_waiting(decision)` is called for each approval id waited on: the
         first one, and a new one if the request expired and Decide opened
-        another.
+        another. A server that is unreachable for a while (a restart keeps
+        the request) is asked again until the timeout; the last such error
+        is raised then.
         """
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if not poll_interval >= 0.05:
+            raise ValueError(f"poll_interval must be at least 0.05 s, not {poll_interval!r}")
         deadline = time.monotonic() + timeout
         waited_on = ""
-        decision = self.decide(proposal)
-        while decision.pending:
-            if decision.approval_id != waited_on:
-                waited_on = decision.approval_id
-                if on_waiting is not None:
-                    on_waiting(decision)
+        while True:
+            unreachable = None
+            try:
+                decision = self.decide(proposal)
+            except grpc.RpcError as error:
+                if error.code() not in _TRANSIENT:
+                    raise
+                unreachable = error
+            if unreachable is None:
+                if not decision.pending:
+                    return decision
+                if decision.approval_id != waited_on:
+                    waited_on = decision.approval_id
+                    if on_waiting is not None:
+                        on_waiting(decision)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if unreachable is not None:
+                    raise unreachable
                 raise VerdictTimeout(decision, timeout)
             time.sleep(min(poll_interval, remaining))
-            decision = self.decide(proposal)
-        return decision
 
-    def dispatch(self, proposal: Proposal) -> Receipt:
-        """Commit the proposal's change exactly once; a retry returns the stored receipt."""
-        answer = self.pdp.Dispatch(self._request(proposal, pb2.DispatchRequest),
-                                   timeout=self.rpc_timeout, metadata=self._metadata)
+    def dispatch(self, proposal: Proposal, *, retries: int = 3) -> Receipt:
+        """Commit the proposal's change exactly once. When the answer is lost
+        (UNAVAILABLE, DEADLINE_EXCEEDED) the same proposal is sent again, up
+        to `retries` times: a commit that happened is answered from its
+        stored receipt (`replayed`), never made twice."""
+        request = self._request(proposal, pb2.DispatchRequest)
+        for attempt in range(retries + 1):
+            try:
+                answer = self.pdp.Dispatch(request, timeout=self.rpc_timeout,
+                                           metadata=self._metadata)
+                break
+            except grpc.RpcError as error:
+                if error.code() not in _TRANSIENT or attempt == retries:
+                    raise
+                time.sleep(0.2 * 2 ** attempt)
         return Receipt(
             status=_enum(DispatchStatus, answer.status, "dispatch status"),
             reason=answer.reason,
@@ -295,6 +351,8 @@ class Host:
             replayed=answer.replayed,
             approval_id=answer.approval_id,
             policy_revision=answer.policy_revision,
+            appended_index=(answer.appended_index if answer.HasField("appended_index")
+                            else None),
         )
 
     def resource(self, name: str) -> Resource:
