@@ -78,7 +78,7 @@ def emit_decision(call_id, decision):
 
 def run(host, timeout):
     for tool, arguments, resource in scripted_model():
-        version = host.resource(resource).version
+        version = host.version(resource)
         proposal = host.propose(tool, arguments, version=version)
         call_id = proposal.call_id
         emit(f"propose call_id={call_id} tool={tool} version={version}"

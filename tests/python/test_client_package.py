@@ -327,6 +327,7 @@ def test_an_appends_receipt_says_where_the_item_landed(client_module, embedded_s
     tc = client_module
     with tc.Host(embedded_server.address, actor="support-agent", workspace="desk") as host:
         outbox = host.resource("outbox")
+        assert host.version("outbox") == outbox.version
         proposal = host.propose("send_reply", {"recipient": "customer-1", "text": "hi"},
                                 version=outbox.version)
         pending = host.decide(proposal)

@@ -355,6 +355,13 @@ class Host:
                             else None),
         )
 
+    def version(self, name: str) -> int:
+        """The version a proposal against the resource must carry: its first
+        page only, however long a queue it is."""
+        return self.resources_stub.GetResource(pb2.GetResourceRequest(name=name),
+                                               timeout=self.rpc_timeout,
+                                               metadata=self._metadata).version
+
     def resource(self, name: str) -> Resource:
         """A resource's current value and the version a proposal against it must carry."""
         found = self.resources_stub.GetResource(pb2.GetResourceRequest(name=name),
