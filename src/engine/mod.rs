@@ -789,11 +789,9 @@ impl Engine {
                 "the store is unreachable ({why}); toolgate is asking it to resume: try again"
             )));
         }
-        let state = self
-            .shared
-            .state
-            .lock()
-            .map_err(|_| Error::Internal("state is unavailable after an internal failure".into()))?;
+        let state = self.shared.state.lock().map_err(|_| {
+            Error::Internal("state is unavailable after an internal failure".into())
+        })?;
         // Again under the lock, where it is set: a call that waited for the
         // lock while another's changes could not be made durable must not
         // act on (or reveal) the state they left ahead of the store.
