@@ -31,8 +31,12 @@ pub(crate) async fn serve_metrics(
     let router = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move |headers: http::HeaderMap| {
-            let text = metrics.render(engine.stats().ok(), &engine.policy().revision);
-            async move { exposition(text, accepts_gzip(&headers)) }
+            let (engine, metrics) = (engine.clone(), Arc::clone(&metrics));
+            async move {
+                let stats = engine.durable_stats().await.ok();
+                let text = metrics.render(stats, &engine.policy().revision);
+                exposition(text, accepts_gzip(&headers))
+            }
         }),
     );
     let listener = Bounded {

@@ -436,9 +436,16 @@ impl Engine {
         Ok((dispatched, policy.revision.clone()))
     }
 
-    /// The sizes of the state in memory (metrics, tests).
+    /// The sizes of the state in memory (start-up, tests).
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.state()?.stats())
+    }
+
+    /// The sizes of the state, answered (as every read is) once what they
+    /// count is durable: a scrape never counts a pending approval a crash
+    /// would take back.
+    pub async fn durable_stats(&self) -> Result<Stats> {
+        self.committed(|state, _| Ok(state.stats())).await
     }
 
     /// A resource's value and version in memory, which the next answer
