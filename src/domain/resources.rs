@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::domain::canonical::{self, Object, Value};
 use crate::domain::error::{Error, Result};
+use crate::domain::ids::MAX_RESOURCE_NAME_LEN;
 use crate::domain::policy::{Effect, StatePolicy, VersionScope};
 use crate::domain::records::{self, Change, Journal, Kind, Record};
 
@@ -213,7 +214,10 @@ pub fn target<'a>(effect: &'a Effect, arguments: &'a Object) -> Result<Target<'a
             if let Some(allowed) = resources
                 && !allowed.iter().any(|name| name == resource)
             {
-                return Err(format!("{resource:?} is not a resource this tool may set"));
+                return Err(format!(
+                    "{} is not a resource this tool may set",
+                    shown(resource)
+                ));
             }
             let value = arguments
                 .get(value_argument)
@@ -662,15 +666,15 @@ impl Resources {
             Target::Nothing => Ok(()),
             Target::Set { resource, .. } => match self.resources.contains_key(resource) {
                 true => Ok(()),
-                false => Err(format!("no resource {resource:?}")),
+                false => Err(format!("no resource {}", shown(resource))),
             },
             Target::Append { resource, .. } => match self.resources.get(resource) {
                 Some(Resource {
                     value: Value::Array(_),
                     ..
                 }) => Ok(()),
-                Some(_) => Err(format!("resource {resource:?} is not a list")),
-                None => Err(format!("no resource {resource:?}")),
+                Some(_) => Err(format!("resource {} is not a list", shown(resource))),
+                None => Err(format!("no resource {}", shown(resource))),
             },
         }
     }
@@ -761,7 +765,11 @@ impl Resources {
             VersionScope::Resource => resource.version,
         };
         let Value::Array(items) = &resource.value else {
-            if start.is_some() {
+            if let Some(position) = start {
+                // A token of a queue that a set has replaced since.
+                if position.replaced != resource.replaced {
+                    return Err(PageError::Replaced);
+                }
                 return Err(PageError::NotAQueue);
             }
             return Ok(ResourcePage {
@@ -791,6 +799,16 @@ impl Resources {
 /// Where a page of a queue of `len` items starts: 0 without a position,
 /// else its index, while the queue has not been replaced since (`replaced`
 /// is the queue's count now) and the index is at most `len`.
+/// A resource name a client's arguments chose, as a message shows it:
+/// quoted, and cut after [`MAX_RESOURCE_NAME_LEN`] characters (no resource
+/// has a longer name), so that an answer stays small whatever it was sent.
+fn shown(name: &str) -> String {
+    match name.char_indices().nth(MAX_RESOURCE_NAME_LEN) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => format!("{:?}…", &name[..cut]),
+    }
+}
+
 fn first_index(start: Option<PagePosition>, replaced: u64, len: usize) -> Result<usize, PageError> {
     match start {
         None => Ok(0),
@@ -952,5 +970,75 @@ mod tests {
         .unwrap();
         assert_eq!(live.items_bytes(), value_bytes(&Value::Object(item)));
         assert_eq!(restored.items_bytes(), live.items_bytes());
+    }
+
+    /// A resource name from the arguments is cut in a message: 262,000 DEL
+    /// characters (1.5 MiB once escaped) were quoted whole, and the answer
+    /// was over the message limit.
+    #[test]
+    fn a_missing_resource_is_named_in_a_bounded_message() {
+        let resources = Resources::new(&StatePolicy {
+            version_scope: VersionScope::Resource,
+            resources: [("scalar".to_string(), Value::from("x"))].into(),
+        });
+        let name = "\u{7f}".repeat(262_000);
+        let value = Value::Null;
+        let item = Object::new();
+        for target in [
+            Target::Set {
+                resource: &name,
+                value: &value,
+            },
+            Target::Append {
+                resource: &name,
+                item: &item,
+            },
+        ] {
+            let message = resources.check(&target).unwrap_err();
+            assert!(message.len() < 512, "{} bytes", message.len());
+            assert!(
+                message.starts_with("no resource \"\\u{7f}"),
+                "{message:.40}"
+            );
+        }
+    }
+
+    /// A page token of a queue that a set has replaced with a value that is
+    /// not a list is FAILED_PRECONDITION's `Replaced`, as for any replaced
+    /// queue, not a token sent for a value read whole.
+    #[test]
+    fn a_token_of_a_queue_replaced_by_a_scalar_is_replaced() {
+        let mut resources = Resources::new(&StatePolicy {
+            version_scope: VersionScope::Resource,
+            resources: [(
+                "queue".to_string(),
+                Value::Array(vec![Value::from("a"), Value::from("b")]),
+            )]
+            .into(),
+        });
+        let first = resources.page("queue", None, 1, 1 << 20).unwrap();
+        let next = first.next.expect("a second page");
+        let scalar = Value::Null;
+        let target = Target::Set {
+            resource: "queue",
+            value: &scalar,
+        };
+        resources.apply(&target, Some(scalar.clone()));
+        assert!(matches!(
+            resources.page("queue", Some(next), 1, 1 << 20),
+            Err(PageError::Replaced)
+        ));
+        assert!(matches!(
+            resources.page(
+                "queue",
+                Some(PagePosition {
+                    replaced: next.replaced + 1,
+                    index: 0
+                }),
+                1,
+                1 << 20
+            ),
+            Err(PageError::NotAQueue)
+        ));
     }
 }
