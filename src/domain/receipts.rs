@@ -273,11 +273,12 @@ impl ReceiptLog {
         count: usize,
         enough: usize,
     ) -> (usize, usize) {
+        // Checked before each receipt is looked at: a commit with room
+        // (count and enough 0) looks at none.
+        let mut sizes = self.past_retention(now, limits);
         let (mut receipts, mut bytes) = (0usize, 0usize);
-        for size in self.past_retention(now, limits) {
-            if receipts >= count && bytes >= enough {
-                break;
-            }
+        while receipts < count || bytes < enough {
+            let Some(size) = sizes.next() else { break };
             receipts += 1;
             bytes = bytes.saturating_add(size);
         }

@@ -437,11 +437,14 @@ impl Charge {
 
     /// The charge of an answer: `decision` when the call id is new; a
     /// tool attempt for it, and for a repeat that is [`Repeats::Charged`],
-    /// unless the tool budget is what refused it.
+    /// unless the tool budget is what refused it. `budget_verdict`: what
+    /// the budget step says of a new call id, kept when another step
+    /// answered first.
     pub fn of(
         standing: CallStanding,
         is_tool_call: bool,
         refused: Option<Reason>,
+        budget_verdict: Option<Reason>,
         repeats: Repeats,
     ) -> Self {
         let decision = standing == CallStanding::New && refused != Some(Reason::DecisionBudget);
@@ -451,7 +454,7 @@ impl Charge {
             decision,
             tool_attempt: attempt && is_tool_call && refused != Some(Reason::ToolBudget),
             refused,
-            verdict: refused,
+            verdict: refused.or(budget_verdict),
         }
     }
 }

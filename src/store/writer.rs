@@ -1111,11 +1111,28 @@ mod tests {
         }
     }
 
-    /// Opens and closes the gate under `.0`, the state lock a test's
+    /// Opens and closes the gate under `state`, the state lock a test's
     /// operations hold too (as the engine's do); takes nothing in, but
-    /// makes the changes `.1` (the resources a reloaded policy declares,
-    /// say) at the start of its first turn.
-    struct Host(Arc<Mutex<()>>, Option<Vec<Change>>);
+    /// queues `begins_with` (the resources a reloaded policy declares, say)
+    /// at the start of its first turn. With `race` (opened, ran), it then
+    /// says the gate is open and returns only once a call has run in the
+    /// turn: the window in which a replica's turn sends its audit lines and
+    /// watcher events, and a call that arrives then runs at once.
+    struct Host {
+        state: Arc<Mutex<()>>,
+        begins_with: Option<Vec<Change>>,
+        race: Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>,
+    }
+
+    impl Host {
+        fn new(state: &Arc<Mutex<()>>, begins_with: Option<Vec<Change>>) -> Host {
+            Host {
+                state: Arc::clone(state),
+                begins_with,
+                race: None,
+            }
+        }
+    }
 
     impl TurnHost for Host {
         fn begin(
@@ -1124,13 +1141,20 @@ mod tests {
             gate: &Gate,
             queue: &mut dyn FnMut(Vec<Change>),
         ) -> Result<(), StoreError> {
-            let _state = lock(&self.0);
-            queue(self.1.take().unwrap_or_default());
-            gate.open(turn.now);
+            let first = self.begins_with.take();
+            {
+                let _state = lock(&self.state);
+                queue(first.clone().unwrap_or_default());
+                gate.open(turn.now);
+            }
+            if let (Some(_), Some((opened, ran))) = (&first, &self.race) {
+                let _ = opened.send(());
+                let _ = ran.recv_timeout(Duration::from_secs(10));
+            }
             Ok(())
         }
         fn end(&mut self, gate: &Gate) {
-            let _state = lock(&self.0);
+            let _state = lock(&self.state);
             gate.close();
         }
         fn catch_up(&mut self, _behind: Behind) -> Result<(), StoreError> {
@@ -1167,7 +1191,7 @@ mod tests {
     async fn a_read_in_a_turn_waits_for_what_the_turn_began_with() {
         let state = Arc::new(Mutex::new(()));
         let adopted = Some(vec![put(b"resource", b"new")]);
-        let host = Box::new(Host(Arc::clone(&state), adopted));
+        let host = Box::new(Host::new(&state, adopted));
         let writer = Writer::start(Box::new(FailsOnce { failed: false }), Some(host)).unwrap();
         let read = in_a_turn(&writer, &state, Vec::new()).await;
         let answered = writer.durable(read).await;
@@ -1176,45 +1200,6 @@ mod tests {
             answered.is_err(),
             "read #{read} answered although the change it saw was abandoned"
         );
-    }
-
-    /// Queues what its first turn begins with, opens the gate, says so
-    /// (`opened`), and only returns once a call has run in the turn (`ran`):
-    /// the window in which a replica's turn sends its audit lines and
-    /// watcher events, and a call that arrives then runs at once.
-    struct Racing {
-        state: Arc<Mutex<()>>,
-        begins_with: Option<Vec<Change>>,
-        opened: std::sync::mpsc::Sender<()>,
-        ran: std::sync::mpsc::Receiver<()>,
-    }
-
-    impl TurnHost for Racing {
-        fn begin(
-            &mut self,
-            turn: Turn,
-            gate: &Gate,
-            queue: &mut dyn FnMut(Vec<Change>),
-        ) -> Result<(), StoreError> {
-            let first = self.begins_with.take();
-            {
-                let _state = lock(&self.state);
-                queue(first.clone().unwrap_or_default());
-                gate.open(turn.now);
-            }
-            if first.is_some() {
-                let _ = self.opened.send(());
-                let _ = self.ran.recv_timeout(Duration::from_secs(10));
-            }
-            Ok(())
-        }
-        fn end(&mut self, gate: &Gate) {
-            let _state = lock(&self.state);
-            gate.close();
-        }
-        fn catch_up(&mut self, _behind: Behind) -> Result<(), StoreError> {
-            Ok(())
-        }
     }
 
     /// What a turn begins with (a resource a reloaded policy declares, at
@@ -1228,11 +1213,9 @@ mod tests {
         let state = Arc::new(Mutex::new(()));
         let (opened, opened_receiver) = std::sync::mpsc::channel();
         let (ran, ran_receiver) = std::sync::mpsc::channel();
-        let host = Box::new(Racing {
-            state: Arc::clone(&state),
-            begins_with: Some(vec![put(b"resource", b"initial")]),
-            opened,
-            ran: ran_receiver,
+        let host = Box::new(Host {
+            race: Some((opened, ran_receiver)),
+            ..Host::new(&state, Some(vec![put(b"resource", b"initial")]))
         });
         let store = MemoryStore::new();
         let writer =
@@ -1260,7 +1243,7 @@ mod tests {
     #[tokio::test]
     async fn after_a_turn_that_did_not_take_effect_a_call_that_changes_nothing_is_answered() {
         let state = Arc::new(Mutex::new(()));
-        let host = Box::new(Host(Arc::clone(&state), None));
+        let host = Box::new(Host::new(&state, None));
         let writer = Writer::start(Box::new(FailsOnce { failed: false }), Some(host)).unwrap();
         let lost = in_a_turn(&writer, &state, vec![put(b"a", b"1")]).await;
         let error = writer.durable(lost).await.unwrap_err();

@@ -273,8 +273,13 @@ impl State {
             // they added made room for it too (`charging_bytes`).
             self.make_byte_room(call_bytes, now, &policy.limits)?;
         }
-        let mut charge = Charge::of(standing, is_tool_call(policy, proposal), refused, repeats);
-        charge.verdict = refused.or(verdict);
+        let charge = Charge::of(
+            standing,
+            is_tool_call(policy, proposal),
+            refused,
+            verdict,
+            repeats,
+        );
         // Counts the bytes of a call id it remembers.
         self.sessions.settle(
             session_key,
