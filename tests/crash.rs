@@ -112,6 +112,7 @@ struct Receipt {
     resource: String,
     value_json: String,
     appended_index: Option<u64>,
+    approval_id: String,
 }
 
 /// An approval request whose creation was acknowledged.
@@ -218,6 +219,7 @@ impl Record {
             resource: answer.resource.clone(),
             value_json: answer.value_json.clone(),
             appended_index: answer.appended_index,
+            approval_id: answer.approval_id.clone(),
         };
         match self.receipts.get(&id) {
             Some(known) => {
@@ -235,7 +237,7 @@ impl Record {
             }
             None => {
                 self.receipts.insert(id.clone(), receipt);
-                self.receipt_order.push(id);
+                self.receipt_order.push(id.clone());
             }
         }
         if answer.replayed {
@@ -248,11 +250,21 @@ impl Record {
         }
         let gated = call.proposal.name.starts_with('g');
         if gated {
-            let fingerprint = &answer.fingerprint;
-            for approval in self.approvals.values_mut() {
-                if approval.fingerprint == *fingerprint && approval.granted {
+            // The commit (and every replay of it) names the grant it consumed.
+            match self.approvals.get_mut(&answer.approval_id) {
+                Some(approval) if approval.fingerprint == answer.fingerprint => {
                     approval.consumed = true;
                 }
+                Some(approval) => failures.add(
+                    "consumed-other",
+                    format!("{id}: {answer:?} names an approval of {approval:?}"),
+                ),
+                None if answer.approval_id.is_empty() => failures.add(
+                    "commit-without-grant",
+                    format!("{id}: {answer:?} names no approval"),
+                ),
+                // An approval whose request's answer was lost.
+                None => {}
             }
         }
     }
@@ -266,6 +278,7 @@ fn same_result(known: &Receipt, answer: &pb::DispatchResponse) -> bool {
         && known.resource == answer.resource
         && known.value_json == answer.value_json
         && known.appended_index == answer.appended_index
+        && known.approval_id == answer.approval_id
 }
 
 // ----- failures ---------------------------------------------------------------

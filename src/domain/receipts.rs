@@ -18,6 +18,10 @@ pub struct Receipt {
     pub fingerprint: Fingerprint,
     pub result: CommitResult,
     pub created_at: Timestamp,
+    /// The grant the commit consumed, answered again on a replay (records
+    /// written before it was kept have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<Uuid>,
 }
 
 /// What one receipt costs besides its value and key text: the boxed

@@ -154,6 +154,8 @@ struct Receipt {
     resource: String,
     value_json: String,
     receipt_id: String,
+    /// The grant the commit consumed.
+    grant: Option<String>,
 }
 
 /// SPEC §4 "Charging": what a session has been charged.
@@ -660,7 +662,7 @@ impl Model {
                 version: receipt.version,
                 resource: receipt.resource.clone(),
                 value_json: receipt.value_json.clone(),
-                approval_id: Id::Empty,
+                approval_id: receipt.grant.clone().map_or(Id::Empty, Id::Is),
                 receipt_id: Id::Is(receipt.receipt_id.clone()),
                 note: "",
             };
@@ -788,8 +790,8 @@ impl Model {
                     }
                     (effect, stored) => unreachable!("{effect:?} on {stored:?} commits nothing"),
                 }
-                if let Some(grant) = grant {
-                    let record = self.approvals.get_mut(&grant).expect("grant");
+                if let Some(grant) = &grant {
+                    let record = self.approvals.get_mut(grant).expect("grant");
                     record.status = Standing::Consumed;
                     record.finished_at = Some(self.now);
                 }
@@ -808,6 +810,7 @@ impl Model {
                         resource,
                         value_json,
                         receipt_id: receipt_id.to_string(),
+                        grant,
                     },
                 );
                 self.receipt_ids.insert(receipt_id.to_string());

@@ -114,6 +114,7 @@ impl State {
         let mut replayed = Dispatched::answer(&Cause::Replayed, proposal, session);
         replayed.result = Some(receipt.result.clone());
         replayed.receipt_id = Some(receipt.id);
+        replayed.approval_id = receipt.approval_id;
         replayed.replayed = true;
         Err(Halt::Answer(Box::new((replayed, Vec::new()))))
     }
@@ -228,6 +229,7 @@ impl State {
             fingerprint: proposal.fingerprint,
             result: result.clone(),
             created_at: call.now,
+            approval_id: grant,
         };
         let receipt_id = receipt.id;
         let (host, actor, call_id) = (&session.host, &proposal.actor, &proposal.call_id);

@@ -706,6 +706,7 @@ fn the_replica_that_applied_takes_over() {
     );
     let again = dispatch_on(&mut replicas.b, &replicas.policy, now, &call).unwrap();
     assert!(again.0.replayed && again.1.is_empty());
+    assert_eq!(again.0.approval_id, Some(id), "the replay names the grant");
     let changes = replicas.b.take_changes().unwrap();
     replicas.store.commit(&changes).unwrap();
 
