@@ -49,6 +49,16 @@ struct DecidedCall {
     decided_at: Timestamp,
     fingerprint: Fingerprint,
     refused: Option<Reason>,
+    /// Decided while its tool was no tool call (`read`, `propose`,
+    /// `forbidden`), so charged no tool attempt: it owes one, paid when it
+    /// is asked again once a reload has made its tool a tool call. A
+    /// record written before this was kept reads as paid.
+    #[serde(default, skip_serializing_if = "is_false")]
+    owes_attempt: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// The call ids a session has decided.
@@ -105,6 +115,17 @@ impl DecidedCalls {
 }
 
 impl DecidedCalls {
+    /// Notes that a call id paid the tool attempt it owed; a copy of it as
+    /// it is now, for the journal.
+    fn pay(&mut self, call_id: &str) -> Option<DecidedCall> {
+        let hash = self.calls.hash(call_id);
+        let call = self
+            .calls
+            .find_mut(hash, |call| &*call.call_id == call_id)?;
+        call.owes_attempt = false;
+        Some(call.clone())
+    }
+
     /// Forgets a call id; the bytes it counted (none when it was not
     /// remembered).
     fn remove(&mut self, call_id: &str) -> usize {
@@ -304,8 +325,12 @@ impl Session {
 pub enum CallStanding {
     /// Never charged in this session (or no session yet).
     New,
-    /// Decided before for this fingerprint, with the budget refusal it got.
-    Decided { refused: Option<Reason> },
+    /// Decided before for this fingerprint, with the budget refusal it got
+    /// and whether it still owes a tool attempt ([`DecidedCall`]).
+    Decided {
+        refused: Option<Reason>,
+        owes_attempt: bool,
+    },
     /// Decided before for another fingerprint.
     Conflict,
 }
@@ -316,6 +341,7 @@ impl CallStanding {
             None => CallStanding::New,
             Some(call) if call.fingerprint == fingerprint => CallStanding::Decided {
                 refused: call.refused,
+                owes_attempt: call.owes_attempt,
             },
             Some(_) => CallStanding::Conflict,
         }
@@ -349,7 +375,8 @@ impl Budget {
 
     /// SPEC §4 step 6 for a call that passed steps 2–5: a conflict, the
     /// verdict a decided call id got (and, when every call runs, the
-    /// budget again), or the budget check of a new one.
+    /// budget again; when it owes the tool attempt of a tool call, the
+    /// tool budget), or the budget check of a new one.
     pub fn check(
         &self,
         standing: CallStanding,
@@ -360,12 +387,27 @@ impl Budget {
     ) -> Option<Reason> {
         match (standing, repeats) {
             (CallStanding::Conflict, _) => Some(Reason::CallIdConflict),
-            (CallStanding::Decided { refused }, Repeats::Free) => refused,
-            (CallStanding::Decided { refused }, Repeats::Charged) => {
+            (
+                CallStanding::Decided {
+                    refused,
+                    owes_attempt,
+                },
+                Repeats::Free,
+            ) => refused.or_else(|| {
+                (owes_attempt && is_tool_call && self.tools_spent(session))
+                    .then_some(Reason::ToolBudget)
+            }),
+            (CallStanding::Decided { refused, .. }, Repeats::Charged) => {
                 refused.or_else(|| self.refusal(session, is_tool_call, now))
             }
             (CallStanding::New, _) => self.refusal(session, is_tool_call, now),
         }
+    }
+
+    /// True when the session has made every tool attempt its budget allows.
+    fn tools_spent(&self, session: Option<&Session>) -> bool {
+        let attempts = session.map_or(0, |session| session.tool_attempts);
+        self.max_tool_calls.is_some_and(|max| attempts >= max)
     }
 
     /// SPEC §4 step 6 for a new call id that passed steps 2–5: tool calls
@@ -376,19 +418,10 @@ impl Budget {
         is_tool_call: bool,
         now: Timestamp,
     ) -> Option<Reason> {
-        let Some(session) = session else {
-            return match (is_tool_call, self.max_tool_calls) {
-                (true, Some(0)) => Some(Reason::ToolBudget),
-                _ => None,
-            };
-        };
-        if is_tool_call
-            && self
-                .max_tool_calls
-                .is_some_and(|max| session.tool_attempts >= max)
-        {
+        if is_tool_call && self.tools_spent(session) {
             return Some(Reason::ToolBudget);
         }
+        let session = session?;
         if let Some(max_seconds) = self.max_session_seconds
             && now.millis_since(session.started_at) >= max_seconds.saturating_mul(1000)
         {
@@ -419,6 +452,8 @@ pub struct Charge {
     pub decision: bool,
     /// One tool attempt too (an unknown or `execute` tool).
     pub tool_attempt: bool,
+    /// A decided call id pays the tool attempt it owed ([`DecidedCall`]).
+    pub pays_attempt: bool,
     /// The budget that refused the call, if one did.
     pub refused: Option<Reason>,
     /// The budget verdict a new call id is remembered with: `refused`, or
@@ -431,13 +466,15 @@ impl Charge {
     pub const NOTHING: Charge = Charge {
         decision: false,
         tool_attempt: false,
+        pays_attempt: false,
         refused: None,
         verdict: None,
     };
 
     /// The charge of an answer: `decision` when the call id is new; a
-    /// tool attempt for it, and for a repeat that is [`Repeats::Charged`],
-    /// unless the tool budget is what refused it. `budget_verdict`: what
+    /// tool attempt for it, for a repeat that is [`Repeats::Charged`] and
+    /// for a decided call id that owes one, unless the tool budget is what
+    /// refused it. `budget_verdict`: what
     /// the budget step says of a new call id, kept when another step
     /// answered first.
     pub fn of(
@@ -448,11 +485,16 @@ impl Charge {
         repeats: Repeats,
     ) -> Self {
         let decision = standing == CallStanding::New && refused != Some(Reason::DecisionBudget);
-        let attempt = decision
-            || (repeats == Repeats::Charged && matches!(standing, CallStanding::Decided { .. }));
+        let (decided, owed) = match standing {
+            CallStanding::Decided { owes_attempt, .. } => (true, owes_attempt),
+            _ => (false, false),
+        };
+        let attempt = decision || owed || (repeats == Repeats::Charged && decided);
+        let tool_attempt = attempt && is_tool_call && refused != Some(Reason::ToolBudget);
         Charge {
             decision,
-            tool_attempt: attempt && is_tool_call && refused != Some(Reason::ToolBudget),
+            tool_attempt,
+            pays_attempt: owed && tool_attempt,
             refused,
             verdict: refused.or(budget_verdict),
         }
@@ -781,6 +823,7 @@ impl Sessions {
                 decided_at: now,
                 fingerprint,
                 refused: charge.verdict,
+                owes_attempt: !charge.tool_attempt && charge.verdict.is_none(),
             };
             // A copy for the journal only when there is one (not under
             // `--store memory`): the Decide of a new call id allocates once.
@@ -792,6 +835,11 @@ impl Sessions {
         if charge.tool_attempt {
             entry.tool_attempts += 1;
         }
+        let paid = if charge.pays_attempt {
+            entry.decided.pay(call_id).filter(|_| journaling)
+        } else {
+            None
+        };
         if let Some(reason) = charge.refused
             && reason != Reason::CallIdConflict
         {
@@ -803,6 +851,10 @@ impl Sessions {
                 let key = decided_key(&session.host, &session.session_id, &call);
                 self.journal.put(Kind::DecidedCall, key, &call);
             }
+        }
+        if let Some(call) = paid {
+            let key = decided_key(&session.host, &session.session_id, &call);
+            self.journal.put(Kind::DecidedCall, key, &call);
         }
         Ok(())
     }
@@ -1022,7 +1074,13 @@ impl Sessions {
                     .decided
                     .calls
                     .iter()
-                    .map(|call| format!("{} {} {:?}", call.call_id, call.fingerprint, call.refused))
+                    .map(|call| {
+                        let (id, fingerprint) = (&call.call_id, call.fingerprint);
+                        format!(
+                            "{id} {fingerprint} {:?} {}",
+                            call.refused, call.owes_attempt
+                        )
+                    })
                     .collect();
                 calls.sort();
                 format!(

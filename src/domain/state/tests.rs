@@ -1689,6 +1689,86 @@ fn a_call_id_refused_before_the_budget_keeps_the_budgets_verdict() {
     }
 }
 
+/// A call id decided while its tool was not a tool call (`read`, or
+/// `forbidden`) owes the tool attempt it was not charged: once a reload
+/// makes the tool `execute`, asking it again is checked against the tool
+/// budget and charged one attempt, once, and the store keeps that it paid.
+#[test]
+fn a_call_id_decided_before_its_tool_was_a_tool_call_is_charged_once_it_is() {
+    let after = budget_policy("deployer", "execute", "");
+    for mode in ["read", "forbidden"] {
+        let before = budget_policy("deployer", mode, "");
+        let mut store = MemoryStore::new();
+        let mut state = State::restore(&before, store.load().unwrap()).unwrap();
+        let ask = |state: &mut State, policy: &Policy, session: &str, call_id: &str| {
+            let session = SessionRef::new("learner".into(), session.into(), "ws".into()).unwrap();
+            let tool = if call_id.starts_with('o') {
+                "other"
+            } else {
+                "deploy"
+            };
+            let proposal =
+                Proposal::new(call_id.into(), "learner".into(), tool.into(), 0, "{}").unwrap();
+            let screened = proposal::screen(policy, &session, &proposal);
+            let (decision, _) = state
+                .decide(
+                    policy,
+                    Timestamp(1_000),
+                    &session,
+                    &proposal,
+                    screened,
+                    Grants::Keep,
+                )
+                .unwrap();
+            let held = state.sessions.get("", session.session_id.as_str());
+            (decision.reason, held.map(|held| held.tool_attempts))
+        };
+        let first = if mode == "read" {
+            Reason::Allowed
+        } else {
+            Reason::ForbiddenTool
+        };
+        // s1 and s2 decide `deploy` while it is no tool call; s2 then
+        // spends its one tool call.
+        assert_eq!(ask(&mut state, &before, "s1", "c1"), (first, Some(0)));
+        assert_eq!(ask(&mut state, &before, "s2", "c2"), (first, Some(0)));
+        assert_eq!(
+            ask(&mut state, &before, "s2", "o2"),
+            (Reason::Allowed, Some(1))
+        );
+        state.adopt_policy(&after);
+        // s1's call id pays its attempt now, and only once.
+        assert_eq!(
+            ask(&mut state, &after, "s1", "c1"),
+            (Reason::Allowed, Some(1))
+        );
+        assert_eq!(
+            ask(&mut state, &after, "s1", "c1"),
+            (Reason::Allowed, Some(1))
+        );
+        assert_eq!(
+            ask(&mut state, &after, "s1", "o1"),
+            (Reason::ToolBudget, Some(1))
+        );
+        // s2's budget is spent: its call id cannot pay.
+        assert_eq!(
+            ask(&mut state, &after, "s2", "c2"),
+            (Reason::ToolBudget, Some(1))
+        );
+        // What was paid survives a restart.
+        store.commit(&state.take_changes().unwrap()).unwrap();
+        let mut restored = State::restore(&after, store.load().unwrap()).unwrap();
+        assert_eq!(
+            ask(&mut restored, &after, "s1", "c1"),
+            (Reason::Allowed, Some(1))
+        );
+        assert_eq!(
+            ask(&mut restored, &after, "s2", "c2"),
+            (Reason::ToolBudget, Some(1))
+        );
+    }
+}
+
 /// A call id the budget admitted stays admitted: the first call of a new
 /// session, committed by Dispatch, is replayed, even under a session age
 /// limit of zero that its own commit's session then meets.
