@@ -30,7 +30,7 @@ pub const MAX_CALLS_PER_SESSION: u64 = 100_000;
 
 /// What remembering one decided call id counts under the byte budget
 /// (`limits.max_state_bytes`): its table slot (its hash, the call id's
-/// pointer, its time, fingerprint and refusal) and its text.
+/// pointer, its time, fingerprint, refusal and owed attempt) and its text.
 pub fn decided_call_bytes(call_id: &str) -> usize {
     std::mem::size_of::<(u64, DecidedCall)>() + call_id.len()
 }
@@ -115,15 +115,22 @@ impl DecidedCalls {
 }
 
 impl DecidedCalls {
-    /// Notes that a call id paid the tool attempt it owed; a copy of it as
-    /// it is now, for the journal.
-    fn pay(&mut self, call_id: &str) -> Option<DecidedCall> {
+    /// Settles the tool attempt a call id owed: paid (`verdict` none) or
+    /// refused `tool-budget`, its verdict from then on. A copy of it as it
+    /// is now when `copy` (for the journal).
+    fn settle(
+        &mut self,
+        call_id: &str,
+        verdict: Option<Reason>,
+        copy: bool,
+    ) -> Option<DecidedCall> {
         let hash = self.calls.hash(call_id);
         let call = self
             .calls
             .find_mut(hash, |call| &*call.call_id == call_id)?;
         call.owes_attempt = false;
-        Some(call.clone())
+        call.refused = verdict;
+        copy.then(|| call.clone())
     }
 
     /// Forgets a call id; the bytes it counted (none when it was not
@@ -375,8 +382,7 @@ impl Budget {
 
     /// SPEC §4 step 6 for a call that passed steps 2–5: a conflict, the
     /// verdict a decided call id got (and, when every call runs, the
-    /// budget again; when it owes the tool attempt of a tool call, the
-    /// tool budget), or the budget check of a new one.
+    /// budget again), or the budget check of a new one.
     pub fn check(
         &self,
         standing: CallStanding,
@@ -387,16 +393,7 @@ impl Budget {
     ) -> Option<Reason> {
         match (standing, repeats) {
             (CallStanding::Conflict, _) => Some(Reason::CallIdConflict),
-            (
-                CallStanding::Decided {
-                    refused,
-                    owes_attempt,
-                },
-                Repeats::Free,
-            ) => refused.or_else(|| {
-                (owes_attempt && is_tool_call && self.tools_spent(session))
-                    .then_some(Reason::ToolBudget)
-            }),
+            (CallStanding::Decided { refused, .. }, Repeats::Free) => refused,
             (CallStanding::Decided { refused, .. }, Repeats::Charged) => {
                 refused.or_else(|| self.refusal(session, is_tool_call, now))
             }
@@ -404,10 +401,13 @@ impl Budget {
         }
     }
 
-    /// True when the session has made every tool attempt its budget allows.
-    fn tools_spent(&self, session: Option<&Session>) -> bool {
+    /// `tool-budget` when the session has made every tool attempt its
+    /// budget allows.
+    pub fn tool_refusal(&self, session: Option<&Session>) -> Option<Reason> {
         let attempts = session.map_or(0, |session| session.tool_attempts);
-        self.max_tool_calls.is_some_and(|max| attempts >= max)
+        self.max_tool_calls
+            .is_some_and(|max| attempts >= max)
+            .then_some(Reason::ToolBudget)
     }
 
     /// SPEC §4 step 6 for a new call id that passed steps 2–5: tool calls
@@ -418,8 +418,8 @@ impl Budget {
         is_tool_call: bool,
         now: Timestamp,
     ) -> Option<Reason> {
-        if is_tool_call && self.tools_spent(session) {
-            return Some(Reason::ToolBudget);
+        if is_tool_call && let Some(refused) = self.tool_refusal(session) {
+            return Some(refused);
         }
         let session = session?;
         if let Some(max_seconds) = self.max_session_seconds
@@ -452,31 +452,24 @@ pub struct Charge {
     pub decision: bool,
     /// One tool attempt too (an unknown or `execute` tool).
     pub tool_attempt: bool,
-    /// A decided call id pays the tool attempt it owed ([`DecidedCall`]).
-    pub pays_attempt: bool,
+    /// A decided call id settles the tool attempt it owed
+    /// ([`DecidedCall`]): paid, or refused `tool-budget` (its `verdict`).
+    pub settles: bool,
     /// The budget that refused the call, if one did.
     pub refused: Option<Reason>,
-    /// The budget verdict a new call id is remembered with: `refused`, or
-    /// what the budget says of it when another step answered first.
+    /// The budget verdict a new call id is remembered with (`refused`, or
+    /// what the budget says of it when another step answered first), or a
+    /// call id that settles its owed attempt from then on.
     pub verdict: Option<Reason>,
 }
 
 impl Charge {
-    /// Nothing but the session's existence and its last use.
-    pub const NOTHING: Charge = Charge {
-        decision: false,
-        tool_attempt: false,
-        pays_attempt: false,
-        refused: None,
-        verdict: None,
-    };
-
     /// The charge of an answer: `decision` when the call id is new; a
     /// tool attempt for it, for a repeat that is [`Repeats::Charged`] and
-    /// for a decided call id that owes one, unless the tool budget is what
-    /// refused it. `budget_verdict`: what
-    /// the budget step says of a new call id, kept when another step
-    /// answered first.
+    /// for a decided call id that owes one and now calls a tool (unless the
+    /// tool budget is what refused it, or would have). `budget_verdict`: what
+    /// the budget step says of a new call id, or of the attempt a decided
+    /// one owes, kept when another step answered first.
     pub fn of(
         standing: CallStanding,
         is_tool_call: bool,
@@ -485,18 +478,23 @@ impl Charge {
         repeats: Repeats,
     ) -> Self {
         let decision = standing == CallStanding::New && refused != Some(Reason::DecisionBudget);
-        let (decided, owed) = match standing {
-            CallStanding::Decided { owes_attempt, .. } => (true, owes_attempt),
+        let (decided, settles) = match standing {
+            CallStanding::Decided { owes_attempt, .. } => (true, owes_attempt && is_tool_call),
             _ => (false, false),
         };
-        let attempt = decision || owed || (repeats == Repeats::Charged && decided);
-        let tool_attempt = attempt && is_tool_call && refused != Some(Reason::ToolBudget);
+        let attempt = decision
+            || (settles && budget_verdict.is_none())
+            || (repeats == Repeats::Charged && decided);
         Charge {
             decision,
-            tool_attempt,
-            pays_attempt: owed && tool_attempt,
+            tool_attempt: attempt && is_tool_call && refused != Some(Reason::ToolBudget),
+            settles,
             refused,
-            verdict: refused.or(budget_verdict),
+            verdict: if settles {
+                budget_verdict
+            } else {
+                refused.or(budget_verdict)
+            },
         }
     }
 }
@@ -816,7 +814,11 @@ impl Sessions {
     ) -> Result<()> {
         let journaling = self.journal.is_on();
         let entry = self.open(session, now, limits)?;
-        let mut decided = None;
+        // The call id's record as it is now, when it changed and there is a
+        // journal (not under `--store memory`): one copy, no other
+        // allocation.
+        let mut journaled = None;
+        let mut remembered = 0;
         if charge.decision {
             let call = DecidedCall {
                 call_id: call_id.into(),
@@ -825,34 +827,22 @@ impl Sessions {
                 refused: charge.verdict,
                 owes_attempt: !charge.tool_attempt && charge.verdict.is_none(),
             };
-            // A copy for the journal only when there is one (not under
-            // `--store memory`): the Decide of a new call id allocates once.
-            let journaled = journaling.then(|| call.clone());
-            let remembered = entry.decided.insert(call);
+            journaled = journaling.then(|| call.clone());
+            remembered = entry.decided.insert(call);
             entry.decisions += 1;
-            decided = Some((remembered, journaled));
+        } else if charge.settles {
+            journaled = entry.decided.settle(call_id, charge.verdict, journaling);
         }
         if charge.tool_attempt {
             entry.tool_attempts += 1;
         }
-        let paid = if charge.pays_attempt {
-            entry.decided.pay(call_id).filter(|_| journaling)
-        } else {
-            None
-        };
         if let Some(reason) = charge.refused
             && reason != Reason::CallIdConflict
         {
             entry.stopped_reason.get_or_insert(reason);
         }
-        if let Some((remembered, journaled)) = decided {
-            self.count_decided_bytes(remembered);
-            if let Some(call) = journaled {
-                let key = decided_key(&session.host, &session.session_id, &call);
-                self.journal.put(Kind::DecidedCall, key, &call);
-            }
-        }
-        if let Some(call) = paid {
+        self.count_decided_bytes(remembered);
+        if let Some(call) = journaled {
             let key = decided_key(&session.host, &session.session_id, &call);
             self.journal.put(Kind::DecidedCall, key, &call);
         }

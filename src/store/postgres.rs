@@ -125,6 +125,7 @@ pub const MIGRATIONS: &[Migration] = &[
     create_v3_replicas,
     key_v4_decided_calls_by_time,
     allow_v5_approval_changes,
+    allow_v6_owed_attempts,
 ];
 
 /// The schema version this binary writes (and the newest it can open).
@@ -179,6 +180,14 @@ pub fn kind_code(kind: Kind) -> i16 {
 /// kind, so nothing changes in the schema; the version tells a toolgate
 /// that does not know the kind not to open it.
 pub(super) fn allow_v5_approval_changes(_: &Connection<'_>, _: &str) -> Result<(), Error> {
+    Ok(())
+}
+
+/// Version 6: a decided call id may record the tool attempt it owes, and a
+/// receipt the grant its commit consumed (optional fields of their
+/// values). Nothing changes in the schema; the version stops a toolgate
+/// that would read past those fields (and let an owed attempt go unpaid).
+pub(super) fn allow_v6_owed_attempts(_: &Connection<'_>, _: &str) -> Result<(), Error> {
     Ok(())
 }
 

@@ -73,6 +73,7 @@ pub const MIGRATIONS: &[Migration] = &[
     create_v1_tables,
     key_v2_decided_calls_by_time,
     create_v3_approval_changes,
+    allow_v4_owed_attempts,
 ];
 
 /// The schema version this binary writes (and the newest it can open).
@@ -138,6 +139,15 @@ pub(super) fn create_v3_approval_changes(transaction: &Transaction<'_>) -> rusql
         "CREATE TABLE approval_changes \
          (k BLOB PRIMARY KEY NOT NULL, v BLOB NOT NULL) WITHOUT ROWID",
     )
+}
+
+/// Version 4: a decided call id may record the tool attempt it owes, and a
+/// receipt the grant its commit consumed (optional fields of their
+/// values). Nothing changes in the tables; the version stops an older
+/// toolgate from opening a store whose records it would read past those
+/// fields.
+pub(super) fn allow_v4_owed_attempts(_: &Transaction<'_>) -> rusqlite::Result<()> {
+    Ok(())
 }
 
 /// How long a statement waits for another connection's lock (a backup's or

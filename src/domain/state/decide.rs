@@ -43,7 +43,6 @@ impl State {
             proposal,
             repeats: grants.repeats(),
             actor_share: grants.actor_share(policy),
-            dispatch: false,
         };
         self.charged(
             asked,

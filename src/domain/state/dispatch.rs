@@ -50,7 +50,6 @@ impl State {
             proposal,
             repeats: Repeats::Free,
             actor_share: None,
-            dispatch: true,
         };
         self.charged(
             asked,

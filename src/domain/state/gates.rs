@@ -27,9 +27,6 @@ pub(super) struct Asked<'a> {
     pub(super) repeats: Repeats,
     /// The sessions its actor may hold, when the caller bounds that.
     pub(super) actor_share: Option<usize>,
-    /// A Dispatch: its budget step is an `execute` tool's whatever the
-    /// tool named (only those are dispatched).
-    pub(super) dispatch: bool,
 }
 
 /// One Decide or Dispatch being answered: what its steps read (what it
@@ -223,31 +220,37 @@ impl State {
             proposal,
             repeats,
             actor_share,
-            dispatch,
         } = asked;
         let session_key = self.sessions.key(session_ref);
         self.sessions.check_binding(session_key)?;
         self.sessions
             .reserve(session_key, now, &policy.limits, actor_share)?;
-        let standing = CallStanding::of(
-            self.sessions.find(session_key),
-            &proposal.call_id,
-            proposal.fingerprint,
-        );
+        let session = self.sessions.find(session_key);
+        let standing = CallStanding::of(session, &proposal.call_id, proposal.fingerprint);
         // What the budget step (SPEC §4 step 6) says of a new call id, as
         // every step before it finds the session: the verdict it is
         // remembered with, whichever step answers it, so that one answered
-        // before the budget (an unknown, forbidden or unauthorized tool, an
-        // unverified manifest) is not let past a budget it had spent once a
-        // reload or an assessment lets it through. A forbidden tool counts
-        // as a tool call here: a reload can make it an `execute` one.
+        // before the budget (an unknown or unauthorized tool, an unverified
+        // manifest) is not let past a budget it had spent once a reload or
+        // an assessment lets it through. A call id decided while its tool was
+        // no tool call owes the attempt it was not charged: once its tool is
+        // one, the tool budget says whether it pays it or is refused
+        // `tool-budget` from then on, as it would for a new call id.
         let budget = Budget::of(policy.actors.get(&session_ref.actor));
-        let verdict = match standing {
-            CallStanding::New => {
-                let tool_call = dispatch || budget_counts_tool(policy, proposal);
-                budget.refusal(self.sessions.find(session_key), tool_call, now)
+        let tool_call = is_tool_call(policy, proposal);
+        let (standing, verdict) = match standing {
+            CallStanding::New => (standing, budget.refusal(session, tool_call, now)),
+            CallStanding::Decided {
+                owes_attempt: true, ..
+            } if tool_call => {
+                let refused = budget.tool_refusal(session);
+                let owing = CallStanding::Decided {
+                    refused,
+                    owes_attempt: true,
+                };
+                (owing, refused)
             }
-            _ => None,
+            _ => (standing, None),
         };
         // Every call id remembered counts under the byte budget, whatever
         // the answer: room for it checked now (RESOURCE_EXHAUSTED and no
@@ -273,13 +276,7 @@ impl State {
             // they added made room for it too (`charging_bytes`).
             self.make_byte_room(call_bytes, now, &policy.limits)?;
         }
-        let charge = Charge::of(
-            standing,
-            is_tool_call(policy, proposal),
-            refused,
-            verdict,
-            repeats,
-        );
+        let charge = Charge::of(standing, tool_call, refused, verdict, repeats);
         // Counts the bytes of a call id it remembers.
         self.sessions.settle(
             session_key,
@@ -319,14 +316,4 @@ pub(super) fn is_tool_call(policy: &Policy, proposal: &Proposal) -> bool {
         .tools
         .get(&proposal.name)
         .is_none_or(|tool| tool.mode == Mode::Execute)
-}
-
-/// Whether the session's tool budget applies to a new call id of this
-/// proposal's tool when it is remembered: a tool call, or a forbidden
-/// tool's (which a reload can make an `execute` one).
-fn budget_counts_tool(policy: &Policy, proposal: &Proposal) -> bool {
-    policy
-        .tools
-        .get(&proposal.name)
-        .is_none_or(|tool| matches!(tool.mode, Mode::Execute | Mode::Forbidden))
 }

@@ -1690,17 +1690,22 @@ fn a_call_id_refused_before_the_budget_keeps_the_budgets_verdict() {
 }
 
 /// A call id decided while its tool was not a tool call (`read`, or
-/// `forbidden`) owes the tool attempt it was not charged: once a reload
-/// makes the tool `execute`, asking it again is checked against the tool
-/// budget and charged one attempt, once, and the store keeps that it paid.
+/// `forbidden`) owes the tool attempt it was not charged. Once a reload
+/// makes its tool a tool call, the first Decide, Dispatch or Check of it
+/// settles that, whichever step answers: paid if the tool budget admits
+/// it, else refused `tool-budget` from then on (as a new call id would be);
+/// a restart keeps what was settled.
 #[test]
-fn a_call_id_decided_before_its_tool_was_a_tool_call_is_charged_once_it_is() {
+fn a_call_id_decided_before_its_tool_was_a_tool_call_settles_its_attempt() {
     let after = budget_policy("deployer", "execute", "");
+    // `deploy` is an `execute` tool the actor may not call: refused before
+    // the budget step.
+    let unauthorized = budget_policy("agent", "execute", "");
     for mode in ["read", "forbidden"] {
         let before = budget_policy("deployer", mode, "");
         let mut store = MemoryStore::new();
         let mut state = State::restore(&before, store.load().unwrap()).unwrap();
-        let ask = |state: &mut State, policy: &Policy, session: &str, call_id: &str| {
+        let call = |session: &str, call_id: &str| {
             let session = SessionRef::new("learner".into(), session.into(), "ws".into()).unwrap();
             let tool = if call_id.starts_with('o') {
                 "other"
@@ -1709,63 +1714,118 @@ fn a_call_id_decided_before_its_tool_was_a_tool_call_is_charged_once_it_is() {
             };
             let proposal =
                 Proposal::new(call_id.into(), "learner".into(), tool.into(), 0, "{}").unwrap();
-            let screened = proposal::screen(policy, &session, &proposal);
+            Call { session, proposal }
+        };
+        let attempts = |state: &State, call: &Call| {
+            let held = state.sessions.get("", &call.session.session_id);
+            held.map(|held| held.tool_attempts)
+        };
+        let ask = |state: &mut State, policy: &Policy, grants, session: &str, call_id: &str| {
+            let call = call(session, call_id);
+            let screened = proposal::screen(policy, &call.session, &call.proposal);
             let (decision, _) = state
                 .decide(
                     policy,
                     Timestamp(1_000),
-                    &session,
-                    &proposal,
+                    &call.session,
+                    &call.proposal,
                     screened,
-                    Grants::Keep,
+                    grants,
                 )
                 .unwrap();
-            let held = state.sessions.get("", session.session_id.as_str());
-            (decision.reason, held.map(|held| held.tool_attempts))
+            (decision.reason, attempts(state, &call))
+        };
+        let decide = |state: &mut State, policy: &Policy, session: &str, call_id: &str| {
+            ask(state, policy, Grants::Keep, session, call_id)
         };
         let first = if mode == "read" {
             Reason::Allowed
         } else {
             Reason::ForbiddenTool
         };
-        // s1 and s2 decide `deploy` while it is no tool call; s2 then
-        // spends its one tool call.
-        assert_eq!(ask(&mut state, &before, "s1", "c1"), (first, Some(0)));
-        assert_eq!(ask(&mut state, &before, "s2", "c2"), (first, Some(0)));
+        // Every session decides `deploy` while it is no tool call; s2 and
+        // s4 then spend their one tool call.
+        for session in ["s1", "s2", "s3", "s4", "s5", "s6"] {
+            let asked = decide(&mut state, &before, session, &format!("c{session}"));
+            assert_eq!(asked, (first, Some(0)));
+        }
         assert_eq!(
-            ask(&mut state, &before, "s2", "o2"),
+            decide(&mut state, &before, "s2", "o2"),
             (Reason::Allowed, Some(1))
         );
+        assert_eq!(
+            decide(&mut state, &before, "s4", "o4"),
+            (Reason::Allowed, Some(1))
+        );
+
+        // Refused before the budget step: s3 pays its attempt, s4 cannot.
+        state.adopt_policy(&unauthorized);
+        let refused = Reason::NotAuthorized;
+        assert_eq!(
+            decide(&mut state, &unauthorized, "s3", "cs3"),
+            (refused, Some(1))
+        );
+        assert_eq!(
+            decide(&mut state, &unauthorized, "s4", "cs4"),
+            (refused, Some(1))
+        );
+
         state.adopt_policy(&after);
-        // s1's call id pays its attempt now, and only once.
+        // s1 pays its attempt now, and only once; s3 paid it already.
         assert_eq!(
-            ask(&mut state, &after, "s1", "c1"),
+            decide(&mut state, &after, "s1", "cs1"),
             (Reason::Allowed, Some(1))
         );
         assert_eq!(
-            ask(&mut state, &after, "s1", "c1"),
+            decide(&mut state, &after, "s1", "cs1"),
             (Reason::Allowed, Some(1))
         );
         assert_eq!(
-            ask(&mut state, &after, "s1", "o1"),
+            decide(&mut state, &after, "s1", "o1"),
             (Reason::ToolBudget, Some(1))
         );
-        // s2's budget is spent: its call id cannot pay.
         assert_eq!(
-            ask(&mut state, &after, "s2", "c2"),
+            decide(&mut state, &after, "s3", "cs3"),
+            (Reason::Allowed, Some(1))
+        );
+        // s2 and s4 had spent their budget: refused.
+        assert_eq!(
+            decide(&mut state, &after, "s2", "cs2"),
             (Reason::ToolBudget, Some(1))
         );
-        // What was paid survives a restart.
+        assert_eq!(
+            decide(&mut state, &after, "s4", "cs4"),
+            (Reason::ToolBudget, Some(1))
+        );
+        // A Dispatch pays it as a Decide does, and commits once.
+        let dispatched = call("s5", "cs5");
+        for replayed in [false, true] {
+            let (answer, _) =
+                dispatch_on(&mut state, &after, Timestamp(1_000), &dispatched).unwrap();
+            assert_eq!(
+                (answer.status, answer.replayed),
+                (DispatchStatus::Ok, replayed)
+            );
+            assert_eq!(attempts(&state, &dispatched), Some(1));
+        }
+        // A Check charges every repeat; the one it owed is the first.
+        let checked = ask(&mut state, &after, Grants::Consume, "s6", "cs6");
+        assert_eq!(checked, (Reason::Allowed, Some(1)));
+        let checked = ask(&mut state, &after, Grants::Consume, "s6", "cs6");
+        assert_eq!(checked, (Reason::ToolBudget, Some(1)));
+
+        // What was settled survives a restart.
         store.commit(&state.take_changes().unwrap()).unwrap();
         let mut restored = State::restore(&after, store.load().unwrap()).unwrap();
-        assert_eq!(
-            ask(&mut restored, &after, "s1", "c1"),
-            (Reason::Allowed, Some(1))
-        );
-        assert_eq!(
-            ask(&mut restored, &after, "s2", "c2"),
-            (Reason::ToolBudget, Some(1))
-        );
+        assert_eq!(dump(&restored, &after, false), dump(&state, &after, false));
+        for (session, reason) in [
+            ("s1", Reason::Allowed),
+            ("s3", Reason::Allowed),
+            ("s4", Reason::ToolBudget),
+        ] {
+            let asked = decide(&mut restored, &after, session, &format!("c{session}"));
+            assert_eq!(asked, (reason, Some(1)));
+        }
     }
 }
 
