@@ -50,9 +50,9 @@ struct DecidedCall {
     fingerprint: Fingerprint,
     refused: Option<Reason>,
     /// Decided while its tool was no tool call (`read`, `propose`,
-    /// `forbidden`), so charged no tool attempt: it owes one, paid when it
-    /// is asked again once a reload has made its tool a tool call. A
-    /// record written before this was kept reads as paid.
+    /// `forbidden`), so charged no tool attempt: it owes one, settled by
+    /// the first call of it once a reload has made its tool an `execute`
+    /// one. A record written before this was kept reads as paid.
     #[serde(default, skip_serializing_if = "is_false")]
     owes_attempt: bool,
 }
@@ -333,7 +333,8 @@ pub enum CallStanding {
     /// Never charged in this session (or no session yet).
     New,
     /// Decided before for this fingerprint, with the budget refusal it got
-    /// and whether it still owes a tool attempt ([`DecidedCall`]).
+    /// and whether it owes a tool attempt ([`DecidedCall`]; in the standing
+    /// a call is charged by, only when that call settles it).
     Decided {
         refused: Option<Reason>,
         owes_attempt: bool,
@@ -466,8 +467,8 @@ pub struct Charge {
 impl Charge {
     /// The charge of an answer: `decision` when the call id is new; a
     /// tool attempt for it, for a repeat that is [`Repeats::Charged`] and
-    /// for a decided call id that owes one and now calls a tool (unless the
-    /// tool budget is what refused it, or would have). `budget_verdict`: what
+    /// for a decided call id that settles the one it owes (unless the tool
+    /// budget is what refused it, or would have). `budget_verdict`: what
     /// the budget step says of a new call id, or of the attempt a decided
     /// one owes, kept when another step answered first.
     pub fn of(
@@ -479,7 +480,7 @@ impl Charge {
     ) -> Self {
         let decision = standing == CallStanding::New && refused != Some(Reason::DecisionBudget);
         let (decided, settles) = match standing {
-            CallStanding::Decided { owes_attempt, .. } => (true, owes_attempt && is_tool_call),
+            CallStanding::Decided { owes_attempt, .. } => (true, owes_attempt),
             _ => (false, false),
         };
         let attempt = decision

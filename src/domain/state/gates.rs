@@ -233,22 +233,28 @@ impl State {
         // before the budget (an unknown or unauthorized tool, an unverified
         // manifest) is not let past a budget it had spent once a reload or
         // an assessment lets it through. A call id decided while its tool was
-        // no tool call owes the attempt it was not charged: once its tool is
-        // one, the tool budget says whether it pays it or is refused
-        // `tool-budget` from then on, as it would for a new call id.
+        // no tool call owes the attempt it was not charged: the first call of
+        // it once a reload made its tool an `execute` one settles that (the
+        // tool budget says whether it pays it or is refused `tool-budget`
+        // from then on); until then it owes it still.
         let budget = Budget::of(policy.actors.get(&session_ref.actor));
         let tool_call = is_tool_call(policy, proposal);
         let (standing, verdict) = match standing {
             CallStanding::New => (standing, budget.refusal(session, tool_call, now)),
             CallStanding::Decided {
-                owes_attempt: true, ..
-            } if tool_call => {
-                let refused = budget.tool_refusal(session);
-                let owing = CallStanding::Decided {
-                    refused,
-                    owes_attempt: true,
+                refused,
+                owes_attempt: true,
+            } => {
+                let settles = policy
+                    .tools
+                    .get(&proposal.name)
+                    .is_some_and(|tool| tool.mode == Mode::Execute);
+                let verdict = settles.then(|| budget.tool_refusal(session)).flatten();
+                let standing = CallStanding::Decided {
+                    refused: refused.or(verdict),
+                    owes_attempt: settles,
                 };
-                (owing, refused)
+                (standing, verdict)
             }
             _ => (standing, None),
         };

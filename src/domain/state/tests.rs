@@ -1691,16 +1691,26 @@ fn a_call_id_refused_before_the_budget_keeps_the_budgets_verdict() {
 
 /// A call id decided while its tool was not a tool call (`read`, or
 /// `forbidden`) owes the tool attempt it was not charged. Once a reload
-/// makes its tool a tool call, the first Decide, Dispatch or Check of it
-/// settles that, whichever step answers: paid if the tool budget admits
-/// it, else refused `tool-budget` from then on (as a new call id would be);
-/// a restart keeps what was settled.
+/// makes its tool an `execute` one, the first Decide, Dispatch or Check of
+/// it settles that, whichever step answers: paid if the tool budget admits
+/// it, else refused `tool-budget` from then on; a restart keeps what was
+/// settled. A tool gone for a while settles nothing.
 #[test]
 fn a_call_id_decided_before_its_tool_was_a_tool_call_settles_its_attempt() {
     let after = budget_policy("deployer", "execute", "");
     // `deploy` is an `execute` tool the actor may not call: refused before
     // the budget step.
     let unauthorized = budget_policy("agent", "execute", "");
+    // `deploy` gone.
+    let removed = Policy::parse(
+        "[profiles.agent]\nroles = [\"deployer\"]\nmax_tool_calls = 1\n\
+         [actors.learner]\nprofile = \"agent\"\n\
+         [tools.other]\nmode = \"execute\"\nroles = [\"deployer\"]\napproval = \"never\"\n\
+         [server]\nopen_host_api = true\n",
+        "removed.toml",
+        None,
+    )
+    .unwrap();
     for mode in ["read", "forbidden"] {
         let before = budget_policy("deployer", mode, "");
         let mut store = MemoryStore::new();
@@ -1743,20 +1753,24 @@ fn a_call_id_decided_before_its_tool_was_a_tool_call_settles_its_attempt() {
         } else {
             Reason::ForbiddenTool
         };
-        // Every session decides `deploy` while it is no tool call; s2 and
-        // s4 then spend their one tool call.
-        for session in ["s1", "s2", "s3", "s4", "s5", "s6"] {
+        // Every session decides `deploy` while it is no tool call; s2, s4
+        // and s7 then spend their one tool call.
+        for session in ["s1", "s2", "s3", "s4", "s5", "s6", "s7"] {
             let asked = decide(&mut state, &before, session, &format!("c{session}"));
             assert_eq!(asked, (first, Some(0)));
         }
-        assert_eq!(
-            decide(&mut state, &before, "s2", "o2"),
-            (Reason::Allowed, Some(1))
-        );
-        assert_eq!(
-            decide(&mut state, &before, "s4", "o4"),
-            (Reason::Allowed, Some(1))
-        );
+        for session in ["s2", "s4", "s7"] {
+            let asked = decide(&mut state, &before, session, &format!("o{session}"));
+            assert_eq!(asked, (Reason::Allowed, Some(1)));
+        }
+
+        // While `deploy` is gone, nothing is settled: back as it was, s7's
+        // call id is answered as before.
+        state.adopt_policy(&removed);
+        let unknown = (Reason::UnknownTool, Some(1));
+        assert_eq!(decide(&mut state, &removed, "s7", "cs7"), unknown);
+        state.adopt_policy(&before);
+        assert_eq!(decide(&mut state, &before, "s7", "cs7"), (first, Some(1)));
 
         // Refused before the budget step: s3 pays its attempt, s4 cannot.
         state.adopt_policy(&unauthorized);
