@@ -8,6 +8,11 @@ use serde::Deserialize;
 use super::PolicyError;
 use super::parse::Loader;
 
+/// The longest HTTP/2 keep-alive interval or timeout: a day.
+const MAX_KEEPALIVE_SECONDS: u64 = 86_400;
+/// The most calls `max_concurrent_requests` may let run at once.
+const MAX_CONCURRENT_REQUESTS: usize = 1 << 20;
+
 /// The `[server]` section: overload protection and HTTP/2 settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSettings {
@@ -285,6 +290,35 @@ pub(super) fn server_settings(
         return Err(loader.error(
             format!("server.{key}"),
             format!("must be at most {} (24 days)", i32::MAX),
+        ));
+    }
+    // hyper adds the keep-alive times to an `Instant`, which panics past
+    // its range: a day is the most that means anything.
+    let keepalive = [
+        (
+            "http2_keepalive_interval_seconds",
+            raw.http2_keepalive_interval_seconds,
+        ),
+        (
+            "http2_keepalive_timeout_seconds",
+            raw.http2_keepalive_timeout_seconds,
+        ),
+    ];
+    if let Some((key, _)) = keepalive
+        .iter()
+        .find(|(_, value)| *value > MAX_KEEPALIVE_SECONDS)
+    {
+        return Err(loader.error(
+            format!("server.{key}"),
+            format!("must be at most {MAX_KEEPALIVE_SECONDS} (a day)"),
+        ));
+    }
+    // tokio's semaphore holds at most `usize::MAX >> 3` permits (and
+    // asserts it); no machine serves more than this many calls at once.
+    if raw.max_concurrent_requests > MAX_CONCURRENT_REQUESTS {
+        return Err(loader.error(
+            "server.max_concurrent_requests",
+            format!("must be at most {MAX_CONCURRENT_REQUESTS}"),
         ));
     }
     if raw.max_message_bytes > 64 * 1024 * 1024 {

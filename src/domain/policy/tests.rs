@@ -515,6 +515,26 @@ fn the_postgresql_pool_and_its_limits_are_read_and_bounded() {
                 "must be at most 2147483647 (24 days)",
             ),
         ),
+        // Past an `Instant`'s range, hyper's keep-alive panicked.
+        (
+            "http2_keepalive_interval_seconds = 9223372036854775807",
+            pair(
+                "server.http2_keepalive_interval_seconds",
+                "must be at most 86400 (a day)",
+            ),
+        ),
+        (
+            "http2_keepalive_timeout_seconds = 86401",
+            pair(
+                "server.http2_keepalive_timeout_seconds",
+                "must be at most 86400 (a day)",
+            ),
+        ),
+        // Past tokio's semaphore's bound, the start panicked.
+        (
+            "max_concurrent_requests = 4611686018427387904",
+            pair("server.max_concurrent_requests", "must be at most 1048576"),
+        ),
     ];
     for (line, expected) in cases {
         assert_eq!(error_of(&format!("{BASE}{line}\n")), expected, "{line}");
