@@ -225,7 +225,7 @@ impl mcp::HttpRequest for CheckView<'_> {
         if let Some(value) = http.headers.get(name) {
             return Some(Cow::Borrowed(value));
         }
-        let mut copies = http
+        let mut copies: Vec<Cow<'_, str>> = http
             .header_map
             .as_ref()?
             .headers
@@ -234,9 +234,15 @@ impl mcp::HttpRequest for CheckView<'_> {
             .map(|header| match header.value.as_str() {
                 "" => String::from_utf8_lossy(&header.raw_value),
                 value => Cow::Borrowed(value),
-            });
-        let first = copies.next()?;
-        Some(copies.fold(first, |joined, copy| Cow::Owned(format!("{joined},{copy}"))))
+            })
+            .collect();
+        // Joined once: a fold of `format!`s copied every copy again for
+        // each one after it (quadratic in a Check of many copies).
+        match copies.len() {
+            0 => None,
+            1 => copies.pop(),
+            _ => Some(Cow::Owned(copies.join(","))),
+        }
     }
 
     /// `raw_body` (Envoy's `pack_as_bytes`) or `body`.
