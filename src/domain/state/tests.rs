@@ -1772,45 +1772,34 @@ fn a_call_id_decided_before_its_tool_was_a_tool_call_settles_its_attempt() {
         state.adopt_policy(&before);
         assert_eq!(decide(&mut state, &before, "s7", "cs7"), (first, Some(1)));
 
+        // Each answered with the session's one tool attempt made.
+        let expect = |state: &mut State, policy: &Policy, asked: &[(&str, &str, Reason)]| {
+            for &(session, call_id, reason) in asked {
+                let answer = decide(state, policy, session, call_id);
+                assert_eq!(answer, (reason, Some(1)), "{session} {call_id}");
+            }
+        };
         // Refused before the budget step: s3 pays its attempt, s4 cannot.
         state.adopt_policy(&unauthorized);
         let refused = Reason::NotAuthorized;
-        assert_eq!(
-            decide(&mut state, &unauthorized, "s3", "cs3"),
-            (refused, Some(1))
-        );
-        assert_eq!(
-            decide(&mut state, &unauthorized, "s4", "cs4"),
-            (refused, Some(1))
+        expect(
+            &mut state,
+            &unauthorized,
+            &[("s3", "cs3", refused), ("s4", "cs4", refused)],
         );
 
+        // s1 pays its attempt now, and only once; s3 paid it already; s2
+        // and s4 had spent their budget: refused.
         state.adopt_policy(&after);
-        // s1 pays its attempt now, and only once; s3 paid it already.
-        assert_eq!(
-            decide(&mut state, &after, "s1", "cs1"),
-            (Reason::Allowed, Some(1))
-        );
-        assert_eq!(
-            decide(&mut state, &after, "s1", "cs1"),
-            (Reason::Allowed, Some(1))
-        );
-        assert_eq!(
-            decide(&mut state, &after, "s1", "o1"),
-            (Reason::ToolBudget, Some(1))
-        );
-        assert_eq!(
-            decide(&mut state, &after, "s3", "cs3"),
-            (Reason::Allowed, Some(1))
-        );
-        // s2 and s4 had spent their budget: refused.
-        assert_eq!(
-            decide(&mut state, &after, "s2", "cs2"),
-            (Reason::ToolBudget, Some(1))
-        );
-        assert_eq!(
-            decide(&mut state, &after, "s4", "cs4"),
-            (Reason::ToolBudget, Some(1))
-        );
+        let asked = [
+            ("s1", "cs1", Reason::Allowed),
+            ("s1", "cs1", Reason::Allowed),
+            ("s1", "o1", Reason::ToolBudget),
+            ("s3", "cs3", Reason::Allowed),
+            ("s2", "cs2", Reason::ToolBudget),
+            ("s4", "cs4", Reason::ToolBudget),
+        ];
+        expect(&mut state, &after, &asked);
         // A Dispatch pays it as a Decide does, and commits once.
         let dispatched = call("s5", "cs5");
         for replayed in [false, true] {
@@ -1832,14 +1821,12 @@ fn a_call_id_decided_before_its_tool_was_a_tool_call_settles_its_attempt() {
         store.commit(&state.take_changes().unwrap()).unwrap();
         let mut restored = State::restore(&after, store.load().unwrap()).unwrap();
         assert_eq!(dump(&restored, &after, false), dump(&state, &after, false));
-        for (session, reason) in [
-            ("s1", Reason::Allowed),
-            ("s3", Reason::Allowed),
-            ("s4", Reason::ToolBudget),
-        ] {
-            let asked = decide(&mut restored, &after, session, &format!("c{session}"));
-            assert_eq!(asked, (reason, Some(1)));
-        }
+        let asked = [
+            ("s1", "cs1", Reason::Allowed),
+            ("s3", "cs3", Reason::Allowed),
+            ("s4", "cs4", Reason::ToolBudget),
+        ];
+        expect(&mut restored, &after, &asked);
     }
 }
 
