@@ -1640,6 +1640,19 @@ open_host_api = true
     Policy::parse(&text, "budget.toml", None).unwrap()
 }
 
+/// A call of `budget_policy`'s actor in `session`: of `other` for a call id
+/// starting with `o`, of `deploy` otherwise.
+fn budget_call(session: &str, call_id: &str) -> Call {
+    let session = SessionRef::new("learner".into(), session.into(), "ws".into()).unwrap();
+    let tool = if call_id.starts_with('o') {
+        "other"
+    } else {
+        "deploy"
+    };
+    let proposal = Proposal::new(call_id.into(), "learner".into(), tool.into(), 0, "{}").unwrap();
+    Call { session, proposal }
+}
+
 /// A new call id answered before the budget step keeps the verdict the
 /// budget gave it then: once a reload lets its tool through, one decided
 /// after the one tool call was spent is refused `tool-budget`, and one
@@ -1657,14 +1670,7 @@ fn a_call_id_refused_before_the_budget_keeps_the_budgets_verdict() {
     ] {
         let mut state = State::restore(&before, MemoryStore::new().load().unwrap()).unwrap();
         let reason = |state: &mut State, policy: &Policy, session: &str, call_id: &str| {
-            let session = SessionRef::new("learner".into(), session.into(), "ws".into()).unwrap();
-            let tool = if call_id.starts_with('o') {
-                "other"
-            } else {
-                "deploy"
-            };
-            let proposal =
-                Proposal::new(call_id.into(), "learner".into(), tool.into(), 0, "{}").unwrap();
+            let Call { session, proposal } = budget_call(session, call_id);
             let screened = proposal::screen(policy, &session, &proposal);
             let (decision, _) = state
                 .decide(
@@ -1715,23 +1721,12 @@ fn a_call_id_decided_before_its_tool_was_a_tool_call_settles_its_attempt() {
         let before = budget_policy("deployer", mode, "");
         let mut store = MemoryStore::new();
         let mut state = State::restore(&before, store.load().unwrap()).unwrap();
-        let call = |session: &str, call_id: &str| {
-            let session = SessionRef::new("learner".into(), session.into(), "ws".into()).unwrap();
-            let tool = if call_id.starts_with('o') {
-                "other"
-            } else {
-                "deploy"
-            };
-            let proposal =
-                Proposal::new(call_id.into(), "learner".into(), tool.into(), 0, "{}").unwrap();
-            Call { session, proposal }
-        };
         let attempts = |state: &State, call: &Call| {
             let held = state.sessions.get("", &call.session.session_id);
             held.map(|held| held.tool_attempts)
         };
         let ask = |state: &mut State, policy: &Policy, grants, session: &str, call_id: &str| {
-            let call = call(session, call_id);
+            let call = budget_call(session, call_id);
             let screened = proposal::screen(policy, &call.session, &call.proposal);
             let (decision, _) = state
                 .decide(
@@ -1801,7 +1796,7 @@ fn a_call_id_decided_before_its_tool_was_a_tool_call_settles_its_attempt() {
         ];
         expect(&mut state, &after, &asked);
         // A Dispatch pays it as a Decide does, and commits once.
-        let dispatched = call("s5", "cs5");
+        let dispatched = budget_call("s5", "cs5");
         for replayed in [false, true] {
             let (answer, _) =
                 dispatch_on(&mut state, &after, Timestamp(1_000), &dispatched).unwrap();
