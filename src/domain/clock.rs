@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch. Plain integer arithmetic keeps expiry
 /// comparisons exact and cheap.
@@ -24,6 +24,14 @@ impl Timestamp {
 /// A source of the current time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now(&self) -> Timestamp;
+
+    /// Moves the clock on to `earliest` if it is behind it: the latest
+    /// time a recovered state holds, so that a clock set back while the
+    /// process was down does not hand out times before what was already
+    /// written. Clocks that are told their time (tests) ignore it.
+    fn not_before(&self, earliest: Timestamp) {
+        let _ = earliest;
+    }
 }
 
 /// The wall clock.
@@ -36,6 +44,50 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
         Timestamp(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// The time a server runs on: the wall clock read once, at start, moved on
+/// by the monotonic clock. A step of the wall clock while the process runs
+/// (NTP correcting it, a VM restored) moves no deadline: a grant lives its
+/// TTL of elapsed time, never longer because the clock was set back, and
+/// nothing expires early because it was set forward.
+#[derive(Debug)]
+pub struct MonotonicClock {
+    /// Milliseconds since the epoch at `started`.
+    base: AtomicU64,
+    started: Instant,
+}
+
+impl MonotonicClock {
+    /// A clock that reads the wall clock now and counts from there.
+    pub fn new() -> Self {
+        MonotonicClock {
+            base: AtomicU64::new(SystemClock.now().0),
+            started: Instant::now(),
+        }
+    }
+
+    fn elapsed_millis(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Timestamp {
+        let base = self.base.load(Ordering::Acquire);
+        Timestamp(base.saturating_add(self.elapsed_millis()))
+    }
+
+    fn not_before(&self, earliest: Timestamp) {
+        let base = earliest.0.saturating_sub(self.elapsed_millis());
+        self.base.fetch_max(base, Ordering::AcqRel);
     }
 }
 
@@ -62,5 +114,27 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp(self.millis.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The monotonic clock starts at the wall clock, never runs backwards,
+    /// and moves on to a later time it is told of, but not back to an
+    /// earlier one.
+    #[test]
+    fn the_monotonic_clock_goes_on_from_the_latest_time_it_was_told() {
+        let clock = MonotonicClock::new();
+        let first = clock.now();
+        assert!(first >= Timestamp(SystemClock.now().0.saturating_sub(1_000)));
+        let day = Duration::from_secs(86_400);
+        clock.not_before(first.saturating_add(day));
+        let ahead = clock.now();
+        assert!(ahead >= first.saturating_add(day), "{ahead:?} {first:?}");
+        clock.not_before(first);
+        let after = clock.now();
+        assert!(after >= ahead, "set back from {ahead:?} to {after:?}");
     }
 }

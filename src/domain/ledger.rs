@@ -412,6 +412,20 @@ impl Ledger {
         self.records.len()
     }
 
+    /// The latest time an approval was requested, decided or finished at.
+    pub fn latest_time(&self) -> Timestamp {
+        self.records
+            .iter()
+            .flat_map(|approval| {
+                [approval.decided_at, approval.finished_at]
+                    .into_iter()
+                    .flatten()
+                    .chain([approval.requested_at])
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }

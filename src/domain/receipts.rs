@@ -201,6 +201,14 @@ impl ReceiptLog {
         self.receipts.len()
     }
 
+    /// When the youngest receipt was made.
+    pub fn latest_time(&self) -> Timestamp {
+        self.by_age
+            .last()
+            .map(|(created_at, _)| *created_at)
+            .unwrap_or_default()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.receipts.is_empty()
     }

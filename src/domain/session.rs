@@ -632,6 +632,16 @@ impl Sessions {
         self.sessions.len()
     }
 
+    /// The latest activity of any session (as stored: up to
+    /// [`TOUCH_EVERY_MILLIS`] behind).
+    pub fn latest_time(&self) -> Timestamp {
+        self.sessions
+            .iter()
+            .map(|session| session.last_seen)
+            .max()
+            .unwrap_or_default()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.sessions.is_empty()
     }

@@ -127,9 +127,17 @@ impl Engine {
                 }
             }
         } else {
-            (store.load().map_err(unavailable)?, clock.now())
+            (store.load().map_err(unavailable)?, Timestamp(0))
         };
         let mut state = State::restore(&policy, records)?;
+        // A store of this process alone: its time goes on from the latest
+        // the state holds, should the clock have been set back meanwhile.
+        let now = if store.shared() {
+            now
+        } else {
+            clock.not_before(state.latest_time());
+            clock.now()
+        };
         let expired = state.sweep(&policy, now);
         store.commit(&state.take_changes()?).map_err(unavailable)?;
         if !store.keeps_records() {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use toolgate::domain::clock::SystemClock;
+use toolgate::domain::clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 use toolgate::domain::proposal::{Proposal, SessionRef};
 use toolgate::domain::records;
 use toolgate::engine::Engine;
@@ -345,4 +345,57 @@ fn store_check_exit_codes() {
             dir.display()
         )
     );
+}
+
+/// A clock set back while the server was down: the restarted engine's
+/// time goes on from the latest time its store holds (an approval
+/// requested a day "ahead"), so that approval's deadline is still as far
+/// off as it was, not a day further.
+#[test]
+fn a_restart_on_a_clock_set_back_goes_on_from_the_stores_latest_time() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let parent = tempfile::tempdir().expect("temp dir");
+    let dir = parent.path().join("data");
+    let ahead = SystemClock
+        .now()
+        .saturating_add(Duration::from_secs(86_400));
+    let (actor, session_id, workspace) = SESSION;
+    let session =
+        SessionRef::new(actor.into(), session_id.into(), workspace.into()).expect("session");
+    let set = Proposal::new(
+        "set".into(),
+        actor.into(),
+        "set_ticket".into(),
+        0,
+        r#"{"ticket":"lamp","status":"done"}"#,
+    )
+    .expect("proposal");
+    let (id, expires_at) = runtime.block_on(async {
+        let policy = Policy::embedded_default().expect("the default policy");
+        let store = SqliteStore::open(&dir).expect("open");
+        let clock = Arc::new(ManualClock::starting_at(ahead));
+        let engine = Engine::open(policy, clock, Box::new(store)).expect("engine");
+        let (decision, _) = engine.decide(&session, &set).await.expect("decide");
+        engine.close_store();
+        decision.approval.expect("a pending approval")
+    });
+    let policy = Policy::embedded_default().expect("the default policy");
+    let store = SqliteStore::open(&dir).expect("reopen");
+    let clock = Arc::new(MonotonicClock::new());
+    let engine = Engine::open(policy, clock.clone(), Box::new(store)).expect("engine");
+    let now = engine.now();
+    assert!(
+        now >= ahead && now < expires_at,
+        "{now:?} {ahead:?} {expires_at:?}"
+    );
+    assert!(clock.now() >= ahead);
+    let approval = engine.get_approval(id).expect("the approval");
+    assert_eq!(
+        approval.status,
+        toolgate::domain::ledger::ApprovalStatus::Pending
+    );
+    engine.close_store();
 }

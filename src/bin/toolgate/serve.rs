@@ -17,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
-use toolgate::domain::clock::SystemClock;
+use toolgate::domain::clock::{Clock, MonotonicClock, SystemClock};
 use toolgate::domain::policy::{Policy, TlsFiles};
 use toolgate::engine::Engine;
 use toolgate::engine::{bootstrap, reload};
@@ -384,7 +384,13 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
             Box::new(store)
         }
     };
-    let engine = Engine::open(policy, Arc::new(SystemClock), store)
+    // Replicas take their time from the database's clock, so that they
+    // share one; a store of this process alone runs on the monotonic clock.
+    let clock: Arc<dyn Clock> = match kind {
+        StoreKind::Postgres(_) => Arc::new(SystemClock),
+        StoreKind::Memory | StoreKind::Sqlite => Arc::new(MonotonicClock::new()),
+    };
+    let engine = Engine::open(policy, clock, store)
         .map_err(|error| format!("cannot recover the state: {error}"))?;
     let stats = engine.stats().map_err(|error| error.to_string())?;
     tracing::info!(

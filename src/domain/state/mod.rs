@@ -96,6 +96,20 @@ impl State {
         }
     }
 
+    /// The latest time this state holds (an approval's step, a receipt,
+    /// a session's activity): what a clock set back while the process was
+    /// down must not run before ([`Clock::not_before`]).
+    ///
+    /// [`Clock::not_before`]: crate::domain::clock::Clock::not_before
+    pub fn latest_time(&self) -> Timestamp {
+        let latest = [
+            self.ledger.latest_time(),
+            self.receipts.latest_time(),
+            self.sessions.latest_time(),
+        ];
+        latest.into_iter().max().unwrap_or_default()
+    }
+
     /// The state the store's records describe (recovery), under the policy
     /// in force. Indexes are rebuilt; nothing expires here (the engine
     /// expires what is due against its clock before the first call).
