@@ -28,7 +28,8 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Moves the clock on to `earliest` if it is behind it: the latest
     /// time a recovered state holds, so that a clock set back while the
     /// process was down does not hand out times before what was already
-    /// written. Clocks that are told their time (tests) ignore it.
+    /// written. Only [`MonotonicClock`] keeps it; the wall clock and the
+    /// clocks tests move ignore it.
     fn not_before(&self, earliest: Timestamp) {
         let _ = earliest;
     }
@@ -47,29 +48,43 @@ impl Clock for SystemClock {
     }
 }
 
-/// The time a server runs on: the wall clock read once, at start, moved on
-/// by the monotonic clock. A step of the wall clock while the process runs
-/// (NTP correcting it, a VM restored) moves no deadline: a grant lives its
-/// TTL of elapsed time, never longer because the clock was set back, and
-/// nothing expires early because it was set forward.
+/// The time a server runs on: the wall clock, never run backwards. A step
+/// back of the wall clock (NTP correcting it, a VM restored) is not
+/// followed: time goes on at the monotonic clock's rate from where it was
+/// until the wall clock is ahead of it again, so a grant is never usable
+/// longer than its TTL because the clock was set back. A step forward is
+/// followed (time a suspended machine did not count passes).
 #[derive(Debug)]
 pub struct MonotonicClock {
-    /// Milliseconds since the epoch at `started`.
+    /// The least the time may be at `started`, in milliseconds since the
+    /// epoch: raised by every reading of the wall clock and by
+    /// [`Clock::not_before`], never lowered.
     base: AtomicU64,
     started: Instant,
 }
 
 impl MonotonicClock {
-    /// A clock that reads the wall clock now and counts from there.
     pub fn new() -> Self {
         MonotonicClock {
-            base: AtomicU64::new(SystemClock.now().0),
+            base: AtomicU64::new(0),
             started: Instant::now(),
         }
     }
 
     fn elapsed_millis(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Raises the base to what `at` is at `elapsed`; the base after. (The
+    /// wall clock and the monotonic one run together, so the base is
+    /// mostly read, not written.)
+    fn raise(&self, at: u64, elapsed: u64) -> u64 {
+        let base = at.saturating_sub(elapsed);
+        let held = self.base.load(Ordering::Acquire);
+        if base <= held {
+            return held;
+        }
+        self.base.fetch_max(base, Ordering::AcqRel).max(base)
     }
 }
 
@@ -81,13 +96,13 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now(&self) -> Timestamp {
-        let base = self.base.load(Ordering::Acquire);
-        Timestamp(base.saturating_add(self.elapsed_millis()))
+        let elapsed = self.elapsed_millis();
+        let base = self.raise(SystemClock.now().0, elapsed);
+        Timestamp(base.saturating_add(elapsed))
     }
 
     fn not_before(&self, earliest: Timestamp) {
-        let base = earliest.0.saturating_sub(self.elapsed_millis());
-        self.base.fetch_max(base, Ordering::AcqRel);
+        self.raise(earliest.0, self.elapsed_millis());
     }
 }
 
@@ -121,9 +136,9 @@ impl Clock for ManualClock {
 mod tests {
     use super::*;
 
-    /// The monotonic clock starts at the wall clock, never runs backwards,
+    /// The monotonic clock reads the wall clock, never runs backwards,
     /// and moves on to a later time it is told of, but not back to an
-    /// earlier one.
+    /// earlier one (as it does not when the wall clock is set back).
     #[test]
     fn the_monotonic_clock_goes_on_from_the_latest_time_it_was_told() {
         let clock = MonotonicClock::new();

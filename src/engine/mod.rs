@@ -135,7 +135,16 @@ impl Engine {
         let now = if store.shared() {
             now
         } else {
-            clock.not_before(state.latest_time());
+            let latest = state.latest_time();
+            let wall = clock.now();
+            if latest.millis_since(wall) > 1_000 {
+                tracing::warn!(
+                    behind_seconds = latest.millis_since(wall) / 1_000,
+                    "the clock is behind the latest time the store holds; time goes on \
+                     from that time until the clock catches up"
+                );
+            }
+            clock.not_before(latest);
             clock.now()
         };
         let expired = state.sweep(&policy, now);
