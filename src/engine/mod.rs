@@ -651,8 +651,10 @@ impl Engine {
     ) -> Result<T> {
         let (result, number) = match self.shared.writer.gate() {
             None => {
-                let now = self.now();
+                // The time is read under the lock, so that operations
+                // write their times in the order they change the state.
                 let mut state = self.state()?;
+                let now = self.now();
                 let mut transitions = Vec::new();
                 let result = operation(&mut state, now, &mut transitions);
                 (result, self.hand_to_writer(&mut state, transitions)?)
