@@ -75,3 +75,13 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The first `max` characters of a client's `text`, for a message, and
+/// whether anything was cut off (so an answer stays small whatever was
+/// sent).
+pub fn first_chars(text: &str, max: usize) -> (&str, bool) {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => (text.get(..cut).unwrap_or_default(), true),
+        None => (text, false),
+    }
+}

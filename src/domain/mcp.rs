@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 
 use crate::domain::canonical::{self, Fingerprint, Object, Value};
-use crate::domain::error::Error;
+use crate::domain::error::{Error, first_chars};
 use crate::domain::ids::check_identifier;
 use crate::domain::policy::{ActorSource, ExtAuthzSettings, WorkspaceSource};
 use crate::domain::proposal::{MAX_ARGUMENTS_BYTES, Proposal, SessionRef};
@@ -737,10 +737,7 @@ fn prefixed_hex32(prefix: &str, fingerprint: &Fingerprint) -> String {
 
 /// At most 64 characters of a client's text, for a message.
 fn shown(text: &str) -> &str {
-    match text.char_indices().nth(64) {
-        Some((cut, _)) => &text[..cut],
-        None => text,
-    }
+    first_chars(text, 64).0
 }
 
 /// The JSON-RPC error body of a denied answer: the request's `id`, the

@@ -4,7 +4,7 @@
 use jsonschema::error::ValidationErrorKind;
 
 use crate::domain::canonical::{self, Fingerprint, Instance, Number, Object, Value};
-use crate::domain::error::{Error, Result};
+use crate::domain::error::{Error, Result, first_chars};
 use crate::domain::ids::check_identifier;
 use crate::domain::manifest::ManifestStatus;
 use crate::domain::policy::{ActorProfile, ApprovalRule, Mode, Policy, Tool};
@@ -259,9 +259,9 @@ const MAX_FIELD_PATH_LEN: usize = 200;
 
 /// At most `max` characters of `text`, marked when cut.
 fn truncated(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_string(),
-        Some((cut, _)) => format!("{}…", &text[..cut]),
+    match first_chars(text, max) {
+        (kept, true) => format!("{kept}…"),
+        (whole, false) => whole.to_string(),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::domain::canonical::{self, Object, Value};
-use crate::domain::error::{Error, Result};
+use crate::domain::error::{Error, Result, first_chars};
 use crate::domain::ids::MAX_RESOURCE_NAME_LEN;
 use crate::domain::policy::{Effect, StatePolicy, VersionScope};
 use crate::domain::records::{self, Change, Journal, Kind, Record};
@@ -796,19 +796,19 @@ impl Resources {
     }
 }
 
-/// Where a page of a queue of `len` items starts: 0 without a position,
-/// else its index, while the queue has not been replaced since (`replaced`
-/// is the queue's count now) and the index is at most `len`.
 /// A resource name a client's arguments chose, as a message shows it:
 /// quoted, and cut after [`MAX_RESOURCE_NAME_LEN`] characters (no resource
 /// has a longer name), so that an answer stays small whatever it was sent.
 fn shown(name: &str) -> String {
-    match name.char_indices().nth(MAX_RESOURCE_NAME_LEN) {
-        None => format!("{name:?}"),
-        Some((cut, _)) => format!("{:?}…", &name[..cut]),
+    match first_chars(name, MAX_RESOURCE_NAME_LEN) {
+        (kept, true) => format!("{kept:?}…"),
+        (whole, false) => format!("{whole:?}"),
     }
 }
 
+/// Where a page of a queue of `len` items starts: 0 without a position,
+/// else its index, while the queue has not been replaced since (`replaced`
+/// is the queue's count now) and the index is at most `len`.
 fn first_index(start: Option<PagePosition>, replaced: u64, len: usize) -> Result<usize, PageError> {
     match start {
         None => Ok(0),

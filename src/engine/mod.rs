@@ -113,11 +113,13 @@ impl Engine {
     pub fn open(policy: Policy, clock: Arc<dyn Clock>, mut store: Box<dyn Store>) -> Result<Self> {
         let unavailable =
             |error: crate::store::StoreError| Error::Unavailable(format!("the store: {error}"));
-        let (records, now) = if store.shared() {
+        // A shared store's first turn sets the time; a store of this
+        // process alone is read first, and its time set after it.
+        let (records, turn_time) = if store.shared() {
             let turn = store.begin_turn().map_err(unavailable)?;
             match turn.behind {
                 Some(Behind::Everything(records)) => {
-                    (records, replica::time_of(clock.as_ref(), turn.now))
+                    (records, Some(replica::time_of(clock.as_ref(), turn.now)))
                 }
                 _ => {
                     let _ = store.commit(&[]);
@@ -127,25 +129,26 @@ impl Engine {
                 }
             }
         } else {
-            (store.load().map_err(unavailable)?, Timestamp(0))
+            (store.load().map_err(unavailable)?, None)
         };
         let mut state = State::restore(&policy, records)?;
         // A store of this process alone: its time goes on from the latest
         // the state holds, should the clock have been set back meanwhile.
-        let now = if store.shared() {
-            now
-        } else {
-            let latest = state.latest_time();
-            let wall = clock.now();
-            if latest.millis_since(wall) > 1_000 {
-                tracing::warn!(
-                    behind_seconds = latest.millis_since(wall) / 1_000,
-                    "the clock is behind the latest time the store holds; time goes on \
-                     from that time until the clock catches up"
-                );
+        let now = match turn_time {
+            Some(now) => now,
+            None => {
+                let latest = state.latest_time();
+                let behind = latest.millis_since(clock.now());
+                if behind > 1_000 {
+                    tracing::warn!(
+                        behind_seconds = behind / 1_000,
+                        "the clock is behind the latest time the store holds; time goes on \
+                         from that time until the clock catches up"
+                    );
+                }
+                clock.not_before(latest);
+                clock.now()
             }
-            clock.not_before(latest);
-            clock.now()
         };
         let expired = state.sweep(&policy, now);
         store.commit(&state.take_changes()?).map_err(unavailable)?;
