@@ -12,6 +12,13 @@ use super::parse::Loader;
 const MAX_KEEPALIVE_SECONDS: u64 = 86_400;
 /// The most calls `max_concurrent_requests` may let run at once.
 const MAX_CONCURRENT_REQUESTS: usize = 1 << 20;
+/// The largest `max_message_bytes`.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// The most connections `postgres_pool_size` may open.
+const MAX_POSTGRES_POOL_SIZE: usize = 64;
+
+/// The largest value of a `[server]` number, and what it means.
+type Bound = (u64, &'static str);
 
 /// The `[server]` section: overload protection and HTTP/2 settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,111 +228,98 @@ pub(super) fn server_settings(
     loader: &Loader<'_>,
     mut raw: RawServer,
 ) -> Result<ServerSettings, PolicyError> {
-    let positive = [
+    // Every number is at least 1, and at most what the layer below takes:
+    // PostgreSQL's time settings are 32-bit milliseconds; hyper adds the
+    // keep-alive times to an `Instant`, which panics past its range (a
+    // day is the most that means anything); tokio's semaphore holds at
+    // most `usize::MAX >> 3` permits and asserts it (no machine serves
+    // more than 2^20 calls at once).
+    let postgres_ms = Some((i32::MAX as u64, "(24 days)"));
+    let keepalive = Some((MAX_KEEPALIVE_SECONDS, "(a day)"));
+    let bounds: [(&str, u64, Option<Bound>); 19] = [
         (
             "max_concurrent_requests",
             raw.max_concurrent_requests as u64,
+            Some((MAX_CONCURRENT_REQUESTS as u64, "")),
         ),
-        ("request_timeout_ms", raw.request_timeout_ms),
-        ("max_message_bytes", raw.max_message_bytes as u64),
+        ("request_timeout_ms", raw.request_timeout_ms, None),
+        (
+            "max_message_bytes",
+            raw.max_message_bytes as u64,
+            Some((MAX_MESSAGE_BYTES as u64, "(64 MiB)")),
+        ),
         (
             "http2_keepalive_interval_seconds",
             raw.http2_keepalive_interval_seconds,
+            keepalive,
         ),
         (
             "http2_keepalive_timeout_seconds",
             raw.http2_keepalive_timeout_seconds,
+            keepalive,
         ),
         (
             "max_concurrent_streams",
             u64::from(raw.max_concurrent_streams),
+            None,
         ),
-        ("max_connections", raw.max_connections as u64),
+        ("max_connections", raw.max_connections as u64, None),
         (
             "max_connections_per_peer",
             raw.max_connections_per_peer as u64,
+            None,
         ),
-        ("handshake_timeout_ms", raw.handshake_timeout_ms),
-        ("read_timeout_ms", raw.read_timeout_ms),
-        ("write_timeout_ms", raw.write_timeout_ms),
+        ("handshake_timeout_ms", raw.handshake_timeout_ms, None),
+        ("read_timeout_ms", raw.read_timeout_ms, None),
+        ("write_timeout_ms", raw.write_timeout_ms, None),
         (
             "max_buffered_request_bytes",
             raw.max_buffered_request_bytes as u64,
+            None,
         ),
         (
             "max_buffered_response_bytes",
             raw.max_buffered_response_bytes as u64,
+            None,
         ),
-        ("postgres_pool_size", raw.postgres_pool_size as u64),
-    ];
-    // PostgreSQL's time settings are 32-bit milliseconds.
-    let postgres_times = [
+        (
+            "postgres_pool_size",
+            raw.postgres_pool_size as u64,
+            Some((MAX_POSTGRES_POOL_SIZE as u64, "")),
+        ),
         (
             "postgres_connect_timeout_ms",
             raw.postgres_connect_timeout_ms,
+            postgres_ms,
         ),
         (
             "postgres_pool_wait_timeout_ms",
             raw.postgres_pool_wait_timeout_ms,
+            postgres_ms,
         ),
-        ("postgres_lock_timeout_ms", raw.postgres_lock_timeout_ms),
+        (
+            "postgres_lock_timeout_ms",
+            raw.postgres_lock_timeout_ms,
+            postgres_ms,
+        ),
         (
             "postgres_turn_idle_timeout_ms",
             raw.postgres_turn_idle_timeout_ms,
+            postgres_ms,
         ),
         (
             "postgres_statement_timeout_ms",
             raw.postgres_statement_timeout_ms,
+            postgres_ms,
         ),
     ];
-    for (key, value) in positive.into_iter().chain(postgres_times) {
-        if value == 0 {
-            return Err(loader.error(format!("server.{key}"), "must be greater than 0"));
-        }
-    }
-    if let Some((key, _)) = postgres_times
-        .iter()
-        .find(|(_, value)| *value > i32::MAX as u64)
-    {
-        return Err(loader.error(
-            format!("server.{key}"),
-            format!("must be at most {} (24 days)", i32::MAX),
-        ));
-    }
-    // hyper adds the keep-alive times to an `Instant`, which panics past
-    // its range: a day is the most that means anything.
-    let keepalive = [
-        (
-            "http2_keepalive_interval_seconds",
-            raw.http2_keepalive_interval_seconds,
-        ),
-        (
-            "http2_keepalive_timeout_seconds",
-            raw.http2_keepalive_timeout_seconds,
-        ),
-    ];
-    if let Some((key, _)) = keepalive
-        .iter()
-        .find(|(_, value)| *value > MAX_KEEPALIVE_SECONDS)
-    {
-        return Err(loader.error(
-            format!("server.{key}"),
-            format!("must be at most {MAX_KEEPALIVE_SECONDS} (a day)"),
-        ));
-    }
-    // tokio's semaphore holds at most `usize::MAX >> 3` permits (and
-    // asserts it); no machine serves more than this many calls at once.
-    if raw.max_concurrent_requests > MAX_CONCURRENT_REQUESTS {
-        return Err(loader.error(
-            "server.max_concurrent_requests",
-            format!("must be at most {MAX_CONCURRENT_REQUESTS}"),
-        ));
-    }
-    if raw.max_message_bytes > 64 * 1024 * 1024 {
-        return Err(loader.error("server.max_message_bytes", "must be at most 64 MiB"));
-    }
-    if raw.postgres_pool_size > 64 {
-        return Err(loader.error("server.postgres_pool_size", "must be at most 64"));
+    for (key, value, max) in bounds {
+        let rule = match max {
+            _ if value == 0 => "must be greater than 0".to_string(),
+            Some((max, why)) if value > max => format!("must be at most {max} {why}"),
+            _ => continue,
+        };
+        return Err(loader.error(format!("server.{key}"), rule.trim_end()));
     }
     let tls = raw
         .tls

@@ -535,6 +535,17 @@ fn the_postgresql_pool_and_its_limits_are_read_and_bounded() {
             "max_concurrent_requests = 4611686018427387904",
             pair("server.max_concurrent_requests", "must be at most 1048576"),
         ),
+        (
+            "max_message_bytes = 67108865",
+            pair(
+                "server.max_message_bytes",
+                "must be at most 67108864 (64 MiB)",
+            ),
+        ),
+        (
+            "read_timeout_ms = 0",
+            pair("server.read_timeout_ms", "must be greater than 0"),
+        ),
     ];
     for (line, expected) in cases {
         assert_eq!(error_of(&format!("{BASE}{line}\n")), expected, "{line}");
