@@ -134,6 +134,13 @@ fn check_positive_limits(loader: &Loader<'_>, raw: &RawLimits) -> Result<(), Pol
         ("max_sessions", raw.max_sessions),
         ("session_idle_seconds", raw.session_idle_seconds as usize),
         ("receipt_capacity", raw.receipt_capacity),
+        // A receipt past retention may be evicted, and a replay of its
+        // Dispatch would then commit again: 0 would leave exactly-once to
+        // the receipt log's room.
+        (
+            "receipt_retention_seconds",
+            raw.receipt_retention_seconds as usize,
+        ),
         (
             "max_approval_argument_bytes",
             raw.max_approval_argument_bytes,

@@ -52,6 +52,10 @@ fn errors_name_the_key() {
         ),
         ("[limits]\nmax_state_bytes = 0\n", "limits.max_state_bytes"),
         (
+            "[limits]\nreceipt_retention_seconds = 0\n",
+            "limits.receipt_retention_seconds",
+        ),
+        (
             "[limits]\nmax_approval_argument_bytes = 2048\nmax_state_bytes = 1024\n",
             "limits.max_approval_argument_bytes",
         ),
