@@ -289,23 +289,35 @@ pub fn approval_reason(tool: &Tool, profile: &ActorProfile, arguments: &Object) 
     }
 }
 
+/// What a redacted argument shows in its place.
+pub const REDACTED: &str = "[redacted]";
+
 /// The arguments as a reviewer sees them: top-level keys the tool marks
 /// sensitive replaced by `"[redacted]"`, as canonical JSON.
 pub fn redacted_arguments(tool: &Tool, arguments: &Object) -> String {
+    match redacted(tool, arguments) {
+        Some(shown) => canonical::to_canonical(&Value::Object(shown)),
+        None => canonical::to_canonical(&Value::Object(arguments.clone())),
+    }
+}
+
+/// `arguments` with the top-level keys the tool marks sensitive replaced by
+/// `"[redacted]"`; `None` when it has none of them.
+pub fn redacted(tool: &Tool, arguments: &Object) -> Option<Object> {
     if tool
         .sensitive
         .iter()
         .all(|key| arguments.get(key).is_none())
     {
-        return canonical::to_canonical(&Value::Object(arguments.clone()));
+        return None;
     }
     let mut shown = arguments.clone();
     for key in &tool.sensitive {
         if shown.get(key).is_some() {
-            shown.insert(key.clone(), Value::from("[redacted]"));
+            shown.insert(key.clone(), Value::from(REDACTED));
         }
     }
-    canonical::to_canonical(&Value::Object(shown))
+    Some(shown)
 }
 
 #[cfg(test)]

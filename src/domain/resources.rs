@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use crate::domain::canonical::{self, Object, Value};
 use crate::domain::error::{Error, Result, first_chars};
 use crate::domain::ids::MAX_RESOURCE_NAME_LEN;
-use crate::domain::policy::{Effect, StatePolicy, VersionScope};
+use crate::domain::policy::{Effect, StatePolicy, Tool, VersionScope};
+use crate::domain::proposal;
 use crate::domain::records::{self, Change, Journal, Kind, Record};
 
 /// What a commit produced; stored in the receipt and returned (as a copy)
@@ -679,14 +680,24 @@ impl Resources {
         }
     }
 
-    /// A copy of what the answer to a commit of `target` carries: the value
-    /// set, or the item appended. Made before the commit, so that its size
-    /// can refuse the commit (see [`ANSWER_OVERHEAD_BYTES`](crate::domain::decision::ANSWER_OVERHEAD_BYTES)).
-    pub fn carried_value(target: &Target<'_>) -> Option<Value> {
-        match *target {
-            Target::Nothing => None,
-            Target::Set { value, .. } => Some(value.clone()),
-            Target::Append { item, .. } => Some(Value::Object(item.clone())),
+    /// A copy of what the answer to a commit of `target` by `tool` carries,
+    /// and the resource keeps: the value set, or the item appended, with
+    /// the arguments the tool marks sensitive redacted (a resource is read
+    /// by every host and reviewer, as an approval request is by its
+    /// reviewers). Made before the commit, so that its size can refuse the
+    /// commit (see [`ANSWER_OVERHEAD_BYTES`](crate::domain::decision::ANSWER_OVERHEAD_BYTES)).
+    pub fn carried_value(target: &Target<'_>, tool: &Tool) -> Option<Value> {
+        match (*target, &tool.effect) {
+            (Target::Nothing, _) => None,
+            (Target::Set { .. }, Effect::Set { value_argument, .. })
+                if tool.sensitive.contains(value_argument) =>
+            {
+                Some(Value::from(proposal::REDACTED))
+            }
+            (Target::Set { value, .. }, _) => Some(value.clone()),
+            (Target::Append { item, .. }, _) => Some(Value::Object(
+                proposal::redacted(tool, item).unwrap_or_else(|| item.clone()),
+            )),
         }
     }
 

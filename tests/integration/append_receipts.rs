@@ -391,3 +391,52 @@ async fn appends_are_bounded_by_the_state_byte_budget() {
     assert_eq!(after.appended_index, Some(0));
     server.stop().await;
 }
+
+/// A resource is read by every host and reviewer: what a commit keeps
+/// there of an argument the tool marks sensitive is `"[redacted]"`, as in
+/// the approval request a reviewer reads; so is what the answer and its
+/// replay carry (the host sent the value itself).
+#[tokio::test]
+async fn sensitive_arguments_are_redacted_in_what_a_commit_keeps() {
+    let sensitive = |keys: &[&str]| {
+        toml::Value::Array(keys.iter().map(|key| toml::Value::from(*key)).collect())
+    };
+    let policy = policy_with(
+        "append",
+        &[
+            ("tools.post.sensitive", sensitive(&["text"])),
+            ("tools.replace.sensitive", sensitive(&["value"])),
+        ],
+    );
+    let server = TestServer::start(&policy).await;
+    let posted = server
+        .dispatch_agent(&post("c1", 0, "account 123456"))
+        .await
+        .expect("Dispatch answers");
+    assert_eq!(posted.status(), pb::DispatchStatus::Ok, "{posted:?}");
+    assert_eq!(posted.value_json, item("[redacted]"));
+    let replay = server
+        .dispatch_agent(&post("c1", 0, "account 123456"))
+        .await
+        .expect("Dispatch answers");
+    assert!(replay.replayed);
+    assert_eq!(receipt_fields(&replay), receipt_fields(&posted));
+    let queue = server.resource(ALICE, "queue").await;
+    assert_eq!(queue.value_json, format!("[{}]", item("[redacted]")));
+
+    let set = server
+        .dispatch_agent(&proposal(
+            "c2",
+            "agent",
+            "replace",
+            0,
+            r#"{"target":"note","value":"pin 4321"}"#,
+        ))
+        .await
+        .expect("Dispatch answers");
+    assert_eq!(set.status(), pb::DispatchStatus::Ok, "{set:?}");
+    assert_eq!(set.value_json, r#""[redacted]""#);
+    let note = server.resource(ALICE, "note").await;
+    assert_eq!(note.value_json, r#""[redacted]""#);
+    assert!(!format!("{queue:?}{note:?}").contains("123456"));
+}

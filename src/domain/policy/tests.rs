@@ -47,6 +47,10 @@ fn errors_name_the_key() {
         ),
         ("[actors.a]\nprofile = \"missing\"\n", "actors.a.profile"),
         (
+            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\nsensitive = [\"to\"]\neffect = { kind = \"set\", resource_argument = \"to\", value_argument = \"v\" }\n",
+            "tools.t.sensitive",
+        ),
+        (
             "[limits]\npending_ttl_seconds = 0\n",
             "limits.pending_ttl_seconds",
         ),

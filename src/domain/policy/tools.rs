@@ -133,6 +133,21 @@ fn tool(
             "only tools of mode \"execute\" have an effect",
         ));
     }
+    // A resource's name is shown whole (answers, audit lines, GetResource):
+    // a sensitive argument cannot name one.
+    if let Effect::Set {
+        resource_argument, ..
+    } = &effect
+        && raw.sensitive.contains(resource_argument)
+    {
+        return Err(loader.error(
+            format!("{key}.sensitive"),
+            format!(
+                "{resource_argument:?} names the resource the effect sets, which is shown \
+                 unredacted; it cannot be sensitive"
+            ),
+        ));
+    }
     Ok(Tool {
         name,
         mode: raw.mode,

@@ -82,7 +82,8 @@ impl State {
         // Before anything can need approval: an answer that could not be
         // sent is never committed (the host could never read its receipt).
         let target = resources::target(&tool.effect, &call.proposal.arguments);
-        let carried = target.as_ref().ok().and_then(Resources::carried_value);
+        let carried =
+            (target.as_ref().ok()).and_then(|target| Resources::carried_value(target, tool));
         check_answer_size(carried.as_ref(), call.policy.server.max_message_bytes)?;
         // 5. The version the proposal was made against.
         self.check_version(call, &target)?;
