@@ -338,21 +338,50 @@ fn audit_refused(engine: &Engine, context: &RequestContext, refused: &Refused) {
 
 /// On `--ext-authz-listen`, which serves only Envoy's `Authorization` to a
 /// proxy that sends no token: every call acts with the authority of the
-/// host credential `[ext_authz] host_credential` names (refused while the
-/// policy names none).
-fn ext_authz_listener_caller(engine: &Engine) -> Result<Option<Caller>, Refused> {
+/// host `[ext_authz] host_credential` names (refused while the policy
+/// names none). When any of that host's credentials is bound to a client
+/// certificate, the connection must have presented one of those (mTLS),
+/// as a call with its token would have to.
+fn ext_authz_listener_caller(
+    engine: &Engine,
+    peer: Option<&PeerCertificate>,
+) -> Result<Option<Caller>, Refused> {
     let policy = engine.policy();
-    let credential = policy
-        .ext_authz
-        .host_credential
-        .as_deref()
-        .and_then(|identity| policy.host_credential(identity));
-    match credential {
-        Some(credential) => Ok(Some(Caller(Arc::clone(credential)))),
-        None => Err(Refused::unauthenticated(
+    let Some(identity) = policy.ext_authz.host_credential.as_deref() else {
+        return Err(Refused::unauthenticated(
             "ext-authz-no-host-credential",
             "the ext_authz listener acts with [ext_authz] host_credential, and the policy names none",
-        )),
+        ));
+    };
+    // The policy's load made sure they all allow the same actors.
+    let mut credentials = policy.host_credentials(identity).peekable();
+    let Some(&first) = credentials.peek() else {
+        return Err(Refused::unauthenticated(
+            "ext-authz-no-host-credential",
+            "the ext_authz listener acts with [ext_authz] host_credential, and the policy has none",
+        ));
+    };
+    let bound: Vec<&Arc<Credential>> = credentials
+        .filter(|credential| credential.client_identity.is_some())
+        .collect();
+    if bound.is_empty() {
+        return Ok(Some(Caller(Arc::clone(first))));
+    }
+    let matched = bound.into_iter().find(|credential| {
+        (credential.client_identity.as_ref())
+            .is_some_and(|bound| peer.is_some_and(|peer| peer.matches(bound)))
+    });
+    match matched {
+        Some(credential) => Ok(Some(Caller(Arc::clone(credential)))),
+        None => Err(Refused {
+            error: Error::Unauthenticated(
+                "the ext_authz listener's host credential is bound to a client certificate the \
+                 connection did not present (mTLS)"
+                    .to_string(),
+            ),
+            reason: "client-identity-mismatch",
+            identity: Some(identity.to_string()),
+        }),
     }
 }
 
@@ -435,7 +464,7 @@ where
             .and_then(ConnectionInfo::peer_certificate);
         let authenticated = match self.callers {
             Callers::ByToken => authenticate(&self.engine, path, authorization, peer),
-            Callers::ExtAuthzHost => ext_authz_listener_caller(&self.engine),
+            Callers::ExtAuthzHost => ext_authz_listener_caller(&self.engine, peer),
         };
         match authenticated {
             Ok(caller) => {

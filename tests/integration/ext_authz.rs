@@ -1077,6 +1077,14 @@ fn the_ext_authz_section_is_validated_with_the_key_named() {
             "ext_authz.max_sessions_per_actor",
         ),
         ("[ext_authz]\nactor_heder = \"x\"\n", "ext_authz"),
+        // The ext_authz listener sees no token: which of its host's
+        // credentials it acts with must not matter.
+        (
+            "[[credentials]]\nkind = \"host\"\nidentity = \"agent-host\"\nactors = [\"other\"]\n\
+             sha256 = \"8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4\"\n\n\
+             [ext_authz]\nhost_credential = \"agent-host\"\n",
+            "ext_authz.host_credential",
+        ),
     ];
     for (section, key) in cases {
         let root = crate::support::policies::repo_path("");

@@ -8,6 +8,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::service::auth::v3::attribute_context::{
+    HttpRequest, Request as AttributeRequest,
+};
+use envoy_types::pb::envoy::service::auth::v3::authorization_client::AuthorizationClient;
+use envoy_types::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, SanType,
@@ -149,6 +154,8 @@ impl Files {
 /// `policy_path` (its `[server.tls]` loaded by the library).
 struct TlsServer {
     addr: SocketAddr,
+    /// `--ext-authz-listen`'s address, when it was started with one.
+    ext_authz: Option<SocketAddr>,
     engine: Engine,
     tls: ServerTls,
     shutdown: Option<oneshot::Sender<()>>,
@@ -156,6 +163,11 @@ struct TlsServer {
 
 impl TlsServer {
     async fn start(policy_path: &Path) -> TlsServer {
+        TlsServer::start_with(policy_path, false).await
+    }
+
+    /// [`TlsServer::start`], with an ext_authz listener when asked.
+    async fn start_with(policy_path: &Path, ext_authz: bool) -> TlsServer {
         let policy = Policy::load(policy_path).expect("policy loads");
         let files = policy.server.tls.clone().expect("[server.tls]");
         let tls = ServerTls::load(files).expect("tls loads");
@@ -163,6 +175,12 @@ impl TlsServer {
             Engine::new(policy, Arc::new(ManualClock::starting_at(EPOCH))).expect("engine");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let ext_authz_listener = match ext_authz {
+            true => Some(TcpListener::bind("127.0.0.1:0").await.expect("bind")),
+            false => None,
+        };
+        let ext_authz =
+            (ext_authz_listener.as_ref()).map(|listener| listener.local_addr().expect("addr"));
         let (shutdown, stopped) = oneshot::channel::<()>();
         let options = ServeOptions {
             tls: Some(tls.clone()),
@@ -174,7 +192,7 @@ impl TlsServer {
                 Listeners {
                     grpc: listener,
                     metrics: None,
-                    ext_authz: None,
+                    ext_authz: ext_authz_listener,
                 },
                 served_engine,
                 options,
@@ -187,6 +205,7 @@ impl TlsServer {
         });
         TlsServer {
             addr,
+            ext_authz,
             engine,
             tls,
             shutdown: Some(shutdown),
@@ -196,20 +215,26 @@ impl TlsServer {
     /// A connected channel over TLS trusting `ca`, with a client
     /// certificate when given.
     async fn connect(&self, ca: &str, client: Option<&Leaf>) -> Result<Channel, String> {
-        let mut tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(ca))
-            .domain_name("localhost");
-        if let Some(client) = client {
-            tls = tls.identity(Identity::from_pem(&client.cert, &client.key));
-        }
-        Endpoint::from_shared(format!("https://{}", self.addr))
-            .expect("endpoint")
-            .tls_config(tls)
-            .expect("tls config")
-            .connect()
-            .await
-            .map_err(|error| format!("{error:?}"))
+        connect_to(self.addr, ca, client).await
     }
+}
+
+/// A connected channel to `addr` over TLS trusting `ca`, with a client
+/// certificate when given.
+async fn connect_to(addr: SocketAddr, ca: &str, client: Option<&Leaf>) -> Result<Channel, String> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some(client) = client {
+        tls = tls.identity(Identity::from_pem(&client.cert, &client.key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("tls config")
+        .connect()
+        .await
+        .map_err(|error| format!("{error:?}"))
 }
 
 impl Drop for TlsServer {
@@ -391,6 +416,78 @@ async fn a_credential_bound_to_a_client_certificate() {
         .expect("mtls");
     let status = list(channel).await.expect_err("refused");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+}
+
+/// The ext_authz listener takes no token: when the host it acts as is
+/// bound to a client certificate, only a connection that presented it is
+/// that host (any pod that reached the port was).
+#[tokio::test]
+async fn the_ext_authz_listener_needs_its_hosts_client_certificate() {
+    let files = Files::new();
+    let ca = TestCa::new("toolgate test CA");
+    let clients = TestCa::new("toolgate client CA");
+    let server = ca.server();
+    files.write("server.pem", &server.cert);
+    files.write("server.key", &server.key);
+    files.write("clients.pem", &clients.pem());
+    let policy = files.write(
+        "policy.toml",
+        &mtls_policy_text(
+            "[ext_authz]\nactor_header = \"x-agent\"\nsession_header = \"mcp-session-id\"\n\
+             workspace = \"acme\"\nhost_credential = \"bound-host\"\n\n\
+             [server.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"clients.pem\"\n",
+        ),
+    );
+    let served = TlsServer::start_with(&policy, true).await;
+    let address = served.ext_authz.expect("the ext_authz listener");
+    let check = |channel: Channel| async move {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "read_balance", "arguments": {}}});
+        let headers = [
+            (":method", "POST"),
+            (":path", "/mcp"),
+            ("content-type", "application/json"),
+            ("x-agent", "payer"),
+            ("mcp-session-id", "s1"),
+        ];
+        let http = HttpRequest {
+            method: "POST".into(),
+            path: "/mcp".into(),
+            headers: (headers.iter())
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
+            body: body.to_string(),
+            ..HttpRequest::default()
+        };
+        let request = CheckRequest {
+            attributes: Some(AttributeContext {
+                request: Some(AttributeRequest {
+                    http: Some(http),
+                    ..AttributeRequest::default()
+                }),
+                ..AttributeContext::default()
+            }),
+        };
+        AuthorizationClient::new(channel)
+            .check(request)
+            .await
+            .map(|answer| answer.into_inner().status.map(|status| status.code))
+    };
+    let nobody = clients.client("nobody", Some("spiffe://toolgate.test/host/nobody"));
+    let channel = connect_to(address, &ca.pem(), Some(&nobody))
+        .await
+        .expect("mtls");
+    let refused = check(channel).await.expect_err("refused");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(
+        refused.message().contains("client certificate"),
+        "{refused:?}"
+    );
+    let bound = clients.client("bound-host", None);
+    let channel = connect_to(address, &ca.pem(), Some(&bound))
+        .await
+        .expect("mtls");
+    assert_eq!(check(channel).await.expect("answered"), Some(0), "OK");
 }
 
 #[tokio::test]

@@ -254,14 +254,22 @@ fn header_name(loader: &Loader<'_>, key: &str, name: &str) -> Result<String, Pol
 }
 
 impl Policy {
-    /// The host credential of this identity.
-    pub fn host_credential(&self, identity: &str) -> Option<&Arc<Credential>> {
-        self.credentials.values().find(|credential| {
-            credential.kind == CredentialKind::Host && credential.identity == identity
-        })
+    /// The host credentials of this identity: its tokens and its client
+    /// certificates.
+    pub fn host_credentials<'a>(
+        &'a self,
+        identity: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Credential>> + 'a {
+        (self.credentials.values())
+            .chain(self.certificate_credentials.values())
+            .filter(move |credential| {
+                credential.kind == CredentialKind::Host && credential.identity == identity
+            })
     }
 
-    /// `ext_authz.host_credential` names a host credential of the policy.
+    /// `ext_authz.host_credential` names a host of the policy, whose
+    /// credentials all allow the same actors: the ext_authz listener sees
+    /// no token, so which of them it acts with must not matter.
     pub(super) fn check_ext_authz_credential(
         &self,
         loader: &Loader<'_>,
@@ -269,12 +277,32 @@ impl Policy {
         let Some(identity) = &self.ext_authz.host_credential else {
             return Ok(());
         };
-        if self.host_credential(identity).is_some() {
-            return Ok(());
+        let actors = |credential: &Credential| {
+            let mut actors = credential.actors.clone();
+            actors.sort();
+            actors.dedup();
+            actors
+        };
+        let mut credentials = self.host_credentials(identity);
+        let Some(first) = credentials.next() else {
+            return Err(loader.error(
+                "ext_authz.host_credential",
+                format!(
+                    "names no host credential: no [[credentials]] of kind \"host\" has identity \
+                     {identity:?}"
+                ),
+            ));
+        };
+        if credentials.any(|other| actors(other) != actors(first)) {
+            return Err(loader.error(
+                "ext_authz.host_credential",
+                format!(
+                    "the credentials of host {identity:?} allow different actors; the ext_authz \
+                     listener, which sees no token, could act with any of them: give them the \
+                     same actors"
+                ),
+            ));
         }
-        Err(loader.error(
-            "ext_authz.host_credential",
-            format!("names no host credential: no [[credentials]] of kind \"host\" has identity {identity:?}"),
-        ))
+        Ok(())
     }
 }
