@@ -62,6 +62,9 @@ pub const DB_FILE: &str = "toolgate.sqlite3";
 pub const CREATING_FILE: &str = "toolgate.sqlite3.creating";
 /// The lock file's name in the data directory.
 pub const LOCK_FILE: &str = "lock";
+/// Written once a directory holds a store: a [`DB_FILE`] missing beside
+/// it is a store lost, not a directory to start a new one in.
+pub const CREATED_FILE: &str = "toolgate.created";
 
 /// One step of the schema: takes a store from version `n` (its index in
 /// [`MIGRATIONS`]) to `n + 1`, inside the opening transaction.
@@ -293,6 +296,8 @@ impl SqliteStore {
                 dir.display()
             )));
         }
+        // A store now, whatever made it: its loss is never a new store.
+        mark_created(dir)?;
         connection.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         let checkpointer = Checkpointer::start(dir, &db_path)?;
         let wake = checkpointer.waker();
@@ -1121,20 +1126,54 @@ fn refuse_lost_database(dir: &Path, db_path: &Path) -> StoreResult<()> {
             "the SQLite store at {}: {DB_FILE} is missing or empty, but its write-ahead log \
              holds {wal_bytes} bytes of commits; not opened (SQLite would discard the log). \
              Restore {DB_FILE} from a backup (toolgate store backup), or move {DB_FILE}-wal \
-             away to start an empty store",
+             and {CREATED_FILE} away to start an empty store",
             dir.display()
         )));
     }
-    if db_bytes.is_ok_and(|bytes| bytes == 0) {
+    if db_bytes.as_ref().is_ok_and(|bytes| *bytes == 0) {
         return Err(StoreError(format!(
             "the SQLite store at {}: {DB_FILE} is empty (0 bytes), and toolgate never leaves \
              one so: the store lost its contents; not opened as a new store. Restore \
-             {DB_FILE} from a backup (toolgate store backup), or remove it to start an \
+             {DB_FILE} from a backup (toolgate store backup), or remove it and \
+             {CREATED_FILE} to start an empty store",
+            dir.display()
+        )));
+    }
+    if db_bytes.is_err() && dir.join(CREATED_FILE).exists() {
+        return Err(StoreError(format!(
+            "the SQLite store at {}: {DB_FILE} is missing, but the directory held a store \
+             ({CREATED_FILE}): it was moved, deleted or lost in a copy; not opened as a new \
+             store, on which every committed Dispatch would commit again. Restore {DB_FILE} \
+             from a backup (toolgate store backup), or remove {CREATED_FILE} to start an \
              empty store",
             dir.display()
         )));
     }
     Ok(())
+}
+
+/// Writes [`CREATED_FILE`] (once) beside a store's database, durably.
+fn mark_created(dir: &Path) -> StoreResult<()> {
+    let marker = dir.join(CREATED_FILE);
+    if marker.exists() {
+        return Ok(());
+    }
+    let note = format!(
+        "toolgate keeps a store in this directory: {DB_FILE} missing beside this file is a \
+         store lost, and toolgate refuses to start a new one here.\n"
+    );
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&marker)
+        .and_then(|mut file| {
+            file.write_all(note.as_bytes())
+                .and_then(|()| file.sync_all())
+        })
+        .and_then(|()| sync_parent(&marker))
+        .map_err(|error| StoreError(format!("cannot write {}: {error}", marker.display())))
 }
 
 /// Makes a new store's database whole (its schema committed) under

@@ -247,6 +247,46 @@ fn an_empty_database_file_is_refused_not_taken_for_a_new_store() {
     assert!(!parent.path().join("copy").exists());
 }
 
+/// A directory that held a store and lost its database (deleted, moved,
+/// half copied) after a clean stop, which leaves no write-ahead log, is
+/// refused, not opened as a new store on which every committed Dispatch
+/// would commit again; a store made before the marker gets it at its next
+/// open; removing the marker is how to start afresh.
+#[test]
+fn a_directory_that_lost_its_database_is_not_a_new_store() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("data");
+    let mut store = SqliteStore::open(&dir).unwrap();
+    store.commit(&receipts(0, 3)).unwrap();
+    drop(store);
+    assert_eq!(mode(&dir.join(sqlite::CREATED_FILE)), 0o600);
+    fs::rename(dir.join(DB_FILE), parent.path().join("moved")).unwrap();
+    assert!(!dir.join(format!("{DB_FILE}-wal")).exists());
+    let error = SqliteStore::open(&dir).unwrap_err();
+    assert!(
+        error
+            .0
+            .contains("is missing, but the directory held a store"),
+        "{error}"
+    );
+    assert!(!dir.join(DB_FILE).exists(), "nothing made in its place");
+
+    // Put back, it opens; a store without the marker (made by an older
+    // toolgate) is given one.
+    fs::rename(parent.path().join("moved"), dir.join(DB_FILE)).unwrap();
+    fs::remove_file(dir.join(sqlite::CREATED_FILE)).unwrap();
+    let mut store = SqliteStore::open(&dir).unwrap();
+    assert_eq!(contents(&mut store).len(), 3);
+    drop(store);
+    assert!(dir.join(sqlite::CREATED_FILE).exists());
+
+    // Without the marker, a directory without a database is a new store.
+    fs::remove_file(dir.join(DB_FILE)).unwrap();
+    fs::remove_file(dir.join(sqlite::CREATED_FILE)).unwrap();
+    let mut store = SqliteStore::open(&dir).unwrap();
+    assert!(contents(&mut store).is_empty());
+}
+
 /// A new store's database takes its name only with its schema in it; the
 /// leftover of a creation that crashed (a half-made file under the
 /// creating name, its journal) is discarded.
