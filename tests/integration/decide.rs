@@ -1196,4 +1196,16 @@ fn per_host_shares_are_validated_and_default_to_half_with_two_hosts() {
         ),
         (one_host.max_sessions, one_host.max_pending_total)
     );
+    // A second token of one host (a rotation) is the same host: the
+    // shares stay whole.
+    let rotated = base
+        .replace("identity = \"host-b\"", "identity = \"host-a\"")
+        .replace("actors = [\"agent\", \"other\"]", "actors = [\"agent\"]");
+    let rotated = Policy::parse(&rotated, "rotated.toml", None)
+        .expect("valid")
+        .limits;
+    assert_eq!(
+        (rotated.max_sessions_per_host, rotated.max_pending_per_host),
+        (rotated.max_sessions, rotated.max_pending_total)
+    );
 }

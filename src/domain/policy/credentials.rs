@@ -86,12 +86,16 @@ pub(super) struct RawCredential {
     client_identity: Option<String>,
 }
 
-/// Host credentials decide the default per-host shares of the limits.
-pub(super) fn host_credential_count(credentials: &[RawCredential]) -> usize {
-    credentials
+/// Hosts decide the default per-host shares of the limits: the distinct
+/// identities of the host credentials (a second token of one host, as in
+/// a rotation, is the same host).
+pub(super) fn host_count(credentials: &[RawCredential]) -> usize {
+    let hosts: std::collections::BTreeSet<&str> = credentials
         .iter()
         .filter(|credential| credential.kind == CredentialKind::Host)
-        .count()
+        .map(|credential| credential.identity.as_str())
+        .collect();
+    hosts.len()
 }
 
 /// `[[credentials]]`: those with a token by its digest (a digest is listed

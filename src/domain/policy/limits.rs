@@ -28,12 +28,12 @@ pub struct Limits {
     /// Bytes the approval ledger, the receipt log and the sessions'
     /// remembered call ids may hold together.
     pub max_state_bytes: usize,
-    /// Sessions one host credential may hold (sessions are namespaced by
-    /// host identity); by default the whole table when the policy declares
-    /// at most one host credential, half of it otherwise.
+    /// Sessions one host may hold (sessions are namespaced by host
+    /// identity); by default the whole table when the policy declares at
+    /// most one host identity, half of it otherwise.
     pub max_sessions_per_host: usize,
-    /// Pending approval requests one host credential may hold; by default
-    /// `max_pending_total` with at most one host credential, half otherwise.
+    /// Pending approval requests one host may hold; by default
+    /// `max_pending_total` with at most one host identity, half otherwise.
     pub max_pending_per_host: usize,
 }
 
@@ -87,7 +87,7 @@ impl Default for RawLimits {
 pub(super) fn limits(
     loader: &Loader<'_>,
     raw: RawLimits,
-    host_credentials: usize,
+    hosts: usize,
 ) -> Result<Limits, PolicyError> {
     check_positive_limits(loader, &raw)?;
     check_limit_relations(loader, &raw)?;
@@ -110,14 +110,14 @@ pub(super) fn limits(
             "max_sessions_per_host",
             raw.max_sessions_per_host,
             raw.max_sessions,
-            host_credentials,
+            hosts,
         )?,
         max_pending_per_host: per_host_share(
             loader,
             "max_pending_per_host",
             raw.max_pending_per_host,
             raw.max_pending_total,
-            host_credentials,
+            hosts,
         )?,
     })
 }
@@ -180,7 +180,7 @@ fn per_host_share(
     key: &str,
     set: Option<usize>,
     global: usize,
-    host_credentials: usize,
+    hosts: usize,
 ) -> Result<usize, PolicyError> {
     match set {
         Some(0) => Err(loader.error(format!("limits.{key}"), "must be greater than 0")),
@@ -189,7 +189,7 @@ fn per_host_share(
             format!("must be at most the global cap ({global})"),
         )),
         Some(share) => Ok(share),
-        None if host_credentials > 1 => Ok(global.div_ceil(2)),
+        None if hosts > 1 => Ok(global.div_ceil(2)),
         None => Ok(global),
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::actors::{RawActor, RawProfile, RawReviewer, actors, check_profiles, reviewers};
-use super::credentials::{RawCredential, credentials, host_credential_count};
+use super::credentials::{RawCredential, credentials, host_count};
 use super::decode::decode;
 use super::ext_authz::{RawExtAuthz, ext_authz_settings};
 use super::limits::{RawLimits, limits};
@@ -108,7 +108,7 @@ impl Policy {
             base_dir,
         };
         let raw: RawPolicy = decode(&loader, text)?;
-        let limits = limits(&loader, raw.limits, host_credential_count(&raw.credentials))?;
+        let limits = limits(&loader, raw.limits, host_count(&raw.credentials))?;
         let actors = actors(&loader, raw.actors, &raw.profiles)?;
         check_profiles(&loader, &raw.profiles)?;
         let state = state_policy(&loader, raw.state)?;
