@@ -756,13 +756,18 @@ impl Engine {
     /// Swaps in a new policy whole, unchecked (tests; a reload goes through
     /// [`Engine::reload`]). State made through the API (pins, approvals,
     /// receipts) is kept.
-    pub fn replace_policy(&self, policy: Policy) {
+    pub fn replace_policy(&self, mut policy: Policy) {
         let revision = policy.revision.clone();
-        if policy.server != self.policy().server {
+        let running = self.policy();
+        if policy.server != running.server {
             tracing::warn!(
                 policy_revision = %revision,
                 "[server] settings changed; they apply at the next start, not on reload"
             );
+            // The listener keeps the settings it started with; so does
+            // every check that must agree with it (the answer a Dispatch
+            // may send, the pages of the resource reads).
+            policy.server = running.server.clone();
         }
         // On a shared store the new resources are adopted in the next turn
         // (against what every replica committed), not here.
