@@ -9,8 +9,10 @@ grpcio-tools pinned in tests/python/requirements.txt (its bundled protoc
 decides the generated text). protoc writes `toolgate/v1/toolgate_pb2*.py`;
 the stubs are moved into the `toolgate_client` package and the one absolute
 import between them (`from toolgate.v1 import toolgate_pb2`) is rewritten to
-`from toolgate_client import toolgate_pb2`, so that the package owns no
-top-level `toolgate` name. The descriptor keeps its file name
+`from toolgate_client import toolgate_pb2`, and the module the message
+classes name (`toolgate.v1.toolgate_pb2`, which pickle would import) to
+`toolgate_client.toolgate_pb2`, so that the package owns no top-level
+`toolgate` name. The descriptor keeps its file name
 `toolgate/v1/toolgate.proto`, the name the server's reflection serves.
 """
 
@@ -27,6 +29,9 @@ PACKAGE = HERE / "src" / "toolgate_client"
 STUBS = ("toolgate_pb2.py", "toolgate_pb2.pyi", "toolgate_pb2_grpc.py")
 GENERATED_IMPORT = "from toolgate.v1 import toolgate_pb2 as"
 PACKAGE_IMPORT = "from toolgate_client import toolgate_pb2 as"
+# The module the message classes say they live in (pickle imports it).
+GENERATED_MODULE = "(DESCRIPTOR, 'toolgate.v1.toolgate_pb2', _globals)"
+PACKAGE_MODULE = "(DESCRIPTOR, 'toolgate_client.toolgate_pb2', _globals)"
 
 
 def generate() -> dict[str, str]:
@@ -53,6 +58,10 @@ def generate() -> dict[str, str]:
     if GENERATED_IMPORT not in grpc_stub:
         raise SystemExit(f"generate_stubs: {GENERATED_IMPORT!r} not found in toolgate_pb2_grpc.py")
     stubs["toolgate_pb2_grpc.py"] = grpc_stub.replace(GENERATED_IMPORT, PACKAGE_IMPORT)
+    messages = stubs["toolgate_pb2.py"]
+    if GENERATED_MODULE not in messages:
+        raise SystemExit(f"generate_stubs: {GENERATED_MODULE!r} not found in toolgate_pb2.py")
+    stubs["toolgate_pb2.py"] = messages.replace(GENERATED_MODULE, PACKAGE_MODULE)
     return stubs
 
 

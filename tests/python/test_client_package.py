@@ -323,6 +323,55 @@ def test_host_wrapper_keeps_tokens_local_and_retries_what_may_not_have_arrived(c
     channel.close()
 
 
+def test_a_dispatch_without_room_for_its_answer_is_sent_again(client_module):
+    """The server answers RESOURCE_EXHAUSTED also after a commit whose
+    answer found no room to be sent: the same request again is answered
+    from the receipt, so the wrapper sends it again rather than leave the
+    host to propose anew (a second commit)."""
+    from concurrent import futures
+
+    tc = client_module
+    seen = []
+
+    class Pdp(tc.toolgate_pb2_grpc.PolicyDecisionPointServicer):
+        def Dispatch(self, request, context):
+            seen.append(request.SerializeToString())
+            if len(seen) == 1:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              "response buffer is full; retry with backoff")
+            return tc.toolgate_pb2.DispatchResponse(
+                status=tc.toolgate_pb2.DISPATCH_STATUS_OK, reason="replayed",
+                replayed=True, receipt_id="r-1", version=1)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    tc.toolgate_pb2_grpc.add_PolicyDecisionPointServicer_to_server(Pdp(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with tc.Host(f"127.0.0.1:{port}", actor="support-agent", workspace="desk",
+                     rpc_timeout=10) as host:
+            proposal = host.propose("set_ticket", {"ticket": "lamp", "status": "done"},
+                                    version=0)
+            receipt = host.dispatch(proposal, retries=2)
+        assert (receipt.status, receipt.replayed, receipt.receipt_id) == (
+            tc.DispatchStatus.OK, True, "r-1")
+        assert len(seen) == 2 and seen[0] == seen[1], "the same request, sent again"
+    finally:
+        server.stop(None)
+    # The messages name the package's module, so they pickle (a raw answer
+    # handed to multiprocessing or a cache). In a process of its own: this
+    # one has loaded the test's own stubs of the same proto, whose classes
+    # the descriptor pool hands out first.
+    script = ("import pickle\n"
+              "from toolgate_client import toolgate_pb2\n"
+              "answer = toolgate_pb2.DispatchResponse(receipt_id='r-1')\n"
+              "assert type(answer).__module__ == 'toolgate_client.toolgate_pb2'\n"
+              "assert pickle.loads(pickle.dumps(answer)) == answer\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(PACKAGE / "src")}, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_an_appends_receipt_says_where_the_item_landed(client_module, embedded_server):
     tc = client_module
     with tc.Host(embedded_server.address, actor="support-agent", workspace="desk") as host:

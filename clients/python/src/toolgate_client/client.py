@@ -195,6 +195,11 @@ def _is_loopback(target: str) -> bool:
 
 #: The codes after which a call may have reached the server or not.
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+#: The codes after which a Dispatch is sent again: those, and
+#: RESOURCE_EXHAUSTED, which the server also answers when a commit's answer
+#: found no room to be sent ("retry with backoff"); a Dispatch sent again
+#: is answered from its stored receipt, so sending it again is always safe.
+_DISPATCH_AGAIN = _TRANSIENT + (grpc.StatusCode.RESOURCE_EXHAUSTED,)
 
 
 class Host:
@@ -326,9 +331,12 @@ class Host:
 
     def dispatch(self, proposal: Proposal, *, retries: int = 3) -> Receipt:
         """Commit the proposal's change exactly once. When the answer is lost
-        (UNAVAILABLE, DEADLINE_EXCEEDED) the same proposal is sent again, up
-        to `retries` times: a commit that happened is answered from its
-        stored receipt (`replayed`), never made twice."""
+        (UNAVAILABLE, DEADLINE_EXCEEDED) or had no room to be sent
+        (RESOURCE_EXHAUSTED) the same proposal is sent again, up to
+        `retries` times: a commit that happened is answered from its stored
+        receipt (`replayed`), never made twice. A `grpc.RpcError` raised
+        here means the outcome is unknown: call `dispatch` again with the
+        same proposal, never `propose` anew (a new call id is a new commit)."""
         request = self._request(proposal, pb2.DispatchRequest)
         for attempt in range(retries + 1):
             try:
@@ -336,7 +344,7 @@ class Host:
                                            metadata=self._metadata)
                 break
             except grpc.RpcError as error:
-                if error.code() not in _TRANSIENT or attempt == retries:
+                if error.code() not in _DISPATCH_AGAIN or attempt == retries:
                     raise
                 time.sleep(0.2 * 2 ** attempt)
         return Receipt(

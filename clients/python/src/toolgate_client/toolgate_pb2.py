@@ -29,7 +29,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atoolgate/v1/to
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolgate.v1.toolgate_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'toolgate_client.toolgate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_OUTCOME']._serialized_start=4110
