@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // A toolgate host in Node.js: Decide, wait for a reviewer, Dispatch.
 //
-//   cd examples/node && npm ci
+//   (cd examples/node && npm ci)
 //   examples/node/host.mjs --server 127.0.0.1:50051 [--session ID] [--timeout 120] [--token T]
 //   examples/node/host.mjs --server https://localhost:50051 --ca ca.pem [--cert host.pem --key host.key]
 //

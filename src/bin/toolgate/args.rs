@@ -25,8 +25,10 @@ use toolgate::store::postgres::{self, PostgresTarget};
         `toolgate serve --config POLICY.toml` runs the server; `toolgate <command> --help` \
         describes each command; `toolgate man` prints this manual as a man page and \
         `toolgate completions bash|zsh|fish` a shell completion script.",
-    after_long_help = "EXIT STATUS:\n  0 on success; 1 when a check fails, an input file is refused or the \
-        server refuses a call; 2 for usage and connection errors; 3 when `manifest assess` \
+    after_long_help = "EXIT STATUS:\n  0 on success; 1 when a check fails (`check-config` refusing the \
+        policy, a failing `test` case, `store check` finding a problem) or the server \
+        refuses a call; 2 for usage errors, an input file a command cannot use (a client \
+        command's, `eval`'s, `test`'s or `pins add`'s) and connection errors; 3 when `manifest assess` \
         is answered that the manifest is not accepted.\n\n\
         ENVIRONMENT:\n  TOOLGATE_TOKEN  the bearer token of the client commands (never printed)\n  \
         TOOLGATE_STORE  the store of `serve --store` and the `store` commands (a \
@@ -389,9 +391,11 @@ pub enum StoreCommand {
     /// Create the store's tables, or migrate them to this toolgate's
     /// schema version, and print the version (what `serve` does at start).
     ///
-    /// With `--store postgres://…`: the tables in the URL's schema (also
-    /// while replicas serve on it: under the store's lock); with the SQLite
-    /// store: the data directory, refused while a server holds it.
+    /// With `--store postgres://…`: the tables in the URL's schema, under
+    /// the store's lock (stop the replicas first: one still running on the
+    /// older schema answers UNAVAILABLE once it finds the new one); with
+    /// the SQLite store: the data directory, refused while a server holds
+    /// it.
     Migrate,
     /// Check the store's integrity (SQLite integrity_check), schema version
     /// and directory mode, and count each table's records.
