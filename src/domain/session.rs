@@ -918,7 +918,10 @@ impl Sessions {
     }
 
     /// The sessions of stored records (recovery): each session with the
-    /// call ids it decided. A call id whose session is gone is dropped.
+    /// call ids it decided. A session's record and its call ids' are
+    /// written and deleted in one batch, so a call id without its session
+    /// is a store that lost a record: refused, not dropped (its session's
+    /// budgets and call ids would start again from nothing).
     pub fn restore(sessions: &[Record], calls: &[Record]) -> Result<Sessions> {
         let mut restored = Sessions::default();
         for record in sessions {
@@ -926,7 +929,13 @@ impl Sessions {
         }
         for record in calls {
             let call = decode_call(&record.key, &record.value)?;
-            restored.put_call(call);
+            if let Some(orphan) = restored.put_call(call) {
+                let [host, session_id, call_id] = orphan.key();
+                return Err(Error::Internal(format!(
+                    "the store holds decided call id {call_id:?} of session {session_id:?} \
+                     (host {host:?}) but not that session's record; run `toolgate store check`"
+                )));
+            }
         }
         Ok(restored)
     }

@@ -1246,6 +1246,29 @@ fn call_ids_of_the_first_schema_restore_and_are_dropped_under_their_keys() {
     assert_eq!(stored_call_bytes(&mut replicas.store, &restored), 0);
 }
 
+/// A decided call id whose session's record the store lost stops the
+/// start: dropped, its session's budget and call ids would start again
+/// from nothing (a call id already committed decided as new).
+#[test]
+fn a_call_id_without_its_session_stops_the_restore() {
+    let mut replicas = Replicas::new();
+    let session = replicas.sessions[0].clone();
+    let call = Call::of(&session, "c1", "lookup", 0, r#"{"query":"q"}"#);
+    replicas.decide_and_commit(&call);
+    let records = replicas.store.load().unwrap();
+    assert!(State::restore(&policy(), records.clone()).is_ok());
+    let lost: Vec<_> = records
+        .into_iter()
+        .filter(|record| record.kind != Kind::Session)
+        .collect();
+    let error = State::restore(&policy(), lost).expect_err("refused");
+    let message = error.to_string();
+    assert!(
+        message.contains("decided call id \"c1\"") && message.contains("not that session's record"),
+        "{message}"
+    );
+}
+
 /// A new call id that costs no tool attempt (a read) writes its own record
 /// only, not its session's: the session's count of decisions is the count
 /// of its call ids at restore.
