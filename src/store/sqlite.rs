@@ -961,42 +961,100 @@ fn migrated_copy(source: &Connection, dir: &Path) -> Result<Connection, String> 
 /// snapshot through SQLite's online backup API, taken from a read-only
 /// connection without the lock, so that it works beside a running server
 /// that keeps committing (which meanwhile cannot restart the WAL, so a
-/// long backup lets it grow). Refuses to overwrite `file`; removes what it
-/// wrote when it fails. The copy is synced and opens as a store (see the
-/// module documentation for restoring it).
+/// long backup lets it grow). The copy is made under `FILE.partial` and
+/// takes the name `file` only once whole and synced, so a backup killed
+/// half-way leaves no `file` (its partial copy is overwritten by the next
+/// backup to `file`). Refuses to overwrite `file`; removes what it wrote
+/// when it fails. The copy opens as a store (see the module documentation
+/// for restoring it).
 pub fn backup(dir: &Path, file: &Path) -> StoreResult<BackupReport> {
     let (db_path, _) = existing_store(dir)?;
     let source = open_read_only(dir, &db_path)?;
     let version = user_version(&source)
         .map_err(|error| store_error(dir, "reading the schema version", error))?;
     refuse_newer(dir, version)?;
-    // create_new claims the name: an existing file is never overwritten,
-    // and the copy is the owner's only.
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(file)
-        .map_err(|error| match error.kind() {
-            std::io::ErrorKind::AlreadyExists => StoreError(format!(
-                "{} exists: a backup never overwrites a file; remove it or name another",
-                file.display()
-            )),
-            _ => StoreError(format!("cannot create {}: {error}", file.display())),
-        })?;
-    let copied = copy_into(&source, file).and_then(|report| sync_to_disk(file).map(|()| report));
+    let exists = || {
+        StoreError(format!(
+            "{} exists: a backup never overwrites a file; remove it or name another",
+            file.display()
+        ))
+    };
+    if fs::symlink_metadata(file).is_ok() {
+        return Err(exists());
+    }
+    let partial = sibling(file, ".partial");
+    let _claim = claim_partial(&partial, file)?;
+    let copied = copy_into(&source, &partial)
+        .and_then(|report| sync_to_disk(&partial).map(|()| report))
+        .and_then(|report| {
+            // A link never replaces a name: a file made meanwhile is kept.
+            fs::hard_link(&partial, file).map_err(|error| match error.kind() {
+                std::io::ErrorKind::AlreadyExists => exists(),
+                _ => StoreError(format!("cannot create {}: {error}", file.display())),
+            })?;
+            sync_to_disk(file)?;
+            Ok(BackupReport {
+                file: file.to_path_buf(),
+                bytes: files_size(file),
+                ..report
+            })
+        });
     drop(source);
-    match copied {
-        Ok(report) => Ok(report),
-        Err(error) => {
-            for suffix in ["", "-journal", "-wal", "-shm"] {
-                let mut path = file.as_os_str().to_os_string();
-                path.push(suffix);
-                let _ = fs::remove_file(PathBuf::from(path));
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let _ = fs::remove_file(sibling(&partial, suffix));
+    }
+    copied
+}
+
+/// `path` with `suffix` added to its name.
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Takes `partial` (owner-only, emptied) for a backup to `file`, locked
+/// while the backup lives: another backup to `file` is refused; a partial
+/// copy a killed backup left is taken over.
+fn claim_partial(partial: &Path, file: &Path) -> StoreResult<File> {
+    let failed =
+        |error: std::io::Error| StoreError(format!("cannot create {}: {error}", partial.display()));
+    // Never through a link: one planted under that name would have the
+    // copy written (and its target emptied) wherever it points.
+    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    let claim = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(nofollow)
+        .open(partial)
+        .map_err(failed)?;
+    match claim.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            return Err(StoreError(format!(
+                "another backup to {} is running ({} is held)",
+                file.display(),
+                partial.display()
+            )));
+        }
+        Err(TryLockError::Error(error)) => return Err(failed(error)),
+    }
+    for suffix in ["-journal", "-wal", "-shm"] {
+        match fs::remove_file(sibling(partial, suffix)) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(failed(error));
             }
-            Err(error)
+            _ => {}
         }
     }
+    // Owner-only, as made: a leftover is taken over whatever its mode.
+    claim
+        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .and_then(|()| claim.set_len(0))
+        .map_err(failed)?;
+    Ok(claim)
 }
 
 /// How often, and how long apart, a backup retries a source that is busy.

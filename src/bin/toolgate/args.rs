@@ -404,7 +404,9 @@ pub enum StoreCommand {
     ///
     /// To restore: stop toolgate, `mkdir -m 700 NEW`, copy FILE to
     /// `NEW/toolgate.sqlite3`, and start toolgate with NEW as its data
-    /// directory.
+    /// directory. A restore goes back to the backup's moment: grants
+    /// consumed since are grants again until they expire, and Dispatches
+    /// committed since have no receipt (their replays commit again).
     Backup {
         /// The copy to write; must not exist.
         file: PathBuf,

@@ -685,6 +685,41 @@ fn a_backup_never_overwrites() {
     assert!(error.0.contains("cannot create"), "{error}");
 }
 
+/// The copy takes its name only whole: a backup killed half-way leaves
+/// `FILE.partial`, never `FILE`, and the next backup takes the partial
+/// over; one running holds it; a link planted under its name is refused,
+/// its target untouched.
+#[test]
+fn a_backup_takes_its_name_only_whole() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = stopped_store(parent.path(), &[put(Kind::Meta, b"m", b"1")]);
+    let file = parent.path().join("nightly");
+    let partial = parent.path().join("nightly.partial");
+    fs::write(&partial, b"half a copy from a backup that was killed").unwrap();
+    fs::write(parent.path().join("nightly.partial-journal"), b"j").unwrap();
+    let report = sqlite::backup(&dir, &file).unwrap();
+    assert_eq!(report.file, file);
+    assert_eq!(report.records(), 1);
+    assert_eq!(mode(&file), 0o600);
+    assert!(!partial.exists());
+    assert!(!parent.path().join("nightly.partial-journal").exists());
+
+    let second = parent.path().join("second");
+    let held = fs::File::create(parent.path().join("second.partial")).unwrap();
+    held.try_lock().unwrap();
+    let error = sqlite::backup(&dir, &second).unwrap_err();
+    assert!(error.0.contains("another backup"), "{error}");
+    assert!(!second.exists());
+    drop(held);
+
+    let target = parent.path().join("precious");
+    fs::write(&target, b"not a backup").unwrap();
+    std::os::unix::fs::symlink(&target, parent.path().join("third.partial")).unwrap();
+    assert!(sqlite::backup(&dir, &parent.path().join("third")).is_err());
+    assert_eq!(fs::read(&target).unwrap(), b"not a backup");
+    assert!(!parent.path().join("third").exists());
+}
+
 // ----- checkpoints -------------------------------------------------------------
 
 /// `count` receipts of 300 bytes, numbered from `first`.
