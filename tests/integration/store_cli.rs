@@ -347,6 +347,43 @@ fn store_check_exit_codes() {
     );
 }
 
+/// With `--config`, the store is the one `serve` would use on that policy:
+/// a policy whose `[server] store` is PostgreSQL is not checked as the data
+/// directory beside it (which would answer ok about a store nobody uses).
+#[test]
+fn store_check_takes_the_policys_store() {
+    let parent = tempfile::tempdir().expect("temp dir");
+    let dir = parent.path().join("data");
+    real_store(&dir, 0);
+    let policy_text = |store: &str| {
+        crate::support::policies::decide_text(&format!("[server]\nstore = \"{store}\"\n"))
+    };
+    let policy = parent.path().join("postgres.toml");
+    fs::write(
+        &policy,
+        policy_text("postgres://toolgate:secret@127.0.0.1:1/toolgate"),
+    )
+    .expect("write");
+    let config = policy.to_str().expect("utf-8 path");
+    for command in [&["check"][..], &["backup", "copy"]] {
+        let run = store_command(&dir, &[command, &["--config", config]].concat());
+        assert_eq!(run.code, Some(2), "{run:?}");
+        assert!(
+            run.stderr.contains("works on the SQLite store only"),
+            "{run:?}"
+        );
+        assert!(!run.stderr.contains("secret"), "{run:?}");
+    }
+    // A policy on the embedded store: the data directory, as before.
+    let policy = parent.path().join("sqlite.toml");
+    fs::write(&policy, policy_text("sqlite")).expect("write");
+    let run = store_command(
+        &dir,
+        &["check", "--config", policy.to_str().expect("utf-8")],
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+}
+
 /// A clock set back while the server was down: the restarted engine's
 /// time goes on from the latest time its store holds (an approval
 /// requested a day "ahead"), so that approval's deadline is still as far

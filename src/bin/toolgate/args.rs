@@ -382,6 +382,10 @@ pub struct StoreArgs {
         value_parser = StoreParser
     )]
     pub store: Option<StoreKind>,
+    /// The policy `serve` runs on: without --store (or TOOLGATE_STORE), its
+    /// `[server] store` says which store, as it does for `serve`.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: StoreCommand,
 }

@@ -26,8 +26,12 @@ use crate::output::{Failure, emit, printable, record, say, table};
 /// - `check` and `backup` are the SQLite store's: with `--store postgres://…`
 ///   (or `memory`) they are refused, exit 2.
 pub fn run_store(args: &StoreArgs) -> ExitCode {
-    let run = match (&args.command, &args.store) {
-        (StoreCommand::Migrate, _) => run_migrate(args),
+    let store = match store_of(args) {
+        Ok(store) => store,
+        Err(failure) => return failure.report(),
+    };
+    let run = match (&args.command, &store) {
+        (StoreCommand::Migrate, _) => run_migrate(args, store.as_ref()),
         (StoreCommand::Check | StoreCommand::Backup { .. }, Some(StoreKind::Postgres(target))) => {
             let command = match args.command {
                 StoreCommand::Check => "check",
@@ -125,8 +129,35 @@ fn run_backup(args: &StoreArgs, file: &std::path::Path) -> Result<ExitCode, Fail
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_migrate(args: &StoreArgs) -> Result<ExitCode, Failure> {
-    let (store, found, version) = match &args.store {
+/// The store the command works on, as `serve` would choose it: `--store`
+/// (or TOOLGATE_STORE), else the `[server] store` of `--config`'s policy
+/// (its PostgreSQL settings with it), else the data directory.
+fn store_of(args: &StoreArgs) -> Result<Option<StoreKind>, Failure> {
+    if args.store.is_some() {
+        return Ok(args.store.clone());
+    }
+    let Some(path) = &args.config else {
+        return Ok(None);
+    };
+    let policy = Policy::load(path).map_err(|error| Failure::Usage(error.to_string()))?;
+    let Some(setting) = &policy.server.store else {
+        return Ok(None);
+    };
+    // The message names the key and the rule, never the URL's password.
+    match StoreKind::parse(&setting.0) {
+        Ok(StoreKind::Postgres(target)) => Ok(Some(StoreKind::Postgres(Box::new(
+            (*target).with_settings(policy.server.postgres),
+        )))),
+        Ok(kind) => Ok(Some(kind)),
+        Err(message) => Err(Failure::Usage(format!(
+            "{}: [server] store: {message}",
+            path.display()
+        ))),
+    }
+}
+
+fn run_migrate(args: &StoreArgs, store: Option<&StoreKind>) -> Result<ExitCode, Failure> {
+    let (store, found, version) = match store {
         Some(StoreKind::Memory) => {
             return Err(Failure::Usage(
                 "--store memory has no tables to create or migrate".into(),
