@@ -28,10 +28,13 @@ use crate::pb::policy_decision_point_server::PolicyDecisionPoint;
 
 /// The host the server would see for a caller of `policy`'s host API:
 /// with `[server] open_host_api = true`, the anonymous host (identity
-/// `anonymous`, any actor), as every caller is then; otherwise the host
-/// credentials of `identity`, or of the alphabetically first host identity
-/// when `identity` is `None`. Several credentials (tokens) of one identity
-/// act as one host that may assert any actor one of them may.
+/// `anonymous`, any actor), as every caller is then; otherwise a host
+/// credential (token or client certificate) of `identity`, or of the
+/// alphabetically first host identity when `identity` is `None`. The
+/// server lets a call assert the actors of the one credential it
+/// authenticated with, so an identity whose credentials allow different
+/// actors is refused here: which of them a test acts as would decide its
+/// answers.
 pub fn host_credential(policy: &Policy, identity: Option<&str>) -> Result<Arc<Credential>, String> {
     if policy.open_host_api {
         let anonymous = anonymous_host().credential();
@@ -45,40 +48,35 @@ pub fn host_credential(policy: &Policy, identity: Option<&str>) -> Result<Arc<Cr
             )),
         };
     }
-    let mut hosts: Vec<&Credential> = policy
-        .credentials
-        .values()
-        .map(Arc::as_ref)
+    let mut hosts: Vec<&str> = (policy.credentials.values())
+        .chain(policy.certificate_credentials.values())
         .filter(|credential| credential.kind == CredentialKind::Host)
+        .map(|credential| credential.identity.as_str())
         .collect();
-    hosts.sort_by(|left, right| left.identity.cmp(&right.identity));
-    let chosen = match identity {
-        Some(identity) => identity,
-        None => match hosts.first() {
-            Some(first) => first.identity.as_str(),
-            None => return Err("the policy declares no host credential".to_string()),
-        },
+    hosts.sort_unstable();
+    hosts.dedup();
+    let chosen = match (identity, hosts.first()) {
+        (Some(identity), _) => identity,
+        (None, Some(first)) => first,
+        (None, None) => return Err("the policy declares no host credential".to_string()),
     };
-    let mut actors: Vec<String> = hosts
-        .iter()
-        .filter(|credential| credential.identity == chosen)
-        .flat_map(|credential| credential.actors.iter().cloned())
-        .collect();
-    if actors.is_empty() {
-        let known: Vec<&str> = hosts.iter().map(|host| host.identity.as_str()).collect();
-        return Err(format!(
+    match policy.host_actors(chosen) {
+        Some(Ok(actors)) => Ok(Arc::new(Credential {
+            kind: CredentialKind::Host,
+            identity: chosen.to_string(),
+            actors,
+            client_identity: None,
+        })),
+        None => Err(format!(
             "no host credential {chosen:?} in the policy (hosts: {})",
-            known.join(", ")
-        ));
+            hosts.join(", ")
+        )),
+        Some(Err(())) => Err(format!(
+            "the credentials of host {chosen:?} allow different actors, and a call may assert \
+             only those of the credential it authenticates with: give them the same actors to \
+             test this host"
+        )),
     }
-    actors.sort();
-    actors.dedup();
-    Ok(Arc::new(Credential {
-        kind: CredentialKind::Host,
-        identity: chosen.to_string(),
-        actors,
-        client_identity: None,
-    }))
 }
 
 /// A reviewer as a reviewer credential of `identity` makes it (the policy

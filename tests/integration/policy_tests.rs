@@ -291,6 +291,41 @@ fn eval_refusals_are_the_servers_errors_with_exit_1() {
     assert!(stderr.contains("unknown key \"tool\""), "{stderr}");
 }
 
+/// `eval` acts as one credential of its host, as a served call does: a
+/// host whose credentials allow different actors cannot be tested (which
+/// one a call used would decide its answer), and a host that is a client
+/// certificate alone can.
+#[test]
+fn eval_acts_as_one_credential_of_its_host() {
+    let text = crate::support::policies::decide_text(
+        "[[credentials]]\nkind = \"host\"\nidentity = \"agent-host\"\nactors = [\"guest\"]\n\
+         sha256 = \"8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4\"\n\n\
+         [[credentials]]\nkind = \"host\"\nidentity = \"cert-host\"\nactors = [\"payer\"]\n\
+         client_identity = \"spiffe://toolgate.test/host/cert\"\n",
+    );
+    let policy = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(policy.path(), text).expect("write");
+    let config = policy.path().to_str().expect("utf-8 path");
+    let eval = |host: &str| {
+        toolgate(&[
+            "eval",
+            "--config",
+            config,
+            "--host",
+            host,
+            "--session",
+            "payer,s1,acme",
+            LAMP_DONE,
+        ])
+    };
+    let (code, _, stderr) = eval("agent-host");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("allow different actors"), "{stderr}");
+    let (code, stdout, stderr) = eval("cert-host");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("\"outcome\""), "{stdout}");
+}
+
 #[tokio::test]
 async fn eval_answers_what_a_server_on_the_policy_answers() {
     let payment = r#"{"call_id": "p1", "actor": "payer", "name": "payment_execute", "version": 0, "arguments": {"amount": 15000, "account_number": "12345678"}}"#;

@@ -267,6 +267,25 @@ impl Policy {
             })
     }
 
+    /// The actors the credentials of host `identity` allow, sorted: `None`
+    /// when it has no credential, `Some(Err(()))` when its credentials
+    /// allow different actors (a call asserts those of the one it
+    /// authenticates with, so a caller without a token cannot say which).
+    pub fn host_actors(&self, identity: &str) -> Option<Result<Vec<String>, ()>> {
+        let actors = |credential: &Credential| {
+            let mut actors = credential.actors.clone();
+            actors.sort();
+            actors.dedup();
+            actors
+        };
+        let mut credentials = self.host_credentials(identity);
+        let first = actors(credentials.next()?);
+        match credentials.all(|other| actors(other) == first) {
+            true => Some(Ok(first)),
+            false => Some(Err(())),
+        }
+    }
+
     /// `ext_authz.host_credential` names a host of the policy, whose
     /// credentials all allow the same actors: the ext_authz listener sees
     /// no token, so which of them it acts with must not matter.
@@ -277,32 +296,18 @@ impl Policy {
         let Some(identity) = &self.ext_authz.host_credential else {
             return Ok(());
         };
-        let actors = |credential: &Credential| {
-            let mut actors = credential.actors.clone();
-            actors.sort();
-            actors.dedup();
-            actors
+        let message = match self.host_actors(identity) {
+            Some(Ok(_)) => return Ok(()),
+            None => format!(
+                "names no host credential: no [[credentials]] of kind \"host\" has identity \
+                 {identity:?}"
+            ),
+            Some(Err(())) => format!(
+                "the credentials of host {identity:?} allow different actors; the ext_authz \
+                 listener, which sees no token, could act with any of them: give them the \
+                 same actors"
+            ),
         };
-        let mut credentials = self.host_credentials(identity);
-        let Some(first) = credentials.next() else {
-            return Err(loader.error(
-                "ext_authz.host_credential",
-                format!(
-                    "names no host credential: no [[credentials]] of kind \"host\" has identity \
-                     {identity:?}"
-                ),
-            ));
-        };
-        if credentials.any(|other| actors(other) != actors(first)) {
-            return Err(loader.error(
-                "ext_authz.host_credential",
-                format!(
-                    "the credentials of host {identity:?} allow different actors; the ext_authz \
-                     listener, which sees no token, could act with any of them: give them the \
-                     same actors"
-                ),
-            ));
-        }
-        Ok(())
+        Err(loader.error("ext_authz.host_credential", message))
     }
 }
