@@ -372,6 +372,39 @@ def test_a_dispatch_without_room_for_its_answer_is_sent_again(client_module):
     assert done.returncode == 0, done.stderr
 
 
+def test_no_decide_of_a_wait_outlasts_its_timeout(client_module):
+    """A server that holds every Decide: the wait ends at its timeout with
+    the call's error, not after the host's (longer) rpc_timeout."""
+    import time
+    from concurrent import futures
+
+    tc = client_module
+    release = threading.Event()
+
+    class Slow(tc.toolgate_pb2_grpc.PolicyDecisionPointServicer):
+        def Decide(self, request, context):
+            release.wait(30)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "held")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    tc.toolgate_pb2_grpc.add_PolicyDecisionPointServicer_to_server(Slow(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with tc.Host(f"127.0.0.1:{port}", actor="support-agent", workspace="desk",
+                     rpc_timeout=30) as host:
+            proposal = host.propose("set_ticket", {"ticket": "lamp", "status": "done"},
+                                    version=0)
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as raised:
+                host.wait_for_verdict(proposal, timeout=0.5)
+            assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert time.monotonic() - started < 10, "bounded by the wait, not rpc_timeout"
+    finally:
+        release.set()
+        server.stop(None)
+
+
 def test_an_appends_receipt_says_where_the_item_landed(client_module, embedded_server):
     tc = client_module
     with tc.Host(embedded_server.address, actor="support-agent", workspace="desk") as host:

@@ -272,10 +272,12 @@ class Host:
         return Proposal(call_id=call_id, tool=tool, version=version,
                         arguments_json=json.dumps(dict(arguments)))
 
-    def decide(self, proposal: Proposal) -> Decision:
-        """May this proposal run? One Decide call."""
+    def decide(self, proposal: Proposal, *, timeout: float | None = None) -> Decision:
+        """May this proposal run? One Decide call (within `timeout` s, by
+        default the host's `rpc_timeout`)."""
         answer = self.pdp.Decide(self._request(proposal, pb2.DecideRequest),
-                                 timeout=self.rpc_timeout, metadata=self._metadata)
+                                 timeout=self.rpc_timeout if timeout is None else timeout,
+                                 metadata=self._metadata)
         return Decision(
             outcome=_enum(Outcome, answer.outcome, "outcome"),
             reason=answer.reason,
@@ -299,7 +301,7 @@ class Host:
         first one, and a new one if the request expired and Decide opened
         another. A server that is unreachable for a while (a restart keeps
         the request) is asked again until the timeout; the last such error
-        is raised then.
+        (a `grpc.RpcError`) is raised then. No Decide outlasts the timeout.
         """
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
@@ -310,7 +312,8 @@ class Host:
         while True:
             unreachable = None
             try:
-                decision = self.decide(proposal)
+                left = deadline - time.monotonic()
+                decision = self.decide(proposal, timeout=max(min(self.rpc_timeout, left), 0.05))
             except grpc.RpcError as error:
                 if error.code() not in _TRANSIENT:
                     raise
@@ -336,7 +339,12 @@ class Host:
         `retries` times: a commit that happened is answered from its stored
         receipt (`replayed`), never made twice. A `grpc.RpcError` raised
         here means the outcome is unknown: call `dispatch` again with the
-        same proposal, never `propose` anew (a new call id is a new commit)."""
+        same proposal, never `propose` anew (a new call id is a new commit).
+        A Dispatch sent again is checked against the policy before its
+        receipt is looked up (the contract's order): should a reload or a
+        changed manifest refuse the tool in between, a refusal can answer a
+        change that the first attempt committed; read the resource before
+        acting on it."""
         request = self._request(proposal, pb2.DispatchRequest)
         for attempt in range(retries + 1):
             try:
