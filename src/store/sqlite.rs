@@ -963,7 +963,7 @@ fn migrated_copy(source: &Connection, dir: &Path) -> Result<Connection, String> 
 /// that keeps committing (which meanwhile cannot restart the WAL, so a
 /// long backup lets it grow). The copy is made under `FILE.partial` and
 /// takes the name `file` only once whole and synced, so a backup killed
-/// half-way leaves no `file` (its partial copy is overwritten by the next
+/// half-way leaves no `file` (its partial copy is removed by the next
 /// backup to `file`). Refuses to overwrite `file`; removes what it wrote
 /// when it fails. The copy opens as a store (see the module documentation
 /// for restoring it).
@@ -987,8 +987,8 @@ pub fn backup(dir: &Path, file: &Path) -> StoreResult<BackupReport> {
     let copied = copy_into(&source, &partial)
         .and_then(|report| sync_to_disk(&partial).map(|()| report))
         .and_then(|report| {
-            // A link never replaces a name: a file made meanwhile is kept.
-            fs::hard_link(&partial, file).map_err(|error| match error.kind() {
+            // Never replacing a name: a file made meanwhile is kept.
+            put_in_place(&partial, file).map_err(|error| match error.kind() {
                 std::io::ErrorKind::AlreadyExists => exists(),
                 _ => StoreError(format!("cannot create {}: {error}", file.display())),
             })?;
@@ -1000,8 +1000,11 @@ pub fn backup(dir: &Path, file: &Path) -> StoreResult<BackupReport> {
             })
         });
     drop(source);
-    for suffix in ["", "-journal", "-wal", "-shm"] {
-        let _ = fs::remove_file(sibling(&partial, suffix));
+    if copied.is_err() {
+        // Still ours by that name: never renamed.
+        for suffix in ["", "-journal", "-wal", "-shm"] {
+            let _ = fs::remove_file(sibling(&partial, suffix));
+        }
     }
     copied
 }
@@ -1013,35 +1016,29 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Takes `partial` (owner-only, emptied) for a backup to `file`, locked
-/// while the backup lives: another backup to `file` is refused; a partial
-/// copy a killed backup left is taken over.
+/// Makes `partial` anew (owner-only, locked while the backup lives) for a
+/// backup to `file`: another backup to `file` still running is refused; a
+/// partial copy a killed one left is unlinked, never written into (it may
+/// be a link to a file that must be kept), and `create_new` never follows
+/// a link planted under its name.
 fn claim_partial(partial: &Path, file: &Path) -> StoreResult<File> {
     let failed =
         |error: std::io::Error| StoreError(format!("cannot create {}: {error}", partial.display()));
-    // Never through a link: one planted under that name would have the
-    // copy written (and its target emptied) wherever it points.
-    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
-    let claim = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(nofollow)
-        .open(partial)
-        .map_err(failed)?;
-    match claim.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            return Err(StoreError(format!(
-                "another backup to {} is running ({} is held)",
-                file.display(),
-                partial.display()
-            )));
+    let running = || {
+        StoreError(format!(
+            "another backup to {} is running ({} is held)",
+            file.display(),
+            partial.display()
+        ))
+    };
+    if let Ok(leftover) = File::open(partial) {
+        match leftover.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Err(running()),
+            Err(TryLockError::Error(error)) => return Err(failed(error)),
         }
-        Err(TryLockError::Error(error)) => return Err(failed(error)),
     }
-    for suffix in ["-journal", "-wal", "-shm"] {
+    for suffix in ["", "-journal", "-wal", "-shm"] {
         match fs::remove_file(sibling(partial, suffix)) {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                 return Err(failed(error));
@@ -1049,12 +1046,33 @@ fn claim_partial(partial: &Path, file: &Path) -> StoreResult<File> {
             _ => {}
         }
     }
-    // Owner-only, as made: a leftover is taken over whatever its mode.
-    claim
-        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .and_then(|()| claim.set_len(0))
-        .map_err(failed)?;
+    let claim = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(partial)
+        .map_err(|error| match error.kind() {
+            std::io::ErrorKind::AlreadyExists => running(),
+            _ => failed(error),
+        })?;
+    claim.try_lock().map_err(|_| running())?;
     Ok(claim)
+}
+
+/// Gives the whole copy `partial` the name `file`, never replacing a file
+/// of that name: a rename that refuses to replace where the file system
+/// has one, else a hard link (then the partial name removed).
+fn put_in_place(partial: &Path, file: &Path) -> std::io::Result<()> {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    use rustix::io::Errno;
+    match renameat_with(CWD, partial, CWD, file, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(Errno::INVAL | Errno::NOSYS | Errno::NOTSUP) => {
+            fs::hard_link(partial, file)?;
+            fs::remove_file(partial)
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// How often, and how long apart, a backup retries a source that is busy.
@@ -1183,8 +1201,8 @@ fn refuse_lost_database(dir: &Path, db_path: &Path) -> StoreResult<()> {
         return Err(StoreError(format!(
             "the SQLite store at {}: {DB_FILE} is missing or empty, but its write-ahead log \
              holds {wal_bytes} bytes of commits; not opened (SQLite would discard the log). \
-             Restore {DB_FILE} from a backup (toolgate store backup), or move {DB_FILE}-wal \
-             and {CREATED_FILE} away to start an empty store",
+             Restore {DB_FILE} from a backup (toolgate store backup), or move {DB_FILE}-wal, \
+             {CREATED_FILE} and an empty {DB_FILE} away to start an empty store",
             dir.display()
         )));
     }

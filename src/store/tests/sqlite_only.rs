@@ -686,9 +686,10 @@ fn a_backup_never_overwrites() {
 }
 
 /// The copy takes its name only whole: a backup killed half-way leaves
-/// `FILE.partial`, never `FILE`, and the next backup takes the partial
-/// over; one running holds it; a link planted under its name is refused,
-/// its target untouched.
+/// `FILE.partial`, never `FILE`, and the next backup removes that leftover
+/// and makes its own; one running holds it. A leftover is never written
+/// into: a link under that name (planted, or a hard link a killed backup
+/// left that a rotation renamed) keeps what it points to.
 #[test]
 fn a_backup_takes_its_name_only_whole() {
     let parent = tempfile::tempdir().unwrap();
@@ -715,9 +716,13 @@ fn a_backup_takes_its_name_only_whole() {
     let target = parent.path().join("precious");
     fs::write(&target, b"not a backup").unwrap();
     std::os::unix::fs::symlink(&target, parent.path().join("third.partial")).unwrap();
-    assert!(sqlite::backup(&dir, &parent.path().join("third")).is_err());
+    fs::hard_link(&target, parent.path().join("fourth.partial")).unwrap();
+    for name in ["third", "fourth"] {
+        let report = sqlite::backup(&dir, &parent.path().join(name)).unwrap();
+        assert_eq!(report.records(), 1);
+        assert!(!parent.path().join(format!("{name}.partial")).exists());
+    }
     assert_eq!(fs::read(&target).unwrap(), b"not a backup");
-    assert!(!parent.path().join("third").exists());
 }
 
 // ----- checkpoints -------------------------------------------------------------
