@@ -573,6 +573,17 @@ pub struct StoredCall {
 }
 
 impl StoredCall {
+    /// The error of a stored call id whose session has no record: a store
+    /// that lost one (they are written and deleted in one batch).
+    pub fn without_session(&self) -> Error {
+        let [host, session_id, call_id] = self.key();
+        Error::Internal(format!(
+            "the store holds decided call id {call_id:?} of session {session_id:?} (host \
+             {host:?}) but not that session's record: it lost a record; restore it from a \
+             backup (toolgate store backup)"
+        ))
+    }
+
     /// The (host, session id, call id) of its key.
     pub fn key(&self) -> [&str; 3] {
         [&self.host, &self.session_id, &self.call.call_id]
@@ -930,11 +941,7 @@ impl Sessions {
         for record in calls {
             let call = decode_call(&record.key, &record.value)?;
             if let Some(orphan) = restored.put_call(call) {
-                let [host, session_id, call_id] = orphan.key();
-                return Err(Error::Internal(format!(
-                    "the store holds decided call id {call_id:?} of session {session_id:?} \
-                     (host {host:?}) but not that session's record; run `toolgate store check`"
-                )));
+                return Err(orphan.without_session());
             }
         }
         Ok(restored)
@@ -984,7 +991,7 @@ impl Sessions {
 
     /// Remembers a decided call id of a stored record in its session (added
     /// or replaced); nothing is journaled. Handed back when its session is
-    /// not held (restore drops such a call id).
+    /// not held (restore and a replica's apply refuse such a call id).
     pub fn put_call(&mut self, call: StoredCall) -> Option<StoredCall> {
         let hash = self.hash(&call.host, &call.session_id);
         let Some(session) = self.sessions.find_mut(hash, |session| {

@@ -58,7 +58,10 @@ impl State {
     /// Every change is decoded and checked before any is applied: a
     /// corrupt one (a value or key that does not decode, queue items that
     /// leave a gap in their queue) is an internal error naming its kind,
-    /// and nothing changes.
+    /// and nothing changes. A call id left without its session once the
+    /// batch is applied is an error too, found after the others applied
+    /// (the replica's store then counts as failed, as for any change it
+    /// could not take in).
     pub fn apply_changes(
         &mut self,
         policy: &Policy,
@@ -78,8 +81,9 @@ impl State {
         let mut events = Vec::new();
         // Call ids written before their session (a batch writes a new
         // session's first call id before the session): kept until the end
-        // of the batch, then remembered if their session is there (else
-        // dropped, as restore drops them).
+        // of the batch, then remembered in their session; one whose session
+        // is not there is a store that lost a record, refused as restore
+        // refuses it.
         let mut waiting: HashMap<[String; 3], StoredCall> = HashMap::new();
         for change in decoded {
             match change {
@@ -123,7 +127,9 @@ impl State {
             }
         }
         for (_, call) in waiting {
-            self.sessions.put_call(call);
+            if let Some(orphan) = self.sessions.put_call(call) {
+                return Err(orphan.without_session());
+            }
         }
         self.resources.apply_items(items)?;
         Ok(events)

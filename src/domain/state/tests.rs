@@ -1247,14 +1247,26 @@ fn call_ids_of_the_first_schema_restore_and_are_dropped_under_their_keys() {
 }
 
 /// A decided call id whose session's record the store lost stops the
-/// start: dropped, its session's budget and call ids would start again
+/// start (and a replica's apply): dropped, its session's budget and call ids would start again
 /// from nothing (a call id already committed decided as new).
 #[test]
 fn a_call_id_without_its_session_stops_the_restore() {
     let mut replicas = Replicas::new();
     let session = replicas.sessions[0].clone();
     let call = Call::of(&session, "c1", "lookup", 0, r#"{"query":"q"}"#);
-    replicas.decide_and_commit(&call);
+    let changes = replicas.decide_and_commit(&call).changes;
+    // A replica taking the batch in without the session's record refuses
+    // it as a restart would.
+    let calls_only: Vec<_> = (changes.iter())
+        .filter(|change| change.kind != Kind::Session)
+        .cloned()
+        .collect();
+    let mut fresh = State::restore(&policy(), Vec::new()).unwrap();
+    let error = fresh.apply_changes(&policy(), &calls_only).unwrap_err();
+    assert!(
+        error.to_string().contains("not that session's record"),
+        "{error}"
+    );
     let records = replicas.store.load().unwrap();
     assert!(State::restore(&policy(), records.clone()).is_ok());
     let lost: Vec<_> = records
