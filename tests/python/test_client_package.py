@@ -381,10 +381,19 @@ def test_no_decide_of_a_wait_outlasts_its_timeout(client_module):
     tc = client_module
     release = threading.Event()
 
+    answered = []
+
     class Slow(tc.toolgate_pb2_grpc.PolicyDecisionPointServicer):
         def Decide(self, request, context):
+            if answered_once and not answered:
+                answered.append(request)
+                return tc.toolgate_pb2.DecideResponse(
+                    outcome=tc.toolgate_pb2.OUTCOME_REQUIRE_APPROVAL,
+                    reason="approval-required", approval_id="a-1")
             release.wait(30)
             context.abort(grpc.StatusCode.UNAVAILABLE, "held")
+
+    answered_once = False
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     tc.toolgate_pb2_grpc.add_PolicyDecisionPointServicer_to_server(Slow(), server)
@@ -400,6 +409,12 @@ def test_no_decide_of_a_wait_outlasts_its_timeout(client_module):
                 host.wait_for_verdict(proposal, timeout=0.5)
             assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             assert time.monotonic() - started < 10, "bounded by the wait, not rpc_timeout"
+            # Once an answer said pending, a Decide cut short by the wait's
+            # end is the wait running out, not the server gone.
+            answered_once = True
+            with pytest.raises(tc.VerdictTimeout) as timed_out:
+                host.wait_for_verdict(proposal, timeout=0.5, poll_interval=0.1)
+            assert timed_out.value.decision.approval_id == "a-1"
     finally:
         release.set()
         server.stop(None)

@@ -309,16 +309,24 @@ class Host:
             raise ValueError(f"poll_interval must be at least 0.05 s, not {poll_interval!r}")
         deadline = time.monotonic() + timeout
         waited_on = ""
+        decision = None
         while True:
             unreachable = None
+            left = max(deadline - time.monotonic(), 0.05)
+            cut = self.rpc_timeout is None or left < self.rpc_timeout
             try:
-                left = deadline - time.monotonic()
-                decision = self.decide(proposal, timeout=max(min(self.rpc_timeout, left), 0.05))
+                answered = self.decide(proposal, timeout=left if cut else self.rpc_timeout)
             except grpc.RpcError as error:
                 if error.code() not in _TRANSIENT:
                     raise
-                unreachable = error
-            if unreachable is None:
+                # A call cut short by the wait's end, after an answer that
+                # was pending: the wait is over, not the server gone.
+                if not (cut and decision is not None
+                        and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED):
+                    unreachable = error
+            else:
+                decision = answered
+            if unreachable is None and decision is not None:
                 if not decision.pending:
                     return decision
                 if decision.approval_id != waited_on:
