@@ -38,9 +38,9 @@ pub fn run_store(args: &StoreArgs) -> ExitCode {
                 _ => "backup",
             };
             Err(Failure::Usage(format!(
-                "`toolgate store {command}` works on the SQLite store only, and --store (or \
-                 TOOLGATE_STORE) is {target}; for PostgreSQL use its own tools (pg_dump \
-                 --schema {}, amcheck)",
+                "`toolgate store {command}` works on the SQLite store only, and the store \
+                 (--store, TOOLGATE_STORE or the policy's [server] store) is {target}; for \
+                 PostgreSQL use its own tools (pg_dump --schema {}, amcheck)",
                 target.schema()
             )))
         }
@@ -130,30 +130,29 @@ fn run_backup(args: &StoreArgs, file: &std::path::Path) -> Result<ExitCode, Fail
 }
 
 /// The store the command works on, as `serve` would choose it: `--store`
-/// (or TOOLGATE_STORE), else the `[server] store` of `--config`'s policy
-/// (its PostgreSQL settings with it), else the data directory.
+/// (or TOOLGATE_STORE), else the `[server] store` of `--config`'s policy,
+/// else the data directory; a PostgreSQL one with the policy's settings.
 fn store_of(args: &StoreArgs) -> Result<Option<StoreKind>, Failure> {
-    if args.store.is_some() {
-        return Ok(args.store.clone());
-    }
-    let Some(path) = &args.config else {
-        return Ok(None);
+    let policy = (args.config.as_deref())
+        .map(|path| Policy::load(path).map_err(|error| Failure::Usage(error.to_string())))
+        .transpose()?;
+    let kind = match (&args.store, &policy) {
+        (Some(kind), _) => Some(kind.clone()),
+        (None, Some(policy)) => (policy.server.store.as_ref())
+            // The message names the key and the rule, never the URL's password.
+            .map(|setting| {
+                StoreKind::parse(&setting.0)
+                    .map_err(|message| Failure::Usage(format!("[server] store: {message}")))
+            })
+            .transpose()?,
+        (None, None) => None,
     };
-    let policy = Policy::load(path).map_err(|error| Failure::Usage(error.to_string()))?;
-    let Some(setting) = &policy.server.store else {
-        return Ok(None);
-    };
-    // The message names the key and the rule, never the URL's password.
-    match StoreKind::parse(&setting.0) {
-        Ok(StoreKind::Postgres(target)) => Ok(Some(StoreKind::Postgres(Box::new(
+    Ok(match (kind, &policy) {
+        (Some(StoreKind::Postgres(target)), Some(policy)) => Some(StoreKind::Postgres(Box::new(
             (*target).with_settings(policy.server.postgres),
-        )))),
-        Ok(kind) => Ok(Some(kind)),
-        Err(message) => Err(Failure::Usage(format!(
-            "{}: [server] store: {message}",
-            path.display()
         ))),
-    }
+        (kind, _) => kind,
+    })
 }
 
 fn run_migrate(args: &StoreArgs, store: Option<&StoreKind>) -> Result<ExitCode, Failure> {

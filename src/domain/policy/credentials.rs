@@ -64,6 +64,11 @@ impl ClientIdentity {
 }
 
 impl Credential {
+    /// Whether it may assert every actor (`*` among its actors).
+    pub fn may_assert_any(&self) -> bool {
+        self.actors.iter().any(|allowed| allowed == "*")
+    }
+
     pub fn may_assert(&self, actor: &str) -> bool {
         self.actors
             .iter()

@@ -246,7 +246,8 @@ fn header_name(loader: &Loader<'_>, key: &str, name: &str) -> Result<String, Pol
         return Err(loader.error(
             key,
             format!(
-                "must be a lowercase HTTP header name (at most 128 of a-z 0-9 - _ .), not {name:?}"
+                "must be a lowercase HTTP header name (at most 128 of a-z, 0-9 and the token \
+                 characters -_.!#$%&'*+^`|~), not {name:?}"
             ),
         ));
     }
@@ -272,11 +273,15 @@ impl Policy {
     /// allow different actors (a call asserts those of the one it
     /// authenticates with, so a caller without a token cannot say which).
     pub fn host_actors(&self, identity: &str) -> Option<Result<Vec<String>, ()>> {
-        let actors = |credential: &Credential| {
-            let mut actors = credential.actors.clone();
-            actors.sort();
-            actors.dedup();
-            actors
+        // `*` allows every actor, whatever else is listed beside it.
+        let actors = |credential: &Credential| match credential.may_assert_any() {
+            true => vec!["*".to_string()],
+            false => {
+                let mut actors = credential.actors.clone();
+                actors.sort();
+                actors.dedup();
+                actors
+            }
         };
         let mut credentials = self.host_credentials(identity);
         let first = actors(credentials.next()?);
