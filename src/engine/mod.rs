@@ -560,9 +560,13 @@ impl Engine {
         reviewer: &str,
         note: String,
     ) -> Result<Approval> {
-        let policy = self.policy();
         let reviewed = self
-            .with_expiry(&policy, |state, now, transitions| {
+            .committed_publishing(|state, now, transitions| {
+                // The policy in force once the review holds the state (or
+                // its turn), not when it asked: a reload that took the
+                // reviewer's authority away meanwhile is the one that judges.
+                let policy = self.policy();
+                transitions.extend(state.expire_due(&policy, now));
                 let event = state.review(&policy, now, id, verdict, reviewer, note)?;
                 let approval = event.approval.clone();
                 transitions.push(event);
@@ -769,20 +773,25 @@ impl Engine {
             // may send, the pages of the resource reads).
             policy.server = running.server.clone();
         }
+        let new_policy = Arc::new(policy);
+        let install = || match self.shared.policy.write() {
+            Ok(mut guard) => *guard = Arc::clone(&new_policy),
+            Err(poisoned) => *poisoned.into_inner() = Arc::clone(&new_policy),
+        };
         // On a shared store the new resources are adopted in the next turn
         // (against what every replica committed), not here.
         if self.shared.writer.gate().is_none()
             && let Ok(mut state) = self.state()
         {
-            state.adopt_policy(&policy);
+            state.adopt_policy(&new_policy);
             // Nobody is answered about the new resources: they are stored
             // with the next batch, without waiting.
             let _ = self.hand_to_writer(&mut state, Vec::new());
-        }
-        let new_policy = Arc::new(policy);
-        match self.shared.policy.write() {
-            Ok(mut guard) => *guard = new_policy,
-            Err(poisoned) => *poisoned.into_inner() = new_policy,
+            // Under the state lock: an operation that reads the policy
+            // under it sees the state and the policy change together.
+            install();
+        } else {
+            install();
         }
         self.shared
             .reloads

@@ -74,16 +74,27 @@ impl Publisher {
         }
     }
 
-    /// Everything queued, taken out by a shared store's turn host under
-    /// the state lock when the turn before has committed (every batch
-    /// queued is then settled: durable, unless that turn was abandoned and
-    /// the next one loads everything); published by it, with
-    /// [`Publisher::publish`], before the transitions it takes in.
-    pub(super) fn take_settled(&self) -> Vec<ApprovalEvent> {
-        self.queued()
-            .drain(..)
-            .flat_map(|(_, transitions)| transitions)
-            .collect()
+    /// The transitions of the settled batches, taken out by a shared
+    /// store's turn host under the state lock when the turn before has
+    /// committed: those of durable batches, in order (an abandoned batch's
+    /// are dropped: its callers were told it did not take effect; one not
+    /// settled stays queued). Published by the host, with
+    /// [`Publisher::publish`], before the transitions it takes in, also
+    /// when it loads everything again: what was durable was committed.
+    pub(super) fn take_settled(&self, settled: &dyn Fn(u64) -> Option<bool>) -> Vec<ApprovalEvent> {
+        let mut queued = self.queued();
+        let mut durable = Vec::new();
+        while let Some((number, _)) = queued.front() {
+            let Some(made) = settled(*number) else {
+                break;
+            };
+            if let Some((_, transitions)) = queued.pop_front()
+                && made
+            {
+                durable.extend(transitions);
+            }
+        }
+        durable
     }
 
     /// Audits ledger transitions, counts them and sends them to watchers,
@@ -122,5 +133,69 @@ impl Publisher {
             // No receivers is fine: nobody is watching.
             let _ = self.events.send(event);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::canonical::Fingerprint;
+    use crate::domain::clock::Timestamp;
+    use crate::domain::ledger::{Ledger, NewApproval};
+    use crate::domain::policy::Policy;
+    use crate::domain::reason::Reason;
+
+    fn requested(
+        ledger: &mut Ledger,
+        call_id: &str,
+        limits: &crate::domain::policy::Limits,
+    ) -> ApprovalEvent {
+        let new = NewApproval {
+            fingerprint: Fingerprint::of_bytes(call_id.as_bytes()),
+            host: "h".into(),
+            actor: "a".into(),
+            session_id: "s".into(),
+            workspace: "w".into(),
+            tool: "t".into(),
+            call_id: call_id.into(),
+            version: 0,
+            arguments_view: "{}".into(),
+            reason: Reason::ApprovalRequired,
+        };
+        ledger.create(new, Timestamp(1), limits)
+    }
+
+    /// A replica that loads everything again still publishes its own
+    /// transitions of durable batches (their callers were told they took
+    /// effect): only an abandoned batch's are dropped, and a batch not yet
+    /// settled stays queued.
+    #[test]
+    fn the_settled_batches_give_their_durable_transitions() {
+        let policy = Policy::embedded_default().unwrap();
+        let mut ledger = Ledger::default();
+        let (events, _) = broadcast::channel(8);
+        let publisher = Publisher::new(events);
+        for (number, call_id) in [(1, "durable"), (2, "abandoned"), (3, "unsettled")] {
+            publisher.queue(
+                number,
+                vec![requested(&mut ledger, call_id, &policy.limits)],
+            );
+        }
+        let settled = |number: u64| match number {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        };
+        let taken = publisher.take_settled(&settled);
+        let calls: Vec<&str> = (taken.iter())
+            .map(|event| event.approval.request.call_id.as_str())
+            .collect();
+        assert_eq!(calls, ["durable"]);
+        let left: Vec<u64> = publisher
+            .queued()
+            .iter()
+            .map(|(number, _)| *number)
+            .collect();
+        assert_eq!(left, [3]);
     }
 }

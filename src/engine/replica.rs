@@ -80,18 +80,10 @@ impl Host {
         }
     }
 
-    /// Publishes this replica's transitions taken out of the queue
-    /// (`own`, unless `reloaded`: the turn before may have been abandoned,
-    /// and the watchers are told to re-list), then sends the others'.
-    fn send(
-        &self,
-        own: Vec<crate::domain::ledger::ApprovalEvent>,
-        reloaded: bool,
-        taken_in: Vec<Watched>,
-    ) {
-        if !reloaded {
-            self.publisher.publish(own);
-        }
+    /// Publishes this replica's durable transitions taken out of the
+    /// queue (`own`), then sends the others'.
+    fn send(&self, own: Vec<crate::domain::ledger::ApprovalEvent>, taken_in: Vec<Watched>) {
+        self.publisher.publish(own);
         self.publisher.send(taken_in);
     }
 }
@@ -102,6 +94,7 @@ impl TurnHost for Host {
         turn: Turn,
         gate: &Gate,
         queue: &mut dyn FnMut(Vec<Change>),
+        settled: &dyn Fn(u64) -> Option<bool>,
     ) -> Result<(), StoreError> {
         let policy = self.policy();
         let shared = Arc::clone(&self.state);
@@ -109,8 +102,7 @@ impl TurnHost for Host {
         // The turn before has committed: this replica's transitions still
         // queued go out before the others' taken in now, which came after
         // them in the store.
-        let own = self.publisher.take_settled();
-        let reloaded = matches!(turn.behind, Some(Behind::Everything(_)));
+        let own = self.publisher.take_settled(settled);
         let events = match turn.behind {
             Some(behind) => self.take_in(&mut state, &policy, behind)?,
             None => Vec::new(),
@@ -127,7 +119,7 @@ impl TurnHost for Host {
         queue(changes);
         gate.open(time_of(self.clock.as_ref(), turn.now));
         drop(state);
-        self.send(own, reloaded, events);
+        self.send(own, events);
         Ok(())
     }
 
@@ -137,15 +129,18 @@ impl TurnHost for Host {
         gate.close();
     }
 
-    fn catch_up(&mut self, behind: Behind) -> Result<(), StoreError> {
+    fn catch_up(
+        &mut self,
+        behind: Behind,
+        settled: &dyn Fn(u64) -> Option<bool>,
+    ) -> Result<(), StoreError> {
         let policy = self.policy();
         let mut state = lock(&self.state)?;
-        // Between turns: everything queued is durable (see `begin`).
-        let own = self.publisher.take_settled();
-        let reloaded = matches!(behind, Behind::Everything(_));
+        // Between turns: everything queued is settled (see `begin`).
+        let own = self.publisher.take_settled(settled);
         let events = self.take_in(&mut state, &policy, behind)?;
         drop(state);
-        self.send(own, reloaded, events);
+        self.send(own, events);
         Ok(())
     }
 }

@@ -161,6 +161,18 @@ struct Pending {
 const ABANDONED_KEPT: usize = 1024;
 
 impl Pending {
+    /// What became of the batch `number` ([`Writer::settled`]).
+    fn settled(&self, number: u64) -> Option<bool> {
+        if self
+            .abandoned
+            .iter()
+            .any(|(first, last)| (*first..=*last).contains(&number))
+        {
+            return Some(false);
+        }
+        (self.durable >= number).then_some(true)
+    }
+
     /// What a call whose changes no answer reveals waits for: the last
     /// batch with a change one does, unless the batch in flight has been
     /// committing for longer than [`UNSYNCED_FOR`]: then everything
@@ -239,16 +251,22 @@ pub trait TurnHost: Send + 'static {
     /// that sets a resource the policy just declared must not be followed
     /// by the resource's initial value). An error (the state cannot take
     /// in what the store holds) stops the writer.
+    /// `settled` says what became of a batch ([`Writer::settled`]).
     fn begin(
         &mut self,
         turn: Turn,
         gate: &Gate,
         queue: &mut dyn FnMut(Vec<Change>),
+        settled: &dyn Fn(u64) -> Option<bool>,
     ) -> Result<(), StoreError>;
     /// Under the state lock: closes `gate`.
     fn end(&mut self, gate: &Gate);
     /// Takes in what other replicas committed between two turns.
-    fn catch_up(&mut self, behind: Behind) -> Result<(), StoreError>;
+    fn catch_up(
+        &mut self,
+        behind: Behind,
+        settled: &dyn Fn(u64) -> Option<bool>,
+    ) -> Result<(), StoreError>;
 }
 
 /// The gate of a shared store's turns: an operation runs only while a turn
@@ -500,15 +518,7 @@ impl Writer {
     /// What became of the batch `number`: durable (`Some(true)`), abandoned
     /// (`Some(false)`: it never took effect), or neither yet (`None`).
     pub fn settled(&self, number: u64) -> Option<bool> {
-        let pending = self.shared.pending();
-        if pending
-            .abandoned
-            .iter()
-            .any(|(first, last)| (*first..=*last).contains(&number))
-        {
-            return Some(false);
-        }
-        (pending.durable >= number).then_some(true)
+        self.shared.pending().settled(number)
     }
 
     /// Waits until every batch up to `number` is durable, or the writer
@@ -733,7 +743,8 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
             match store.catch_up() {
                 Ok(None) => {}
                 Ok(Some(behind)) => {
-                    if let Err(error) = host.catch_up(behind) {
+                    let settled = |number| shared.pending().settled(number);
+                    if let Err(error) = host.catch_up(behind, &settled) {
                         shared.stop(error);
                         return;
                     }
@@ -761,7 +772,8 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
             pending.last += 1;
             pending.observable = pending.last;
         };
-        match host.begin(turn, gate, &mut queue) {
+        let settled = |number| shared.pending().settled(number);
+        match host.begin(turn, gate, &mut queue, &settled) {
             Ok(()) => {}
             Err(error) => {
                 let _ = store.commit(&[]);
@@ -1140,6 +1152,7 @@ mod tests {
             turn: Turn,
             gate: &Gate,
             queue: &mut dyn FnMut(Vec<Change>),
+            _settled: &dyn Fn(u64) -> Option<bool>,
         ) -> Result<(), StoreError> {
             let first = self.begins_with.take();
             {
@@ -1157,7 +1170,11 @@ mod tests {
             let _state = lock(&self.state);
             gate.close();
         }
-        fn catch_up(&mut self, _behind: Behind) -> Result<(), StoreError> {
+        fn catch_up(
+            &mut self,
+            _behind: Behind,
+            _settled: &dyn Fn(u64) -> Option<bool>,
+        ) -> Result<(), StoreError> {
             Ok(())
         }
     }
