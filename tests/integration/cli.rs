@@ -1967,3 +1967,22 @@ fn the_license_file_matches_the_manifest() {
     assert!(license.contains("END OF TERMS AND CONDITIONS"));
     assert!(license.contains("APPENDIX: How to apply the Apache License to your work."));
 }
+
+/// A watch that never opened (a peer that hangs up, a server answering
+/// UNAVAILABLE) is an error, not an orderly end: exit non-zero, so a
+/// script never takes "nothing watched" for "watched until the server
+/// stopped".
+#[tokio::test]
+async fn a_watch_that_never_opened_is_an_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for connection in listener.incoming() {
+            drop(connection);
+        }
+    });
+    let run = toolgate(&["approvals", "watch", "--server", &addr], Some(ALICE)).await;
+    assert_ne!(run.code, Some(0), "{run:?}");
+    assert!(run.stderr.starts_with("error: "), "{run:?}");
+    assert!(!run.stderr.contains("watch ended"), "{run:?}");
+}

@@ -221,6 +221,8 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
                     say(&format!("toolgate: watch ended: {}", printable(&message)));
                     Ok(())
                 }
+                // Nothing was watched: an error, not an orderly end.
+                WatchEnd::NotOpened(status) => Err(Failure::Status(status)),
             }
         }
     }
@@ -344,6 +346,9 @@ async fn list_approvals(
 enum WatchEnd {
     /// The server ended it (at shutdown, or the connection went away).
     Ended(String),
+    /// It never opened: the server was unreachable, or answered the call
+    /// UNAVAILABLE (its log sink stalled, a proxy's 503).
+    NotOpened(Status),
 }
 
 /// Prints one watch stream until it ends. A refusal (a bad token, a
@@ -356,9 +361,7 @@ async fn watch_once(
 ) -> Result<WatchEnd, Failure> {
     let mut events = match client.watch_approvals(pb::WatchApprovalsRequest {}).await {
         Ok(response) => response.into_inner(),
-        Err(status) if is_disconnect(&status) => {
-            return Ok(WatchEnd::Ended(status.message().to_string()));
-        }
+        Err(status) if is_disconnect(&status) => return Ok(WatchEnd::NotOpened(status)),
         Err(status) => return Err(Failure::Status(status)),
     };
     // The server subscribed before answering: from here on nothing is missed.
@@ -417,6 +420,7 @@ async fn follow_approvals(client_args: &ClientArgs, output: OutputFormat) -> Res
                         backoff = FOLLOW_FIRST_BACKOFF;
                         message
                     }
+                    WatchEnd::NotOpened(status) => status.message().to_string(),
                 }
             }
             Err(error) => format!("cannot connect to {url}: {}", error_chain(&error)),
