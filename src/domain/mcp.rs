@@ -684,6 +684,9 @@ fn actor_of(
                     .cloned()
                     .unwrap_or_else(|| principal.to_string())
             }),
+        ActorSource::Unset => Err("[ext_authz] names no actor source (actor_header, \
+             actor_claim or actor_from_principal): no tool call is decided"
+            .to_string()),
     };
     let actor = found.map_err(|why| refused(RequestRefusal::ActorMissing, why, id))?;
     check_identifier("actor", &actor).map_err(|_| {
@@ -801,6 +804,14 @@ mod tests {
         }
     }
 
+    /// The default settings, the actor from header `x-toolgate-actor`.
+    fn header_settings() -> ExtAuthzSettings {
+        ExtAuthzSettings {
+            actor: ActorSource::Header("x-toolgate-actor".into()),
+            ..ExtAuthzSettings::default()
+        }
+    }
+
     fn post(body: &'static str) -> Request {
         Request {
             method: "POST",
@@ -814,7 +825,7 @@ mod tests {
     }
 
     fn refusal(request: &Request) -> RequestRefusal {
-        classify(&ExtAuthzSettings::default(), request)
+        classify(&header_settings(), request)
             .expect_err("refused")
             .refusal
     }
@@ -827,7 +838,7 @@ mod tests {
         let retry = post(
             r#"{"jsonrpc":"2.0","id":"x","method":"tools/call","params":{"name":"t","arguments":{"a":2,"b":1}}}"#,
         );
-        let settings = ExtAuthzSettings::default();
+        let settings = header_settings();
         let (Ok(McpRequest::ToolCall(first)), Ok(McpRequest::ToolCall(retry))) =
             (classify(&settings, &first), classify(&settings, &retry))
         else {
@@ -869,7 +880,7 @@ mod tests {
 
     fn is_tool_call(request: &Request) -> bool {
         matches!(
-            classify(&ExtAuthzSettings::default(), request),
+            classify(&header_settings(), request),
             Ok(McpRequest::ToolCall(_))
         )
     }
@@ -942,7 +953,7 @@ mod tests {
             assert_eq!(refusal(&request), RequestRefusal::MethodNotAllowed);
             request.body = None;
             assert!(matches!(
-                classify(&ExtAuthzSettings::default(), &request),
+                classify(&header_settings(), &request),
                 Ok(McpRequest::Other { method: None, .. })
             ));
         }
@@ -1005,7 +1016,7 @@ mod tests {
         /// reason and a message: never a panic.
         #[test]
         fn any_body_is_classified_or_refused(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
-            if let Err(refused) = classify(&ExtAuthzSettings::default(), &Bytes(body)) {
+            if let Err(refused) = classify(&header_settings(), &Bytes(body)) {
                 proptest::prop_assert!(!refused.message.is_empty());
             }
         }
@@ -1022,7 +1033,7 @@ mod tests {
                 "jsonrpc": "2.0", "id": 1, "method": "tools/call",
                 "params": {"name": name, "arguments": arguments},
             });
-            let classified = classify(&ExtAuthzSettings::default(), &Bytes(body.to_string().into_bytes()));
+            let classified = classify(&header_settings(), &Bytes(body.to_string().into_bytes()));
             match classified {
                 Ok(McpRequest::ToolCall(call)) => {
                     proptest::prop_assert_eq!(&call.proposal.name, &name);

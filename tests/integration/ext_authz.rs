@@ -1220,3 +1220,18 @@ async fn a_grant_consumed_by_a_check_stays_consumed_after_a_kill() {
         again
     );
 }
+
+/// Without an actor source in `[ext_authz]` no tool call is decided: there
+/// is no default header, for one a client can set (the default used to be
+/// `x-toolgate-actor`) would name any actor the host may assert.
+#[tokio::test]
+async fn without_an_actor_source_no_tool_call_is_decided() {
+    let server =
+        start("[ext_authz]\nworkspace = \"acme\"\nhost_credential = \"agent-host\"\n").await;
+    let body = tool_call(json!(1), "read_balance", json!({}));
+    let forged = [("x-toolgate-actor", "payer"), ("mcp-session-id", "s1")];
+    let error = assert_denied(&check(&server, post(&forged, &body)).await, "actor-missing");
+    let message = error["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("names no actor source"), "{message}");
+    server.stop().await;
+}

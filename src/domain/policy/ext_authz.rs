@@ -24,6 +24,10 @@ pub enum ActorSource {
     /// the actor a `[ext_authz.principals]` entry names for it, or the
     /// principal itself when it is an identifier.
     Principal(BTreeMap<String, String>),
+    /// None given: every `tools/call` is denied `actor-missing`. There is no
+    /// default header: one a client can set would name any actor the host
+    /// credential may assert.
+    Unset,
 }
 
 /// Where an actor came from, for a refusal's message.
@@ -33,6 +37,7 @@ impl std::fmt::Display for ActorSource {
             ActorSource::Header(header) => write!(formatter, "header {header}"),
             ActorSource::Claim { claim, .. } => write!(formatter, "JWT claim {claim:?}"),
             ActorSource::Principal(_) => formatter.write_str("the peer principal"),
+            ActorSource::Unset => formatter.write_str("no actor source"),
         }
     }
 }
@@ -69,7 +74,7 @@ pub struct ExtAuthzSettings {
 impl Default for ExtAuthzSettings {
     fn default() -> Self {
         ExtAuthzSettings {
-            actor: ActorSource::Header(DEFAULT_ACTOR_HEADER.to_string()),
+            actor: ActorSource::Unset,
             session_header: DEFAULT_SESSION_HEADER.to_string(),
             workspace: WorkspaceSource::Fixed(DEFAULT_WORKSPACE.to_string()),
             host_credential: None,
@@ -80,7 +85,6 @@ impl Default for ExtAuthzSettings {
     }
 }
 
-const DEFAULT_ACTOR_HEADER: &str = "x-toolgate-actor";
 const DEFAULT_SESSION_HEADER: &str = "mcp-session-id";
 const DEFAULT_WORKSPACE: &str = "default";
 const DEFAULT_JWT_PAYLOAD: &str = "jwt_payload";
@@ -231,7 +235,7 @@ fn actor_source(loader: &Loader<'_>, raw: &RawExtAuthz) -> Result<ActorSource, P
             raw.principals.clone().unwrap_or_default(),
         ));
     }
-    Ok(ActorSource::Header(DEFAULT_ACTOR_HEADER.to_string()))
+    Ok(ActorSource::Unset)
 }
 
 /// An HTTP header name as Envoy sends it in a Check: lowercase token
