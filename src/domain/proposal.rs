@@ -202,6 +202,7 @@ pub fn screen<'p>(policy: &'p Policy, session: &SessionRef, proposal: &Proposal)
 /// SPEC §4 step 5: arguments against the tool's input schema. The error
 /// names the argument path (`proposal.arguments.amount`) and the rule.
 pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {
+    check_case_variants(tool, arguments)?;
     // The arguments where they are (no serde_json copy); the fast check
     // first (no error values, no boxed iterator); only a failure collects
     // the errors, for the first one's path and rule.
@@ -289,6 +290,37 @@ pub fn approval_reason(tool: &Tool, profile: &ActorProfile, arguments: &Object) 
     }
 }
 
+/// An argument whose name differs only in case (with Unicode folding) from
+/// one the tool reads by name: a server that matches names
+/// case-insensitively (Go's `encoding/json`) would read `{"Limit": 10^6}`
+/// as `limit`, past a schema that bounds `limit` and never sees `Limit`,
+/// and `Password` would be shown unredacted where `password` is
+/// sensitive. Refused, naming both.
+fn check_case_variants(tool: &Tool, arguments: &Object) -> Result<()> {
+    let names = &tool.argument_names;
+    for key in arguments.keys() {
+        if names.iter().any(|name| name == key) {
+            continue;
+        }
+        let folded = unicase::UniCase::unicode(key);
+        if let Some(name) =
+            (names.iter()).find(|name| unicase::UniCase::unicode(name.as_str()) == folded)
+        {
+            let (shown, _) = first_chars(key, 64);
+            return Err(Error::invalid(
+                "proposal.arguments",
+                format!(
+                    "argument {shown:?} differs from {name:?}, an argument of tool {:?}, only \
+                     in case: a server that matches names case-insensitively would read it as \
+                     {name:?}",
+                    tool.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// What a redacted argument shows in its place.
 pub const REDACTED: &str = "[redacted]";
 
@@ -323,6 +355,52 @@ pub fn redacted(tool: &Tool, arguments: &Object) -> Option<Object> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An argument named like one the tool reads but for case is refused.
+    #[test]
+    fn an_argument_differing_only_in_case_from_a_named_one_is_refused() {
+        let policy = Policy::parse(
+            "[server]\nopen_host_api = true\n\
+             [profiles.p]\nroles = [\"r\"]\n\
+             [actors.a]\nprofile = \"p\"\n\
+             [tools.search]\nmode = \"read\"\nroles = [\"r\"]\nsensitive = [\"password\"]\n\
+             input_schema = { type = \"object\", properties = { limit = { type = \"integer\", \
+             maximum = 100 } } }\n",
+            "p.toml",
+            None,
+        )
+        .unwrap();
+        let tool = &policy.tools["search"];
+        let check = |arguments: &str| {
+            let Value::Object(arguments) = canonical::parse_str(arguments).unwrap() else {
+                unreachable!()
+            };
+            check_arguments(tool, &arguments)
+        };
+        assert!(check(r#"{"limit":5,"other":1}"#).is_ok());
+        // Past the schema's bound for `limit` on a server that folds case.
+        let error = check(r#"{"Limit":1000000}"#).unwrap_err().to_string();
+        assert!(
+            error.contains("\"Limit\" differs from \"limit\""),
+            "{error}"
+        );
+        // Shown unredacted where `password` is sensitive; the Kelvin sign
+        // folds to `k` as Go's encoding/json folds it.
+        assert!(check(r#"{"PassWord":"x"}"#).is_err());
+        assert!(check(r#"{"\u212aey":1,"limit":1}"#).is_ok());
+        let policy_k = Policy::parse(
+            "[server]\nopen_host_api = true\n[profiles.p]\nroles = [\"r\"]\n\
+             [actors.a]\nprofile = \"p\"\n[tools.t]\nmode = \"read\"\nroles = [\"r\"]\n\
+             input_schema = { type = \"object\", properties = { key = { type = \"integer\" } } }\n",
+            "p.toml",
+            None,
+        )
+        .unwrap();
+        let Value::Object(kelvin) = canonical::parse_str(r#"{"\u212aey":1}"#).unwrap() else {
+            unreachable!()
+        };
+        assert!(check_arguments(&policy_k.tools["t"], &kelvin).is_err());
+    }
 
     /// The threshold rule compares an integer amount exactly: one unit over
     /// a threshold past 2^53 needs approval (as a double it was equal).

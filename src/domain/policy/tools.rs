@@ -54,6 +54,12 @@ pub struct Tool {
     /// Work units charged when the tool is executed.
     pub cost: u64,
     pub effect: Effect,
+    /// The top-level argument names the tool reads by name: its input
+    /// schema's `properties`, its sensitive, threshold and effect
+    /// arguments. An argument that differs from one only in case is
+    /// refused (a server matching names case-insensitively would read it
+    /// as that one).
+    pub argument_names: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,7 +131,7 @@ fn tool(
     if let Some(server) = &raw.server {
         loader.server_id(&format!("{key}.server"), server)?;
     }
-    let input_schema = input_schema(loader, &key, raw.input_schema)?;
+    let (input_schema, mut argument_names) = input_schema(loader, &key, raw.input_schema)?;
     let effect = effect(loader, &key, raw.effect, state)?;
     if effect != Effect::None && raw.mode != Mode::Execute {
         return Err(loader.error(
@@ -148,10 +154,25 @@ fn tool(
             ),
         ));
     }
+    argument_names.extend(raw.sensitive.iter().cloned());
+    if let ApprovalRule::Threshold { argument } = &approval {
+        argument_names.push(argument.clone());
+    }
+    if let Effect::Set {
+        resource_argument,
+        value_argument,
+        ..
+    } = &effect
+    {
+        argument_names.extend([resource_argument.clone(), value_argument.clone()]);
+    }
+    argument_names.sort();
+    argument_names.dedup();
     Ok(Tool {
         name,
         mode: raw.mode,
         input_schema,
+        argument_names,
         roles: raw.roles,
         approvers: raw.approvers,
         approval,
@@ -222,7 +243,7 @@ fn input_schema(
     loader: &Loader<'_>,
     key: &str,
     raw: Option<toml::Value>,
-) -> Result<jsonschema::Validator<Canonical>, PolicyError> {
+) -> Result<(jsonschema::Validator<Canonical>, Vec<String>), PolicyError> {
     let schema_json = match raw {
         None => serde_json::json!({"type": "object"}),
         // Read as toolgate reads JSON: a duplicate key is an error, never
@@ -245,14 +266,19 @@ fn input_schema(
             "must be a JSON Schema object",
         ));
     }
-    jsonschema::options_for::<Canonical>()
+    let properties = (schema_json.get("properties"))
+        .and_then(serde_json::Value::as_object)
+        .map(|properties| properties.keys().cloned().collect())
+        .unwrap_or_default();
+    let validator = jsonschema::options_for::<Canonical>()
         .build(&schema_json)
         .map_err(|error| {
             loader.error(
                 format!("{key}.input_schema"),
                 schema_error_message(&schema_json, &error),
             )
-        })
+        })?;
+    Ok((validator, properties))
 }
 
 /// Why a schema does not compile, with the JSON pointer inside the schema.
