@@ -104,7 +104,16 @@ impl TurnHost for Host {
         // them in the store.
         let own = self.publisher.take_settled(settled);
         let events = match turn.behind {
-            Some(behind) => self.take_in(&mut state, &policy, behind)?,
+            Some(behind) => match self.take_in(&mut state, &policy, behind) {
+                Ok(events) => events,
+                Err(error) => {
+                    // The writer stops; what this replica made durable is
+                    // still audited.
+                    drop(state);
+                    self.publisher.publish(own);
+                    return Err(error);
+                }
+            },
             None => Vec::new(),
         };
         if !Arc::ptr_eq(&policy, &self.adopted) {
@@ -138,9 +147,19 @@ impl TurnHost for Host {
         let mut state = lock(&self.state)?;
         // Between turns: everything queued is settled (see `begin`).
         let own = self.publisher.take_settled(settled);
-        let events = self.take_in(&mut state, &policy, behind)?;
+        let taken = self.take_in(&mut state, &policy, behind);
         drop(state);
-        self.send(own, events);
-        Ok(())
+        match taken {
+            Ok(events) => {
+                self.send(own, events);
+                Ok(())
+            }
+            // The writer stops; what this replica made durable is still
+            // audited.
+            Err(error) => {
+                self.publisher.publish(own);
+                Err(error)
+            }
+        }
     }
 }

@@ -961,11 +961,10 @@ fn migrated_copy(source: &Connection, dir: &Path) -> Result<Connection, String> 
 /// snapshot through SQLite's online backup API, taken from a read-only
 /// connection without the lock, so that it works beside a running server
 /// that keeps committing (which meanwhile cannot restart the WAL, so a
-/// long backup lets it grow). The copy is made under `FILE.partial` and
-/// takes the name `file` only once whole and synced, so a backup killed
-/// half-way leaves no `file` (its partial copy is removed by the next
-/// backup to `file`). Refuses to overwrite `file`; removes what it wrote
-/// when it fails. The copy opens as a store (see the module documentation
+/// long backup lets it grow). The copy is made under `FILE.partial-PID`
+/// and takes the name `file` only once whole and synced, so a backup
+/// killed half-way leaves no `file`, only its partial copy. Refuses to
+/// overwrite `file`; removes its partial copy when it fails. The copy opens as a store (see the module documentation
 /// for restoring it).
 pub fn backup(dir: &Path, file: &Path) -> StoreResult<BackupReport> {
     let (db_path, _) = existing_store(dir)?;
@@ -982,8 +981,10 @@ pub fn backup(dir: &Path, file: &Path) -> StoreResult<BackupReport> {
     if fs::symlink_metadata(file).is_ok() {
         return Err(exists());
     }
-    let partial = sibling(file, ".partial");
-    let _claim = claim_partial(&partial, file)?;
+    // A name of this backup's own: two backups to one FILE never share a
+    // partial copy, and the rename below lets only one of them take FILE.
+    let partial = sibling(file, &format!(".partial-{}", std::process::id()));
+    claim_partial(&partial)?;
     let copied = copy_into(&source, &partial)
         .and_then(|report| sync_to_disk(&partial).map(|()| report))
         .and_then(|report| {
@@ -1001,7 +1002,7 @@ pub fn backup(dir: &Path, file: &Path) -> StoreResult<BackupReport> {
         });
     drop(source);
     if copied.is_err() {
-        // Still ours by that name: never renamed.
+        // This backup's own name, whatever happened.
         for suffix in ["", "-journal", "-wal", "-shm"] {
             let _ = fs::remove_file(sibling(&partial, suffix));
         }
@@ -1016,28 +1017,12 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Makes `partial` anew (owner-only, locked while the backup lives) for a
-/// backup to `file`: another backup to `file` still running is refused; a
-/// partial copy a killed one left is unlinked, never written into (it may
-/// be a link to a file that must be kept), and `create_new` never follows
-/// a link planted under its name.
-fn claim_partial(partial: &Path, file: &Path) -> StoreResult<File> {
+/// Makes `partial` anew, owner-only: a leftover of this process id (a
+/// backup killed long ago) is removed first; `create_new` never follows a
+/// link planted under the name.
+fn claim_partial(partial: &Path) -> StoreResult<()> {
     let failed =
         |error: std::io::Error| StoreError(format!("cannot create {}: {error}", partial.display()));
-    let running = || {
-        StoreError(format!(
-            "another backup to {} is running ({} is held)",
-            file.display(),
-            partial.display()
-        ))
-    };
-    if let Ok(leftover) = File::open(partial) {
-        match leftover.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Err(running()),
-            Err(TryLockError::Error(error)) => return Err(failed(error)),
-        }
-    }
     for suffix in ["", "-journal", "-wal", "-shm"] {
         match fs::remove_file(sibling(partial, suffix)) {
             Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
@@ -1046,17 +1031,13 @@ fn claim_partial(partial: &Path, file: &Path) -> StoreResult<File> {
             _ => {}
         }
     }
-    let claim = OpenOptions::new()
+    OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(partial)
-        .map_err(|error| match error.kind() {
-            std::io::ErrorKind::AlreadyExists => running(),
-            _ => failed(error),
-        })?;
-    claim.try_lock().map_err(|_| running())?;
-    Ok(claim)
+        .map(drop)
+        .map_err(failed)
 }
 
 /// Gives the whole copy `partial` the name `file`, never replacing a file

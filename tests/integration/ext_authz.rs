@@ -1226,8 +1226,19 @@ async fn a_grant_consumed_by_a_check_stays_consumed_after_a_kill() {
 /// `x-toolgate-actor`) would name any actor the host may assert.
 #[tokio::test]
 async fn without_an_actor_source_no_tool_call_is_decided() {
-    let server =
-        start("[ext_authz]\nworkspace = \"acme\"\nhost_credential = \"agent-host\"\n").await;
+    let section = "[ext_authz]\nworkspace = \"acme\"\nhost_credential = \"agent-host\"\n";
+    // check-config says so.
+    let policy = crate::support::policies::parse(&decide_text(section));
+    assert!(
+        policy
+            .warnings
+            .iter()
+            .any(|warning| warning.key == "ext_authz"
+                && warning.message.contains("names no actor source")),
+        "{:?}",
+        policy.warnings
+    );
+    let server = start(section).await;
     let body = tool_call(json!(1), "read_balance", json!({}));
     let forged = [("x-toolgate-actor", "payer"), ("mcp-session-id", "s1")];
     let error = assert_denied(&check(&server, post(&forged, &body)).await, "actor-missing");

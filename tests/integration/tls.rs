@@ -682,7 +682,8 @@ async fn refused_start(policy_text: &str, args: &[&str]) -> String {
 /// address).
 #[tokio::test]
 async fn an_ext_authz_listener_off_loopback_needs_tls_or_the_mesh_acknowledgement() {
-    let policy = decide_text("[ext_authz]\nhost_credential = \"agent-host\"\n");
+    let policy =
+        decide_text("[ext_authz]\nactor_header = \"x-agent\"\nhost_credential = \"agent-host\"\n");
     let stderr = refused_start(
         &policy,
         &["--listen", "127.0.0.1:0", "--ext-authz-listen", "0.0.0.0:0"],

@@ -118,6 +118,15 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
+    if args.ext_authz_listen.is_some()
+        && policy.ext_authz.actor == toolgate::domain::policy::ActorSource::Unset
+    {
+        tracing::error!(
+            "--ext-authz-listen needs an actor source in [ext_authz] (actor_header, actor_claim \
+             or actor_from_principal): without one every tools/call is denied"
+        );
+        return ExitCode::FAILURE;
+    }
     let tls = match server_tls(&args, &policy) {
         Ok(tls) => tls,
         Err(refusal) => {

@@ -133,25 +133,26 @@ fn run_backup(args: &StoreArgs, file: &std::path::Path) -> Result<ExitCode, Fail
 /// (or TOOLGATE_STORE), else the `[server] store` of `--config`'s policy,
 /// else the data directory; a PostgreSQL one with the policy's settings.
 fn store_of(args: &StoreArgs) -> Result<Option<StoreKind>, Failure> {
-    let policy = (args.config.as_deref())
-        .map(|path| Policy::load(path).map_err(|error| Failure::Usage(error.to_string())))
-        .transpose()?;
-    let kind = match (&args.store, &policy) {
+    // The policy is read only where it says something: the store, when
+    // --store does not, and a PostgreSQL store's settings.
+    let wanted = matches!(args.store, None | Some(StoreKind::Postgres(_)));
+    let Some(path) = args.config.as_deref().filter(|_| wanted) else {
+        return Ok(args.store.clone());
+    };
+    let policy = Policy::load(path).map_err(|error| Failure::Usage(error.to_string()))?;
+    let kind = match (&args.store, &policy.server.store) {
         (Some(kind), _) => Some(kind.clone()),
-        (None, Some(policy)) => (policy.server.store.as_ref())
-            // The message names the key and the rule, never the URL's password.
-            .map(|setting| {
-                StoreKind::parse(&setting.0)
-                    .map_err(|message| Failure::Usage(format!("[server] store: {message}")))
-            })
-            .transpose()?,
+        // The message names the key and the rule, never the URL's password.
+        (None, Some(setting)) => Some(StoreKind::parse(&setting.0).map_err(|message| {
+            Failure::Usage(format!("{}: [server] store: {message}", path.display()))
+        })?),
         (None, None) => None,
     };
-    Ok(match (kind, &policy) {
-        (Some(StoreKind::Postgres(target)), Some(policy)) => Some(StoreKind::Postgres(Box::new(
+    Ok(match kind {
+        Some(StoreKind::Postgres(target)) => Some(StoreKind::Postgres(Box::new(
             (*target).with_settings(policy.server.postgres),
         ))),
-        (kind, _) => kind,
+        kind => kind,
     })
 }
 

@@ -74,6 +74,7 @@ impl Policy {
         self.unpinned_servers(&mut warnings);
         self.effects_without_state(&mut warnings);
         self.reviewers_without_credentials(&mut warnings);
+        self.ext_authz_without_actor(&mut warnings);
         warnings.sort();
         warnings
     }
@@ -99,6 +100,25 @@ impl Policy {
                     message: format!("no actor holds role {}", unheld.join(", ")),
                 });
             }
+        }
+    }
+
+    /// An `[ext_authz]` section set up for Checks (a host credential, a
+    /// workspace or session header) that names no actor source.
+    fn ext_authz_without_actor(&self, warnings: &mut Vec<PolicyWarning>) {
+        let settings = &self.ext_authz;
+        let defaults = super::ExtAuthzSettings::default();
+        let set_up = settings.host_credential.is_some()
+            || settings.workspace != defaults.workspace
+            || settings.session_header != defaults.session_header
+            || settings.allow_other_methods;
+        if set_up && settings.actor == super::ActorSource::Unset {
+            warnings.push(PolicyWarning {
+                key: "ext_authz".to_string(),
+                message: "names no actor source (actor_header, actor_claim or \
+                          actor_from_principal): every tools/call Check is denied actor-missing"
+                    .to_string(),
+            });
         }
     }
 

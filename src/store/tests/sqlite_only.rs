@@ -685,42 +685,52 @@ fn a_backup_never_overwrites() {
     assert!(error.0.contains("cannot create"), "{error}");
 }
 
-/// The copy takes its name only whole: a backup killed half-way leaves
-/// `FILE.partial`, never `FILE`, and the next backup removes that leftover
-/// and makes its own; one running holds it. A leftover is never written
-/// into: a link under that name (planted, or a hard link a killed backup
-/// left that a rotation renamed) keeps what it points to.
+/// The copy takes its name only whole, under a partial name of its own
+/// (`FILE.partial-PID`): a backup killed half-way leaves that, never
+/// `FILE`; a leftover of the same name is replaced, never written into (a
+/// link under that name, planted or left, keeps what it points to); and
+/// two backups to one `FILE` never share a partial copy.
 #[test]
 fn a_backup_takes_its_name_only_whole() {
     let parent = tempfile::tempdir().unwrap();
     let dir = stopped_store(parent.path(), &[put(Kind::Meta, b"m", b"1")]);
+    let partial = |name: &str| {
+        parent
+            .path()
+            .join(format!("{name}.partial-{}", std::process::id()))
+    };
+    fs::write(
+        partial("nightly"),
+        b"half a copy from a backup that was killed",
+    )
+    .unwrap();
+    fs::write(
+        parent
+            .path()
+            .join(format!("nightly.partial-{}-journal", std::process::id())),
+        b"j",
+    )
+    .unwrap();
     let file = parent.path().join("nightly");
-    let partial = parent.path().join("nightly.partial");
-    fs::write(&partial, b"half a copy from a backup that was killed").unwrap();
-    fs::write(parent.path().join("nightly.partial-journal"), b"j").unwrap();
     let report = sqlite::backup(&dir, &file).unwrap();
     assert_eq!(report.file, file);
     assert_eq!(report.records(), 1);
     assert_eq!(mode(&file), 0o600);
-    assert!(!partial.exists());
-    assert!(!parent.path().join("nightly.partial-journal").exists());
-
-    let second = parent.path().join("second");
-    let held = fs::File::create(parent.path().join("second.partial")).unwrap();
-    held.try_lock().unwrap();
-    let error = sqlite::backup(&dir, &second).unwrap_err();
-    assert!(error.0.contains("another backup"), "{error}");
-    assert!(!second.exists());
-    drop(held);
+    let beside: Vec<_> = fs::read_dir(parent.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("nightly"))
+        .collect();
+    assert_eq!(beside, ["nightly"]);
 
     let target = parent.path().join("precious");
     fs::write(&target, b"not a backup").unwrap();
-    std::os::unix::fs::symlink(&target, parent.path().join("third.partial")).unwrap();
-    fs::hard_link(&target, parent.path().join("fourth.partial")).unwrap();
+    std::os::unix::fs::symlink(&target, partial("third")).unwrap();
+    fs::hard_link(&target, partial("fourth")).unwrap();
     for name in ["third", "fourth"] {
         let report = sqlite::backup(&dir, &parent.path().join(name)).unwrap();
         assert_eq!(report.records(), 1);
-        assert!(!parent.path().join(format!("{name}.partial")).exists());
+        assert!(!partial(name).exists());
     }
     assert_eq!(fs::read(&target).unwrap(), b"not a backup");
 }

@@ -300,8 +300,11 @@ class Host:
         `on_waiting(decision)` is called for each approval id waited on: the
         first one, and a new one if the request expired and Decide opened
         another. A server that is unreachable for a while (a restart keeps
-        the request) is asked again until the timeout; the last such error
-        (a `grpc.RpcError`) is raised then. No Decide outlasts the timeout.
+        the request) is asked again until the timeout; when none of its
+        Decides was answered, the last error (a `grpc.RpcError`) is raised
+        then; once one answered pending, a Decide that the wait's end cut
+        short ends it with VerdictTimeout and that pending answer. No Decide
+        outlasts the timeout.
         """
         if not (math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
