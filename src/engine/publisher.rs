@@ -62,16 +62,8 @@ impl Publisher {
     /// the calls that made them are scheduled.
     pub(super) fn flush(&self, settled: impl Fn(u64) -> Option<bool>) {
         let mut queued = self.queued();
-        while let Some((number, _)) = queued.front() {
-            let Some(durable) = settled(*number) else {
-                break;
-            };
-            if let Some((_, transitions)) = queued.pop_front()
-                && durable
-            {
-                self.publish(transitions);
-            }
-        }
+        let durable = drain_settled(&mut queued, &settled);
+        self.publish(durable);
     }
 
     /// The transitions of the settled batches, taken out by a shared
@@ -82,19 +74,7 @@ impl Publisher {
     /// [`Publisher::publish`], before the transitions it takes in, also
     /// when it loads everything again: what was durable was committed.
     pub(super) fn take_settled(&self, settled: &dyn Fn(u64) -> Option<bool>) -> Vec<ApprovalEvent> {
-        let mut queued = self.queued();
-        let mut durable = Vec::new();
-        while let Some((number, _)) = queued.front() {
-            let Some(made) = settled(*number) else {
-                break;
-            };
-            if let Some((_, transitions)) = queued.pop_front()
-                && made
-            {
-                durable.extend(transitions);
-            }
-        }
-        durable
+        drain_settled(&mut self.queued(), settled)
     }
 
     /// Audits ledger transitions, counts them and sends them to watchers,
@@ -134,6 +114,27 @@ impl Publisher {
             let _ = self.events.send(event);
         }
     }
+}
+
+/// Takes the settled batches off the front of `queued`, in order: the
+/// transitions of the durable ones (an abandoned batch's dropped); stops
+/// at the first batch not settled.
+fn drain_settled(
+    queued: &mut VecDeque<(u64, Vec<ApprovalEvent>)>,
+    settled: &dyn Fn(u64) -> Option<bool>,
+) -> Vec<ApprovalEvent> {
+    let mut durable = Vec::new();
+    while let Some((number, _)) = queued.front() {
+        let Some(made) = settled(*number) else {
+            break;
+        };
+        if let Some((_, transitions)) = queued.pop_front()
+            && made
+        {
+            durable.extend(transitions);
+        }
+    }
+    durable
 }
 
 #[cfg(test)]

@@ -270,6 +270,12 @@ async fn tls_only() -> (Files, TestCa, TlsServer) {
 
 /// A server with mTLS: client certificates must chain to `clients`.
 async fn mtls() -> (Files, TestCa, TestCa, TlsServer) {
+    mtls_with("", false).await
+}
+
+/// [`mtls`], with `extra` in the policy before `[server.tls]`, and an
+/// ext_authz listener when asked.
+async fn mtls_with(extra: &str, ext_authz: bool) -> (Files, TestCa, TestCa, TlsServer) {
     let files = Files::new();
     let ca = TestCa::new("toolgate test CA");
     let clients = TestCa::new("toolgate client CA");
@@ -279,11 +285,11 @@ async fn mtls() -> (Files, TestCa, TestCa, TlsServer) {
     files.write("clients.pem", &clients.pem());
     let policy = files.write(
         "policy.toml",
-        &mtls_policy_text(
-            "[server.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"clients.pem\"\n",
-        ),
+        &mtls_policy_text(&format!(
+            "{extra}[server.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"clients.pem\"\n",
+        )),
     );
-    let served = TlsServer::start(&policy).await;
+    let served = TlsServer::start_with(&policy, ext_authz).await;
     (files, ca, clients, served)
 }
 
@@ -423,22 +429,12 @@ async fn a_credential_bound_to_a_client_certificate() {
 /// that host (any pod that reached the port was).
 #[tokio::test]
 async fn the_ext_authz_listener_needs_its_hosts_client_certificate() {
-    let files = Files::new();
-    let ca = TestCa::new("toolgate test CA");
-    let clients = TestCa::new("toolgate client CA");
-    let server = ca.server();
-    files.write("server.pem", &server.cert);
-    files.write("server.key", &server.key);
-    files.write("clients.pem", &clients.pem());
-    let policy = files.write(
-        "policy.toml",
-        &mtls_policy_text(
-            "[ext_authz]\nactor_header = \"x-agent\"\nsession_header = \"mcp-session-id\"\n\
-             workspace = \"acme\"\nhost_credential = \"bound-host\"\n\n\
-             [server.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nclient_ca = \"clients.pem\"\n",
-        ),
-    );
-    let served = TlsServer::start_with(&policy, true).await;
+    let (_files, ca, clients, served) = mtls_with(
+        "[ext_authz]\nactor_header = \"x-agent\"\nsession_header = \"mcp-session-id\"\n\
+         workspace = \"acme\"\nhost_credential = \"bound-host\"\n\n",
+        true,
+    )
+    .await;
     let address = served.ext_authz.expect("the ext_authz listener");
     let check = |channel: Channel| async move {
         let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

@@ -4,6 +4,7 @@ the quickstart (examples/python/quickstart.py, also printed in README.md)
 runs with it against the embedded default policy and prints every outcome
 and reason. Also: an actor the policy does not know is named in the DENY."""
 
+import contextlib
 import os
 import pathlib
 import re
@@ -323,13 +324,30 @@ def test_host_wrapper_keeps_tokens_local_and_retries_what_may_not_have_arrived(c
     channel.close()
 
 
+@contextlib.contextmanager
+def fake_host(tc, servicer, rpc_timeout):
+    """A `Host` (actor support-agent, workspace desk) and a proposal of
+    set_ticket, talking to `servicer` served in this process."""
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    tc.toolgate_pb2_grpc.add_PolicyDecisionPointServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with tc.Host(f"127.0.0.1:{port}", actor="support-agent", workspace="desk",
+                     rpc_timeout=rpc_timeout) as host:
+            yield host, host.propose("set_ticket", {"ticket": "lamp", "status": "done"},
+                                     version=0)
+    finally:
+        server.stop(None)
+
+
 def test_a_dispatch_without_room_for_its_answer_is_sent_again(client_module):
     """The server answers RESOURCE_EXHAUSTED also after a commit whose
     answer found no room to be sent: the same request again is answered
     from the receipt, so the wrapper sends it again rather than leave the
     host to propose anew (a second commit)."""
-    from concurrent import futures
-
     tc = client_module
     seen = []
 
@@ -343,21 +361,11 @@ def test_a_dispatch_without_room_for_its_answer_is_sent_again(client_module):
                 status=tc.toolgate_pb2.DISPATCH_STATUS_OK, reason="replayed",
                 replayed=True, receipt_id="r-1", version=1)
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    tc.toolgate_pb2_grpc.add_PolicyDecisionPointServicer_to_server(Pdp(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with tc.Host(f"127.0.0.1:{port}", actor="support-agent", workspace="desk",
-                     rpc_timeout=10) as host:
-            proposal = host.propose("set_ticket", {"ticket": "lamp", "status": "done"},
-                                    version=0)
-            receipt = host.dispatch(proposal, retries=2)
-        assert (receipt.status, receipt.replayed, receipt.receipt_id) == (
-            tc.DispatchStatus.OK, True, "r-1")
-        assert len(seen) == 2 and seen[0] == seen[1], "the same request, sent again"
-    finally:
-        server.stop(None)
+    with fake_host(tc, Pdp(), rpc_timeout=10) as (host, proposal):
+        receipt = host.dispatch(proposal, retries=2)
+    assert (receipt.status, receipt.replayed, receipt.receipt_id) == (
+        tc.DispatchStatus.OK, True, "r-1")
+    assert len(seen) == 2 and seen[0] == seen[1], "the same request, sent again"
     # The messages name the package's module, so they pickle (a raw answer
     # handed to multiprocessing or a cache). In a process of its own: this
     # one has loaded the test's own stubs of the same proto, whose classes
@@ -376,7 +384,6 @@ def test_no_decide_of_a_wait_outlasts_its_timeout(client_module):
     """A server that holds every Decide: the wait ends at its timeout with
     the call's error, not after the host's (longer) rpc_timeout."""
     import time
-    from concurrent import futures
 
     tc = client_module
     release = threading.Event()
@@ -395,15 +402,8 @@ def test_no_decide_of_a_wait_outlasts_its_timeout(client_module):
 
     answered_once = False
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    tc.toolgate_pb2_grpc.add_PolicyDecisionPointServicer_to_server(Slow(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with tc.Host(f"127.0.0.1:{port}", actor="support-agent", workspace="desk",
-                     rpc_timeout=30) as host:
-            proposal = host.propose("set_ticket", {"ticket": "lamp", "status": "done"},
-                                    version=0)
+    with fake_host(tc, Slow(), rpc_timeout=30) as (host, proposal):
+        try:
             started = time.monotonic()
             with pytest.raises(grpc.RpcError) as raised:
                 host.wait_for_verdict(proposal, timeout=0.5)
@@ -415,9 +415,8 @@ def test_no_decide_of_a_wait_outlasts_its_timeout(client_module):
             with pytest.raises(tc.VerdictTimeout) as timed_out:
                 host.wait_for_verdict(proposal, timeout=0.5, poll_interval=0.1)
             assert timed_out.value.decision.approval_id == "a-1"
-    finally:
-        release.set()
-        server.stop(None)
+        finally:
+            release.set()
 
 
 def test_an_appends_receipt_says_where_the_item_landed(client_module, embedded_server):
