@@ -299,7 +299,10 @@ pub fn approval_reason(tool: &Tool, profile: &ActorProfile, arguments: &Object) 
 fn check_case_variants(tool: &Tool, arguments: &Object) -> Result<()> {
     let names = &tool.argument_names;
     for key in arguments.keys() {
-        if names.iter().any(|name| name == key) {
+        if names
+            .binary_search_by(|name| name.as_str().cmp(key))
+            .is_ok()
+        {
             continue;
         }
         let folded = unicase::UniCase::unicode(key);
@@ -327,10 +330,8 @@ pub const REDACTED: &str = "[redacted]";
 /// The arguments as a reviewer sees them: top-level keys the tool marks
 /// sensitive replaced by `"[redacted]"`, as canonical JSON.
 pub fn redacted_arguments(tool: &Tool, arguments: &Object) -> String {
-    match redacted(tool, arguments) {
-        Some(shown) => canonical::to_canonical(&Value::Object(shown)),
-        None => canonical::to_canonical(&Value::Object(arguments.clone())),
-    }
+    let shown = redacted(tool, arguments).unwrap_or_else(|| arguments.clone());
+    canonical::to_canonical(&Value::Object(shown))
 }
 
 /// `arguments` with the top-level keys the tool marks sensitive replaced by

@@ -361,13 +361,13 @@ fn ext_authz_listener_caller(
             "the ext_authz listener acts with [ext_authz] host_credential, and the policy has none",
         ));
     };
-    let bound: Vec<&Arc<Credential>> = credentials
+    let mut bound = credentials
         .filter(|credential| credential.client_identity.is_some())
-        .collect();
-    if bound.is_empty() {
+        .peekable();
+    if bound.peek().is_none() {
         return Ok(Some(Caller(Arc::clone(first))));
     }
-    let matched = bound.into_iter().find(|credential| {
+    let matched = bound.find(|credential| {
         (credential.client_identity.as_ref())
             .is_some_and(|bound| peer.is_some_and(|peer| peer.matches(bound)))
     });

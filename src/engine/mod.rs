@@ -774,25 +774,25 @@ impl Engine {
             policy.server = running.server.clone();
         }
         let new_policy = Arc::new(policy);
-        let install = || match self.shared.policy.write() {
-            Ok(mut guard) => *guard = Arc::clone(&new_policy),
-            Err(poisoned) => *poisoned.into_inner() = Arc::clone(&new_policy),
-        };
         // On a shared store the new resources are adopted in the next turn
         // (against what every replica committed), not here.
-        if self.shared.writer.gate().is_none()
-            && let Ok(mut state) = self.state()
-        {
+        let mut state = match self.shared.writer.gate() {
+            None => self.state().ok(),
+            Some(_) => None,
+        };
+        if let Some(state) = state.as_mut() {
             state.adopt_policy(&new_policy);
             // Nobody is answered about the new resources: they are stored
             // with the next batch, without waiting.
-            let _ = self.hand_to_writer(&mut state, Vec::new());
-            // Under the state lock: an operation that reads the policy
-            // under it sees the state and the policy change together.
-            install();
-        } else {
-            install();
+            let _ = self.hand_to_writer(state, Vec::new());
         }
+        // Under the state lock, when held: an operation that reads the
+        // policy under it sees the state and the policy change together.
+        match self.shared.policy.write() {
+            Ok(mut guard) => *guard = new_policy,
+            Err(poisoned) => *poisoned.into_inner() = new_policy,
+        }
+        drop(state);
         self.shared
             .reloads
             .send_modify(|generation| *generation = generation.wrapping_add(1));

@@ -62,8 +62,9 @@ impl Publisher {
     /// the calls that made them are scheduled.
     pub(super) fn flush(&self, settled: impl Fn(u64) -> Option<bool>) {
         let mut queued = self.queued();
-        let durable = drain_settled(&mut queued, &settled);
-        self.publish(durable);
+        drain_settled(&mut queued, &settled, |transitions| {
+            self.publish(transitions)
+        });
     }
 
     /// The transitions of the settled batches, taken out by a shared
@@ -74,7 +75,11 @@ impl Publisher {
     /// [`Publisher::publish`], before the transitions it takes in, also
     /// when it loads everything again: what was durable was committed.
     pub(super) fn take_settled(&self, settled: &dyn Fn(u64) -> Option<bool>) -> Vec<ApprovalEvent> {
-        drain_settled(&mut self.queued(), settled)
+        let mut durable = Vec::new();
+        drain_settled(&mut self.queued(), settled, |transitions| {
+            durable.extend(transitions);
+        });
+        durable
     }
 
     /// Audits ledger transitions, counts them and sends them to watchers,
@@ -116,14 +121,14 @@ impl Publisher {
     }
 }
 
-/// Takes the settled batches off the front of `queued`, in order: the
-/// transitions of the durable ones (an abandoned batch's dropped); stops
-/// at the first batch not settled.
+/// Takes the settled batches off the front of `queued`, in order, handing
+/// the transitions of each durable one to `durable` (an abandoned batch's
+/// are dropped); stops at the first batch not settled.
 fn drain_settled(
     queued: &mut VecDeque<(u64, Vec<ApprovalEvent>)>,
     settled: &dyn Fn(u64) -> Option<bool>,
-) -> Vec<ApprovalEvent> {
-    let mut durable = Vec::new();
+    mut durable: impl FnMut(Vec<ApprovalEvent>),
+) {
     while let Some((number, _)) = queued.front() {
         let Some(made) = settled(*number) else {
             break;
@@ -131,10 +136,9 @@ fn drain_settled(
         if let Some((_, transitions)) = queued.pop_front()
             && made
         {
-            durable.extend(transitions);
+            durable(transitions);
         }
     }
-    durable
 }
 
 #[cfg(test)]

@@ -54,8 +54,8 @@ pub struct Tool {
     /// Work units charged when the tool is executed.
     pub cost: u64,
     pub effect: Effect,
-    /// The top-level argument names the tool reads by name: its input
-    /// schema's `properties`, its sensitive, threshold and effect
+    /// The top-level argument names the tool reads by name, sorted: its
+    /// input schema's `properties`, its sensitive, threshold and effect
     /// arguments. An argument that differs from one only in case is
     /// refused (a server matching names case-insensitively would read it
     /// as that one).
@@ -139,32 +139,28 @@ fn tool(
             "only tools of mode \"execute\" have an effect",
         ));
     }
-    // A resource's name is shown whole (answers, audit lines, GetResource):
-    // a sensitive argument cannot name one.
-    if let Effect::Set {
-        resource_argument, ..
-    } = &effect
-        && raw.sensitive.contains(resource_argument)
-    {
-        return Err(loader.error(
-            format!("{key}.sensitive"),
-            format!(
-                "{resource_argument:?} names the resource the effect sets, which is shown \
-                 unredacted; it cannot be sensitive"
-            ),
-        ));
-    }
-    argument_names.extend(raw.sensitive.iter().cloned());
-    if let ApprovalRule::Threshold { argument } = &approval {
-        argument_names.push(argument.clone());
-    }
     if let Effect::Set {
         resource_argument,
         value_argument,
         ..
     } = &effect
     {
+        // A resource's name is shown whole (answers, audit lines,
+        // GetResource): a sensitive argument cannot name one.
+        if raw.sensitive.contains(resource_argument) {
+            return Err(loader.error(
+                format!("{key}.sensitive"),
+                format!(
+                    "{resource_argument:?} names the resource the effect sets, which is shown \
+                     unredacted; it cannot be sensitive"
+                ),
+            ));
+        }
         argument_names.extend([resource_argument.clone(), value_argument.clone()]);
+    }
+    argument_names.extend(raw.sensitive.iter().cloned());
+    if let ApprovalRule::Threshold { argument } = &approval {
+        argument_names.push(argument.clone());
     }
     argument_names.sort();
     argument_names.dedup();
