@@ -987,7 +987,10 @@ impl Ledger {
     /// `max_bytes`, and by [`MAX_EXAMINED`] records looked at: a filter
     /// that matches few of them ends a page short (even empty) with the
     /// key to go on from, so that no call holds the state lock for a walk
-    /// of the whole ledger.
+    /// of the whole ledger. That key is never one of a record the viewer
+    /// may not see (its id is not the viewer's to learn): such a page goes
+    /// on to the end of that record's millisecond and hands the viewer
+    /// the millisecond's end.
     pub fn list(&self, query: &ListQuery, policy: &Policy) -> Page {
         let start = match query.after {
             Some(key) => std::ops::Bound::Excluded(key),
@@ -996,14 +999,32 @@ impl Ledger {
         let mut page = Page::default();
         let mut page_bytes = 0usize;
         let mut id_text = Uuid::encode_buffer();
+        let seen = |approval: &Approval| {
+            (query.viewer.as_deref()).is_none_or(|viewer| visible_to(approval, viewer, policy))
+        };
         let mut examined: Option<&PageKey> = None;
+        // Set when the scan bound fell on a record the viewer may not see:
+        // the page then ends with that record's millisecond, so that its
+        // token names the millisecond, never that record's id.
+        let mut ending_with: Option<Timestamp> = None;
         for (count, key) in self
             .by_request
             .range((start, std::ops::Bound::Unbounded))
             .enumerate()
         {
-            if count == MAX_EXAMINED {
-                page.next = examined.copied();
+            if count == MAX_EXAMINED
+                && let Some(last) = examined
+            {
+                if find_record(&self.records, last.1).is_some_and(seen) {
+                    page.next = Some(*last);
+                    return page;
+                }
+                ending_with = Some(last.0);
+            }
+            if let Some(millisecond) = ending_with
+                && key.0 != millisecond
+            {
+                page.next = Some((millisecond, Uuid::max()));
                 return page;
             }
             examined = Some(key);
@@ -1026,10 +1047,7 @@ impl Ledger {
                         .encode_lower(&mut id_text)
                         .starts_with(prefix)
                 })
-                && query
-                    .viewer
-                    .as_deref()
-                    .is_none_or(|viewer| visible_to(approval, viewer, policy));
+                && seen(approval);
             if !matches {
                 continue;
             }
@@ -1312,5 +1330,116 @@ impl Ledger {
             queue(&self.denied),
             self.by_request,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: &str = r#"
+[profiles.agent]
+roles = ["agent"]
+
+[actors.a]
+profile = "agent"
+
+[tools.shown]
+mode = "execute"
+roles = ["agent"]
+approvers = ["seer"]
+approval = "always"
+
+[tools.hidden]
+mode = "execute"
+roles = ["agent"]
+approvers = ["other"]
+approval = "always"
+
+[reviewers.seer]
+roles = ["seer"]
+workspaces = ["*"]
+
+[server]
+open_host_api = true
+"#;
+
+    fn request(ledger: &mut Ledger, policy: &Policy, tool: &str, n: usize, at: u64) -> Uuid {
+        let call_id = format!("{tool}-{n}");
+        let new = NewApproval {
+            fingerprint: Fingerprint::of_bytes(call_id.as_bytes()),
+            host: "h".into(),
+            actor: "a".into(),
+            session_id: "s".into(),
+            workspace: "w".into(),
+            tool: tool.into(),
+            call_id,
+            version: 0,
+            arguments_view: "{}".into(),
+            reason: Reason::ApprovalRequired,
+        };
+        ledger
+            .create(new, Timestamp(at), &policy.limits)
+            .approval
+            .id
+    }
+
+    /// A page that ends at the scan bound on a record its reviewer may not
+    /// see hands out no part of that record's id, skips nothing and still
+    /// goes on: the token is the end of that record's millisecond.
+    #[test]
+    fn a_page_ending_at_the_scan_bound_names_no_hidden_record() {
+        let mut policy = Policy::parse(POLICY, "list.toml", None).unwrap();
+        policy.limits.max_approval_records = 3 * MAX_EXAMINED;
+        policy.limits.max_pending_total = 3 * MAX_EXAMINED;
+        let mut ledger = Ledger::default();
+        let mut hidden = BTreeSet::new();
+        // Hidden records in two milliseconds, the bound falling inside the
+        // second, which also holds a record the reviewer sees.
+        for n in 0..MAX_EXAMINED + 5 {
+            let at = if n < MAX_EXAMINED - 5 { 1 } else { 2 };
+            hidden.insert(request(&mut ledger, &policy, "hidden", n, at));
+        }
+        let shown = [
+            request(&mut ledger, &policy, "shown", 0, 2),
+            request(&mut ledger, &policy, "shown", 1, 3),
+        ];
+        let mut query = ListQuery {
+            viewer: Some("seer".into()),
+            page_size: 100,
+            ..ListQuery::default()
+        };
+        let mut listed = Vec::new();
+        let mut pages = 0;
+        loop {
+            let page = ledger.list(&query, &policy);
+            listed.extend(page.approvals.iter().map(|approval| approval.id));
+            pages += 1;
+            let Some(next) = page.next else { break };
+            assert!(
+                !hidden.contains(&next.1),
+                "page {pages} names a hidden record"
+            );
+            query.after = Some(next);
+        }
+        assert_eq!(listed, shown);
+        assert!(pages <= 3);
+
+        // The bound's millisecond holds only hidden records: the token is
+        // its end.
+        let mut ledger = Ledger::default();
+        for n in 0..MAX_EXAMINED + 5 {
+            request(&mut ledger, &policy, "hidden", n, 1 + (n / 1000) as u64);
+        }
+        query.after = None;
+        let page = ledger.list(&query, &policy);
+        assert!(page.approvals.is_empty());
+        assert_eq!(page.next, Some((Timestamp(10), Uuid::max())));
+        // The bound on a record the caller sees is that record's key.
+        query.viewer = None;
+        query.status = Some(ApprovalStatus::Granted);
+        let page = ledger.list(&query, &policy);
+        let bound = ledger.by_request.iter().nth(MAX_EXAMINED - 1).copied();
+        assert_eq!(page.next, bound);
     }
 }
