@@ -491,9 +491,8 @@ fn encode(text: &str) -> String {
 /// `?` or `@` the URL should have percent-encoded is still left out (of a
 /// malformed URL, less may be shown than was given, never the password).
 pub fn redact(text: &str) -> String {
-    let text = text.chars().take(300).collect::<String>();
     let (scheme, rest) = match text.split_once("://") {
-        Some((scheme, rest)) => (format!("{scheme}://"), rest.to_string()),
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), text),
     };
     let rest = match rest.rsplit_once('@') {
@@ -501,7 +500,17 @@ pub fn redact(text: &str) -> String {
             let user = userinfo.split([':', '/', '?']).next().unwrap_or("");
             format!("{user}@{after}")
         }
-        None => rest,
+        // No user information: what follows a `:` of the host part is a
+        // port, or shown as nothing (`user:secret` without its `@`).
+        None => {
+            let host_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            match rest[..host_end].split_once(':') {
+                Some((host, port)) if !port.bytes().all(|byte| byte.is_ascii_digit()) => {
+                    format!("{host}{}", &rest[host_end..])
+                }
+                _ => rest.to_string(),
+            }
+        }
     };
     let mut shown = scheme;
     match rest.split_once('?') {
@@ -509,7 +518,10 @@ pub fn redact(text: &str) -> String {
             shown.push_str(before);
             let kept: Vec<&str> = query
                 .split('&')
-                .filter(|pair| !decode(pair.split('=').next().unwrap_or("")).contains("password"))
+                .filter(|pair| {
+                    let name = decode(pair.split('=').next().unwrap_or(""));
+                    !name.to_ascii_lowercase().contains("password")
+                })
                 .collect();
             if !kept.is_empty() {
                 shown.push('?');
@@ -518,7 +530,10 @@ pub fn redact(text: &str) -> String {
         }
         None => shown.push_str(&rest),
     }
-    shown.chars().filter(|c| !c.is_control()).collect()
+    // Cut only now, so that no password lost its end of user information.
+    (shown.chars().filter(|c| !c.is_control()))
+        .take(300)
+        .collect()
 }
 
 /// The driver's error without anything a record could be in: a server error
@@ -1207,7 +1222,7 @@ fn prepare_schema(
     let schema = target.schema();
     let (namespace, key) = lock_keys(schema);
     client
-        .batch_execute("BEGIN; SET LOCAL statement_timeout = 0")
+        .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = 0")
         .map_err(failed("beginning the migration"))?;
     let transaction = client;
     transaction
@@ -1330,7 +1345,13 @@ fn statements(schema: &str) -> Statements {
     );
     let (namespace, key) = lock_keys(schema);
     Statements {
-        begin: format!("BEGIN; SELECT pg_advisory_xact_lock({namespace}, {key}); {head}"),
+        // Read committed whatever the session's default: each statement
+        // after the lock sees what the lock's last holder committed (a
+        // snapshot taken while waiting for it would not).
+        begin: format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; \
+             SELECT pg_advisory_xact_lock({namespace}, {key}); {head}"
+        ),
         write: format!(
             "WITH written AS (\
                  INSERT INTO {schema}.records (kind, key, value, seq) \

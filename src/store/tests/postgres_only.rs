@@ -218,7 +218,19 @@ fn a_bad_url_is_refused_naming_the_rule_and_never_the_password() {
             "postgresx://u:pw1secret@h/db",
             "must start with postgres://",
         ),
+        // A password the URL names in capitals, or without its `@`.
+        (
+            "postgres://u@h/db?PASSWORD=pw1secret&schema=X",
+            "is not a schema name",
+        ),
+        ("postgres://u:pw1secret", ""),
     ];
+    // A long password (a token), past what a message shows of the URL.
+    let long = format!("postgres://u:{}@h/db?schema=X", "pw1secret".repeat(40));
+    let cases = cases
+        .iter()
+        .copied()
+        .chain([(long.as_str(), "is not a schema name")]);
     for (url, rule) in cases {
         let error = PostgresTarget::parse(url).unwrap_err();
         assert!(error.0.contains(rule), "{url}: {error}");
@@ -250,12 +262,27 @@ fn an_unreachable_server_is_refused_fast_naming_where_and_the_step() {
     );
     assert!(error.0.contains("Connection refused"), "{error}");
     assert!(!error.0.contains("pw2secret"), "{error}");
-    // An address that never answers: the connect timeout of the URL holds.
-    let url = "postgres://someone:pw2secret@10.255.255.1:5432/somedb?connect_timeout=1";
+    // A server that takes the connection and never answers (on loopback:
+    // the tests reach nothing else): the connect time limit holds.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let url = format!("postgres://someone:pw2secret@127.0.0.1:{port}/somedb");
+    let settings = PostgresSettings {
+        connect_timeout: Duration::from_secs(1),
+        ..PostgresSettings::default()
+    };
+    let target = PostgresTarget::parse(&url).unwrap().with_settings(settings);
     let started = Instant::now();
-    let error = PostgresStore::open(&PostgresTarget::parse(url).unwrap()).unwrap_err();
+    let error = PostgresStore::open(&target).unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(5), "{error}");
-    assert!(error.0.contains("10.255.255.1:5432/somedb"), "{error}");
+    assert!(
+        error
+            .0
+            .contains("connecting took longer than postgres_connect_timeout_ms"),
+        "{error}"
+    );
+    assert!(!error.0.contains("pw2secret"), "{error}");
+    drop(silent);
 }
 
 // ----- against the server --------------------------------------------------------
@@ -332,6 +359,43 @@ fn two_stores_on_one_schema_take_turns_and_each_reads_what_the_other_committed()
         contents(&mut second),
         expect(&[(Kind::Meta, b"m", b"3"), (Kind::Meta, b"n", b"1")])
     );
+}
+
+/// A turn reads the commits made while it waited for the lock, also on a
+/// database whose sessions default to a stricter isolation (a snapshot
+/// taken before the lock was granted would hide them).
+#[test]
+fn a_turn_reads_what_was_committed_while_it_waited_whatever_the_default_isolation() {
+    let schema = TestSchema::new();
+    let base = std::env::var(URL_VARIABLE).unwrap();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{base}{separator}schema={}&options=-c%20default_transaction_isolation%3Dserializable",
+        schema.name()
+    );
+    let mut first = PostgresStore::open(&schema.target).unwrap();
+    let mut second = PostgresStore::open(&PostgresTarget::parse(&url).unwrap()).unwrap();
+    assert_eq!(
+        second.setting("default_transaction_isolation"),
+        "serializable"
+    );
+    first.begin_turn().unwrap();
+    first.commit(&[put(Kind::Meta, b"m", b"1")]).unwrap();
+    second.begin_turn().unwrap();
+    second.commit(&[]).unwrap();
+    first.begin_turn().unwrap();
+    let waiting = std::thread::spawn(move || {
+        let behind = second.begin_turn().unwrap().behind;
+        (behind, second.commit(&[put(Kind::Meta, b"n", b"1")]))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    first.commit(&[put(Kind::Meta, b"m", b"2")]).unwrap();
+    let (behind, committed) = waiting.join().unwrap();
+    let Some(Behind::Changes(changes)) = behind else {
+        panic!("the waiting turn did not read the commit it waited for: {behind:?}");
+    };
+    assert_eq!(changes, [put(Kind::Meta, b"m", b"2")]);
+    committed.unwrap();
 }
 
 #[test]
