@@ -670,7 +670,12 @@ impl Engine {
         };
         let durable = self.shared.writer.durable(number).await;
         self.flush_outbox();
-        durable.map_err(|error| store_failed(&error.to_string()))?;
+        durable.map_err(|error| match self.shared.writer.gate() {
+            // A replica goes on after a turn that failed: the error says
+            // what became of this call's commit.
+            Some(_) => Error::Unavailable(format!("the shared store: {error}")),
+            None => store_failed(&error.to_string()),
+        })?;
         result
     }
 

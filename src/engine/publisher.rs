@@ -133,10 +133,23 @@ fn drain_settled(
         let Some(made) = settled(*number) else {
             break;
         };
-        if let Some((_, transitions)) = queued.pop_front()
-            && made
-        {
+        let Some((_, transitions)) = queued.pop_front() else {
+            break;
+        };
+        if made {
             durable(transitions);
+        } else {
+            // Not published: nobody was told they took effect. Named, so
+            // that an operator can look up those whose commit's outcome was
+            // unknown (the store says whether each took place).
+            for event in transitions {
+                tracing::warn!(
+                    approval_id = %event.approval.id,
+                    transition = event.kind.audit_name(),
+                    "an approval transition of a commit that did not take effect (or whose \
+                     outcome is unknown) is not audited"
+                );
+            }
         }
     }
 }

@@ -500,12 +500,18 @@ pub fn redact(text: &str) -> String {
             let user = userinfo.split([':', '/', '?']).next().unwrap_or("");
             format!("{user}@{after}")
         }
-        // No user information: what follows a `:` of the host part is a
-        // port, or shown as nothing (`user:secret` without its `@`).
+        // No user information: what follows a `:` of a single host name is
+        // a port, or shown as nothing (`user:secret` without its `@`). An
+        // IPv6 address or a list of hosts is shown as given.
         None => {
             let host_end = rest.find(['/', '?']).unwrap_or(rest.len());
-            match rest[..host_end].split_once(':') {
-                Some((host, port)) if !port.bytes().all(|byte| byte.is_ascii_digit()) => {
+            let hosts = &rest[..host_end];
+            match hosts.split_once(':') {
+                Some((host, port))
+                    if !hosts.starts_with('[')
+                        && !hosts.contains(',')
+                        && !port.bytes().all(|byte| byte.is_ascii_digit()) =>
+                {
                     format!("{host}{}", &rest[host_end..])
                 }
                 _ => rest.to_string(),

@@ -152,9 +152,10 @@ struct Pending {
     /// Turns begun: the last one's number.
     turns_begun: u64,
     /// The numbers (first, last) of turns' batches whose commit did not
-    /// take effect: their answers are refused, never released (the latest
+    /// take effect (or whose outcome is unknown), with what their callers
+    /// were told: their answers are refused so, never released (the latest
     /// [`ABANDONED_KEPT`]; an answer waits no longer than a few turns).
-    abandoned: std::collections::VecDeque<(u64, u64)>,
+    abandoned: std::collections::VecDeque<(u64, u64, StoreError)>,
 }
 
 /// How many abandoned batches are remembered.
@@ -163,14 +164,18 @@ const ABANDONED_KEPT: usize = 1024;
 impl Pending {
     /// What became of the batch `number` ([`Writer::settled`]).
     fn settled(&self, number: u64) -> Option<bool> {
-        if self
-            .abandoned
-            .iter()
-            .any(|(first, last)| (*first..=*last).contains(&number))
-        {
+        if self.abandoned(number).is_some() {
             return Some(false);
         }
         (self.durable >= number).then_some(true)
+    }
+
+    /// What the callers of the batch `number` were told, if it was
+    /// abandoned.
+    fn abandoned(&self, number: u64) -> Option<&StoreError> {
+        (self.abandoned.iter())
+            .find(|(first, last, _)| (*first..=*last).contains(&number))
+            .map(|(_, _, error)| error)
     }
 
     /// What a call whose changes no answer reveals waits for: the last
@@ -526,14 +531,8 @@ impl Writer {
     pub async fn durable(&self, number: u64) -> Result<(), StoreError> {
         let waiting = {
             let mut pending = self.shared.pending();
-            let abandoned = pending
-                .abandoned
-                .iter()
-                .any(|(first, last)| (*first..=*last).contains(&number));
-            if abandoned {
-                return Err(StoreError(
-                    "the commit of this call did not take effect; try again".into(),
-                ));
+            if let Some(told) = pending.abandoned(number) {
+                return Err(told.clone());
             }
             if pending.durable >= number {
                 return Ok(());
@@ -814,7 +813,7 @@ fn run_turns(shared: &Shared, store: &mut dyn Store, host: &mut dyn TurnHost) {
                     if pending.abandoned.len() == ABANDONED_KEPT {
                         pending.abandoned.pop_front();
                     }
-                    pending.abandoned.push_back((batch.first, batch.last));
+                    (pending.abandoned).push_back((batch.first, batch.last, error.clone()));
                 }
                 // A call that changes nothing waits for the last number:
                 // one past the abandoned ones, for an empty batch, durable
@@ -926,6 +925,14 @@ fn commit_or_resume(
         drop(outage);
         if since.elapsed() >= RESUME_FOR || wait_unless_closing(shared, pause) {
             *lock(&shared.outage) = None;
+            if turn {
+                // The replica goes on (it loads the state again in its next
+                // turn); what it cannot say is whether this commit was made.
+                return Err(StoreError(format!(
+                    "the outcome of this call's commit is unknown ({failed}): it may have \
+                     taken effect; try again (a Dispatch that took effect is replayed)"
+                )));
+            }
             return Err(failed);
         }
         pause = (pause * 2).min(RESUME_PAUSE_MAX);
@@ -1123,6 +1130,37 @@ mod tests {
         }
     }
 
+    /// A shared store that loses the answer to every commit and cannot be
+    /// reached to ask what became of it.
+    struct Lost;
+
+    impl Store for Lost {
+        fn name(&self) -> &'static str {
+            "lost"
+        }
+        fn load(&mut self) -> StoreResult<Vec<Record>> {
+            Ok(Vec::new())
+        }
+        fn commit(&mut self, _changes: &[Change]) -> StoreResult<()> {
+            Err(StoreError("the connection was lost".into()))
+        }
+        fn size_bytes(&self) -> u64 {
+            0
+        }
+        fn resume(&mut self) -> Resume {
+            Resume::Unreachable(StoreError("no answer".into()))
+        }
+        fn shared(&self) -> bool {
+            true
+        }
+        fn begin_turn(&mut self) -> StoreResult<Turn> {
+            Ok(Turn {
+                now: Timestamp(1),
+                behind: None,
+            })
+        }
+    }
+
     /// Opens and closes the gate under `state`, the state lock a test's
     /// operations hold too (as the engine's do); takes nothing in, but
     /// queues `begins_with` (the resources a reloaded policy declares, say)
@@ -1273,6 +1311,34 @@ mod tests {
         let write = in_a_turn(&writer, &state, vec![put(b"b", b"1")]).await;
         writer.durable(write).await.unwrap();
         writer.close();
+    }
+
+    /// A turn's commit given up with its outcome unknown is answered so:
+    /// not as one that failed (the replica goes on), nor as one that did not
+    /// take effect.
+    #[tokio::test]
+    async fn a_turns_commit_given_up_unknown_is_answered_unknown() {
+        let state = Arc::new(Mutex::new(()));
+        let host = Box::new(Host::new(&state, None));
+        let writer = Writer::start(Box::new(Lost), Some(host)).unwrap();
+        let lost = in_a_turn(&writer, &state, vec![put(b"a", b"1")]).await;
+        let give_up = async {
+            while writer.outage().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            writer.close();
+        };
+        let (answer, ()) = tokio::join!(writer.durable(lost), give_up);
+        let error = answer.unwrap_err();
+        assert!(
+            error.0.starts_with(
+                "the outcome of this call's commit is unknown (the connection was lost): \
+                 it may have taken effect"
+            ),
+            "{error}"
+        );
+        // A late wait is told the same.
+        assert_eq!(writer.durable(lost).await, Err(error));
     }
 
     #[tokio::test]

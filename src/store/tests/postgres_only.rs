@@ -223,7 +223,7 @@ fn a_bad_url_is_refused_naming_the_rule_and_never_the_password() {
             "postgres://u@h/db?PASSWORD=pw1secret&schema=X",
             "is not a schema name",
         ),
-        ("postgres://u:pw1secret", ""),
+        ("postgres://u:pw1secret", "invalid value for option `port`"),
     ];
     // A long password (a token), past what a message shows of the URL.
     let long = format!("postgres://u:{}@h/db?schema=X", "pw1secret".repeat(40));
@@ -239,6 +239,20 @@ fn a_bad_url_is_refused_naming_the_rule_and_never_the_password() {
             "{url}: {error}"
         );
         assert!(error.0.starts_with("the store URL "), "{url}: {error}");
+    }
+    // An IPv6 address, or several hosts, shown whole.
+    for (url, shown) in [
+        (
+            "postgres://[::1]:5432/db?schema=Upper",
+            "postgres://[::1]:5432/db",
+        ),
+        (
+            "postgres://h1:5432,h2:5433/db?schema=Upper",
+            "postgres://h1:5432,h2:5433/db",
+        ),
+    ] {
+        let error = PostgresTarget::parse(url).unwrap_err();
+        assert!(error.0.contains(shown), "{url}: {error}");
     }
 }
 
@@ -279,6 +293,12 @@ fn an_unreachable_server_is_refused_fast_naming_where_and_the_step() {
         error
             .0
             .contains("connecting took longer than postgres_connect_timeout_ms"),
+        "{error}"
+    );
+    assert!(
+        error
+            .0
+            .contains(&format!("postgres://someone@127.0.0.1:{port}/somedb")),
         "{error}"
     );
     assert!(!error.0.contains("pw2secret"), "{error}");
