@@ -35,7 +35,7 @@ use crate::domain::ledger::{Approval, ApprovalEvent, ListQuery, Page, Verdict};
 use crate::domain::limits::{ResourceListing, ResourceRead};
 use crate::domain::manifest::{Assessment, Manifest};
 use crate::domain::pins::PinRecord;
-use crate::domain::policy::{Credential, CredentialKind, Policy};
+use crate::domain::policy::{Credential, CredentialKind, Policy, Serving};
 use crate::domain::proposal::{self, Proposal, SessionRef};
 use crate::domain::resources::{PagePosition, ResourcePage};
 use crate::domain::session::SessionSummary;
@@ -744,18 +744,14 @@ impl Engine {
 
     /// The reload decision: swaps in `policy` unless
     /// [`Policy::reload_refusal`] says why not (then the policy in force is
-    /// kept, and the reason returned). `listen` is the gRPC listener's address.
-    pub fn reload(
-        &self,
-        policy: Policy,
-        listen: std::net::SocketAddr,
-    ) -> std::result::Result<(), String> {
+    /// kept, and the reason returned). `serving`: how the server serves.
+    pub fn reload(&self, policy: Policy, serving: &Serving) -> std::result::Result<(), String> {
         let running = self.policy();
         let running_kinds: Vec<CredentialKind> = [CredentialKind::Host, CredentialKind::Reviewer]
             .into_iter()
             .filter(|kind| self.has_credentials(*kind))
             .collect();
-        if let Some(refusal) = running.reload_refusal(&running_kinds, &policy, listen) {
+        if let Some(refusal) = running.reload_refusal(&running_kinds, &policy, serving) {
             return Err(refusal);
         }
         self.replace_policy(policy);
@@ -765,19 +761,8 @@ impl Engine {
     /// Swaps in a new policy whole, unchecked (tests; a reload goes through
     /// [`Engine::reload`]). State made through the API (pins, approvals,
     /// receipts) is kept.
-    pub fn replace_policy(&self, mut policy: Policy) {
+    pub fn replace_policy(&self, policy: Policy) {
         let revision = policy.revision.clone();
-        let running = self.policy();
-        if policy.server != running.server {
-            tracing::warn!(
-                policy_revision = %revision,
-                "[server] settings changed; they apply at the next start, not on reload"
-            );
-            // The listener keeps the settings it started with; so does
-            // every check that must agree with it (the answer a Dispatch
-            // may send, the pages of the resource reads).
-            policy.server = running.server.clone();
-        }
         let new_policy = Arc::new(policy);
         // On a shared store the new resources are adopted in the next turn
         // (against what every replica committed), not here.

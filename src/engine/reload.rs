@@ -6,22 +6,21 @@
 //! open ones keep theirs, so nothing is dropped. Each reload is counted in
 //! the metrics (`toolgate_config_last_reload_successful`).
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::task::JoinHandle;
 
-use crate::domain::policy::Policy;
+use crate::domain::policy::{Policy, Serving};
 use crate::engine::Engine;
 use crate::ops::tls::ServerTls;
 
-/// Reloads the policy file at `path` once. `listen` is the gRPC
-/// listener's address (an open host API stays on loopback). On failure the
-/// policy in force is kept, `policy_reload_failed` is logged and the
-/// reason is returned.
-pub async fn reload_once(engine: &Engine, path: &Path, listen: SocketAddr) -> Result<(), String> {
-    reload_with_tls(engine, Some(path), listen, None).await
+/// Reloads the policy file at `path` once. `serving`: how the server
+/// serves ([`Policy::check_serving`]: an open host API stays on loopback,
+/// and so on). On failure the policy in force is kept,
+/// `policy_reload_failed` is logged and the reason is returned.
+pub async fn reload_once(engine: &Engine, path: &Path, serving: Serving) -> Result<(), String> {
+    reload_with_tls(engine, Some(path), serving, None).await
 }
 
 /// Reloads the policy file at `path` (when there is one) and the TLS files
@@ -32,10 +31,10 @@ pub async fn reload_once(engine: &Engine, path: &Path, listen: SocketAddr) -> Re
 pub async fn reload_with_tls(
     engine: &Engine,
     path: Option<&Path>,
-    listen: SocketAddr,
+    serving: Serving,
     tls: Option<&ServerTls>,
 ) -> Result<(), String> {
-    let reloaded = reload_all(engine, path, listen, tls).await;
+    let reloaded = reload_all(engine, path, serving, tls).await;
     engine.note_reload(reloaded.is_ok());
     if let Err(reason) = &reloaded {
         crate::audit_warn!(
@@ -50,7 +49,7 @@ pub async fn reload_with_tls(
 async fn reload_all(
     engine: &Engine,
     path: Option<&Path>,
-    listen: SocketAddr,
+    serving: Serving,
     tls: Option<&ServerTls>,
 ) -> Result<(), String> {
     let prepared = match tls {
@@ -67,7 +66,7 @@ async fn reload_all(
     if let Some(path) = path {
         let load_path = path.to_path_buf();
         match tokio::task::spawn_blocking(move || Policy::load(&load_path)).await {
-            Ok(Ok(policy)) => engine.reload(policy, listen)?,
+            Ok(Ok(policy)) => engine.reload(policy, &serving)?,
             Ok(Err(error)) => return Err(error.to_string()),
             Err(error) => return Err(error.to_string()),
         }
@@ -91,7 +90,7 @@ async fn reload_all(
 pub fn reload_on_sighup(
     engine: Engine,
     path: Option<PathBuf>,
-    listen: SocketAddr,
+    serving: Serving,
     tls: Option<ServerTls>,
 ) -> std::io::Result<JoinHandle<()>> {
     let mut hangups = signal(SignalKind::hangup())?;
@@ -105,7 +104,7 @@ pub fn reload_on_sighup(
                 continue;
             }
             // The failure is logged by reload_with_tls; the loop goes on.
-            let _ = reload_with_tls(&engine, path.as_deref(), listen, tls.as_ref()).await;
+            let _ = reload_with_tls(&engine, path.as_deref(), serving, tls.as_ref()).await;
         }
     }))
 }

@@ -5,6 +5,7 @@
 //! could not be sent is refused before it applies.
 
 use tonic::Code;
+use toolgate::domain::policy::Serving;
 
 use crate::support::policies::{integer, policy_with};
 use crate::support::tokens::ALICE;
@@ -298,15 +299,18 @@ async fn list_resources_lists_a_queue_by_its_first_page() {
 #[tokio::test]
 async fn a_commit_whose_answer_could_not_be_sent_is_refused_before_it_applies() {
     let server = TestServer::start(&policy()).await;
-    // A reload that raises the limit changes nothing until a restart: the
-    // listener still sends at most its own (the commit was accepted, and
-    // its answer could not be sent).
-    server
+    // A reload that raises the limit is refused: the listener keeps its
+    // own, and so does every check that must agree with it (a commit whose
+    // answer the listener could not send would be accepted).
+    let raised = crate::support::policies::parse(&policy_with(
+        "append",
+        &[("server.max_message_bytes", integer(1 << 20))],
+    ));
+    let refused = server
         .engine
-        .replace_policy(crate::support::policies::parse(&policy_with(
-            "append",
-            &[("server.max_message_bytes", integer(1 << 20))],
-        )));
+        .reload(raised, &Serving::plain(server.addr))
+        .unwrap_err();
+    assert!(refused.contains("(max_message_bytes)"), "{refused}");
     // Fits in a request (~15.6 KB < 16 KiB) but its answer (the item plus up
     // to 1 KiB of other fields) would not.
     let too_big = "y".repeat(MAX_MESSAGE_BYTES - 800);

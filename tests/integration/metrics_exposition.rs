@@ -10,6 +10,7 @@ use std::io::Read;
 use std::path::Path;
 
 use tonic::Code;
+use toolgate::domain::policy::Serving;
 
 use crate::support::metrics::{Family, parse_exposition, scrape, scrape_raw};
 use crate::support::policies::{decide_policy, repo_path};
@@ -266,7 +267,8 @@ async fn a_failed_reload_shows_in_the_reload_metrics() {
     let before = checked(&scrape(addr).await);
     let missing = Path::new("/nonexistent/toolgate-policy.toml");
     let reloaded =
-        toolgate::engine::reload::reload_once(&server.engine, missing, server.addr).await;
+        toolgate::engine::reload::reload_once(&server.engine, missing, Serving::plain(server.addr))
+            .await;
     assert!(reloaded.is_err(), "{reloaded:?}");
     let after = checked(&scrape(addr).await);
     assert_eq!(

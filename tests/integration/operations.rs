@@ -346,6 +346,17 @@ impl Served {
         }
     }
 
+    /// The first line of stderr from now on that holds `text`.
+    fn line_with(&self, text: &str) -> String {
+        loop {
+            match self.lines.recv_timeout(PATIENCE) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(_) => continue,
+                Err(error) => panic!("no line with {text:?} ({error})"),
+            }
+        }
+    }
+
     /// Decide as `token`: the code, or the reason and policy revision.
     async fn decide(
         &self,
@@ -433,6 +444,34 @@ async fn a_sighup_reload_of_a_file_cut_at_any_section_is_refused_and_the_old_pol
             .expect("allowed");
         assert_ne!(new_revision, revision);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_says_its_dangling_names_and_keeps_its_server_settings_to_a_restart() {
+    let text =
+        portable(DECIDE) + "\n[reviewers.zed]\nroles = [\"auditor\"]\nworkspaces = [\"*\"]\n";
+    let served = Served::start(&text);
+    let said = served.line_with("policy: no reviewer credential in [[credentials]]");
+    assert!(said.contains("reviewers.zed"), "{said}");
+    // [server] applies at start only: a reload that changes it is refused,
+    // naming the keys, and the policy in force stays.
+    let (_, revision) = served
+        .decide(HOST, read_balance("before"))
+        .await
+        .expect("allowed");
+    let event = served
+        .reload(&format!("{text}\n[server]\nmax_connections = 7\n"))
+        .await;
+    assert_eq!(event["event"], "policy_reload_failed", "{event}");
+    assert_eq!(
+        event["error"],
+        "the new policy changes [server] (max_connections): [server] applies at start \
+         only; restart to change it"
+    );
+    assert_eq!(
+        served.decide(HOST, read_balance("after")).await,
+        Ok(("allowed".to_string(), revision))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,6 +31,7 @@ use crate::support::{
     EPOCH, Engine, Listeners, ManualClock, Policy, ServeOptions, ServerTls, authed, read_balance,
     reload, serve_with_options, spawn,
 };
+use toolgate::domain::policy::Serving;
 
 /// A certificate authority made for one test.
 struct TestCa {
@@ -159,6 +160,15 @@ struct TlsServer {
     engine: Engine,
     tls: ServerTls,
     shutdown: Option<oneshot::Sender<()>>,
+}
+
+/// How `server` serves, as `serve` would tell a reload.
+fn serving(server: &TlsServer) -> Serving {
+    Serving {
+        listen: server.addr,
+        ext_authz_listener: server.ext_authz.is_some(),
+        mutual_tls: server.tls.mutual(),
+    }
 }
 
 impl TlsServer {
@@ -516,7 +526,7 @@ async fn sighup_reload_swaps_the_certificate_without_dropping_connections() {
     let failed = reload::reload_with_tls(
         &server.engine,
         Some(&policy_path),
-        server.addr,
+        serving(&server),
         Some(&server.tls),
     )
     .await
@@ -536,7 +546,7 @@ async fn sighup_reload_swaps_the_certificate_without_dropping_connections() {
     reload::reload_with_tls(
         &server.engine,
         Some(&policy_path),
-        server.addr,
+        serving(&server),
         Some(&server.tls),
     )
     .await

@@ -119,7 +119,7 @@ roles = ["ticketer"]
 approvers = ["bench-approver"]
 approval = "always"
 cost = 1
-effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status" }}
+effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status", resources = ["*"] }}
 input_schema = {{ type = "object", required = ["ticket", "status"], additionalProperties = false, properties = {{ ticket = {{ type = "string", pattern = "^[a-z][a-z0-9-]{{0,31}}$" }}, status = {{ type = "string", enum = ["open", "done"] }} }} }}
 
 [tools.set_direct]
@@ -127,7 +127,7 @@ mode = "execute"
 roles = ["ticketer"]
 approval = "never"
 cost = 1
-effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status" }}
+effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status", resources = ["*"] }}
 input_schema = {{ type = "object", required = ["ticket", "status"], additionalProperties = false, properties = {{ ticket = {{ type = "string", pattern = "^[a-z][a-z0-9-]{{0,31}}$" }}, status = {{ type = "string", enum = ["open", "done"] }} }} }}
 
 [tools.lookup]
@@ -260,7 +260,7 @@ input_schema = {{ type = "object", required = ["n"], additionalProperties = fals
 mode = "execute"
 roles = ["ticketer"]
 approval = "never"
-effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status" }}
+effect = {{ kind = "set", resource_argument = "ticket", value_argument = "status", resources = ["*"] }}
 input_schema = {{ type = "object", required = ["ticket", "status"], additionalProperties = false, properties = {{ ticket = {{ type = "string", pattern = "^[a-z][a-z0-9-]{{0,31}}$" }}, status = {{ type = "string", enum = ["open", "done"] }} }} }}
 "#
     ));

@@ -144,7 +144,7 @@ fn effect_name(effect: &Effect) -> String {
             resource_argument,
             value_argument,
             resources: None,
-        } => format!("set({resource_argument} = {value_argument})"),
+        } => format!("set({resource_argument} = {value_argument}; any resource)"),
         Effect::Set {
             resource_argument,
             value_argument,
@@ -168,7 +168,8 @@ fn effect_json(effect: &Effect) -> serde_json::Value {
             "kind": "set",
             "resource_argument": resource_argument,
             "value_argument": value_argument,
-            "resources": resources,
+            // As the policy says it: `["*"]` for every resource.
+            "resources": resources.clone().unwrap_or_else(|| vec!["*".to_string()]),
         }),
         Effect::Append { resource } => {
             serde_json::json!({ "kind": "append", "resource": resource })

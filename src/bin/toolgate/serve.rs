@@ -1,5 +1,5 @@
 //! `toolgate serve`: logging set up from the command line, the policy
-//! loaded and checked against the listen address ([`Policy::check_listen`],
+//! loaded and checked against how it serves ([`Policy::check_serving`],
 //! the non-loopback guard), the listeners bound, SIGHUP reload
 //! ([`reload`]) and, on the embedded policy, the reviewer token
 //! ([`bootstrap`]); the state recovered from the store ([`open_engine`]);
@@ -18,7 +18,7 @@ use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::prelude::*;
 
 use toolgate::domain::clock::{Clock, MonotonicClock, SystemClock};
-use toolgate::domain::policy::{Policy, TlsFiles};
+use toolgate::domain::policy::{Policy, Serving, TlsFiles};
 use toolgate::engine::Engine;
 use toolgate::engine::{bootstrap, reload};
 use toolgate::ops::audit::{self, AuditFormat, AuditLayer};
@@ -108,24 +108,17 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // First what the policy says of the address alone (an open host API
+    // off loopback): the TLS checks below would otherwise speak first.
     if let Err(refusal) = policy.check_listen(args.listen) {
         tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
-    if args.ext_authz_listen.is_some() && policy.ext_authz.host_credential.is_none() {
-        tracing::error!(
-            "--ext-authz-listen needs [ext_authz] host_credential: the host credential its Checks act as"
-        );
-        return ExitCode::FAILURE;
-    }
-    if args.ext_authz_listen.is_some()
-        && policy.ext_authz.actor == toolgate::domain::policy::ActorSource::Unset
-    {
-        tracing::error!(
-            "--ext-authz-listen needs an actor source in [ext_authz] (actor_header, actor_claim \
-             or actor_from_principal): without one every tools/call is denied"
-        );
-        return ExitCode::FAILURE;
+    // Dangling names (check-config lists them): said at start too, so that
+    // a server whose approver role nobody holds does not start silently.
+    // (The embedded policy's reviewer gets its token below.)
+    for warning in policy.warnings.iter().filter(|_| args.config.is_some()) {
+        tracing::warn!(key = %warning.key, "policy: {}", warning.message);
     }
     let tls = match server_tls(&args, &policy) {
         Ok(tls) => tls,
@@ -134,6 +127,16 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // What start and every reload hold the policy to.
+    let serving = Serving {
+        listen: args.listen,
+        ext_authz_listener: args.ext_authz_listen.is_some(),
+        mutual_tls: tls.as_ref().is_some_and(ServerTls::mutual),
+    };
+    if let Err(refusal) = policy.check_serving(&serving) {
+        tracing::error!(listen = %args.listen, "{refusal}");
+        return ExitCode::FAILURE;
+    }
     let engine = match open_engine(&args, policy) {
         Ok(engine) => engine,
         Err(error) => {
@@ -171,7 +174,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         if let Err(error) = reload::reload_on_sighup(
                 engine.clone(),
                 args.config.clone(),
-                args.listen,
+                serving,
                 tls.clone(),
             )
         {
@@ -303,16 +306,6 @@ fn server_tls(args: &ServeArgs, policy: &Policy) -> Result<Option<ServerTls>, St
                  plaintext_behind_mesh = true)"
             ));
         }
-    }
-    let mutual = files
-        .as_ref()
-        .is_some_and(|files| files.client_ca.is_some());
-    if policy.binds_client_identities() && !mutual {
-        return Err(
-            "credentials with client_identity need mTLS: give [server.tls] client_ca \
-             or --tls-client-ca (without it no call could ever use them)"
-                .to_string(),
-        );
     }
     files
         .map(ServerTls::load)

@@ -133,6 +133,9 @@ pub(super) fn reviewers(
                 "must name at least one workspace (or \"*\")",
             ));
         }
+        if raw_reviewer.workspaces.iter().any(String::is_empty) {
+            return Err(loader.error(format!("{key}.workspaces"), "a workspace name is not empty"));
+        }
         reviewers.insert(
             identity.clone(),
             Reviewer {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::parse::Loader;
-use super::{Policy, PolicyError, PolicyMap, Reviewer};
+use super::{ActorSource, Policy, PolicyError, PolicyMap, Reviewer};
 use crate::domain::canonical::Fingerprint;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -118,9 +118,33 @@ pub(super) fn credentials(
     reviewers: &PolicyMap<String, Reviewer>,
 ) -> Result<Credentials, PolicyError> {
     let mut credentials = Credentials::default();
+    // Whose each client certificate identity is: one host or reviewer's
+    // (several of its tokens may be bound to it).
+    let mut certificate_owners: PolicyMap<ClientIdentity, (CredentialKind, String)> =
+        PolicyMap::default();
     for (index, raw_credential) in raw_credentials.into_iter().enumerate() {
         let key = |field: &str| format!("credentials[{index}].{field}");
         let (digest, credential) = credential(loader, &key, raw_credential, reviewers)?;
+        if let Some(identity) = &credential.client_identity {
+            let owner = (credential.kind, credential.identity.clone());
+            match certificate_owners.get(identity) {
+                Some(first) if *first != owner => {
+                    return Err(loader.error(
+                        key("client_identity"),
+                        format!(
+                            "is bound to {} {:?} already: a client certificate identity \
+                             belongs to one host or reviewer",
+                            first.0.as_str(),
+                            first.1
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    certificate_owners.insert(identity.clone(), owner);
+                }
+            }
+        }
         let credential = Arc::new(credential);
         match (digest, &credential.client_identity) {
             (Some(digest), _) => {
@@ -167,12 +191,20 @@ fn credential(
 ) -> Result<(Option<Fingerprint>, Credential), PolicyError> {
     loader.identifier(&key("identity"), &raw.identity)?;
     let digest = match &raw.sha256 {
-        Some(hex) => Some(Fingerprint::from_hex(hex).ok_or_else(|| {
-            loader.error(
-                key("sha256"),
-                "must be the 64-hex-digit SHA-256 digest of the token",
-            )
-        })?),
+        Some(hex) => {
+            let digest = Fingerprint::from_hex(hex).ok_or_else(|| {
+                loader.error(
+                    key("sha256"),
+                    "must be the 64-hex-digit SHA-256 digest of the token",
+                )
+            })?;
+            // No request carries an empty token: such a credential would
+            // authenticate nobody yet count as the host access declared.
+            if digest == Fingerprint::of_bytes(b"") {
+                return Err(loader.error(key("sha256"), "is the digest of an empty token"));
+            }
+            Some(digest)
+        }
         None => None,
     };
     let client_identity = match raw.client_identity.as_deref() {
@@ -195,6 +227,11 @@ fn credential(
         }
         CredentialKind::Reviewer if !raw.actors.is_empty() => {
             return Err(loader.error(key("actors"), "only host credentials assert actors"));
+        }
+        CredentialKind::Host => {
+            for actor in raw.actors.iter().filter(|actor| *actor != "*") {
+                loader.identifier(&key("actors"), actor)?;
+            }
         }
         CredentialKind::Reviewer if !reviewers.contains_key(&raw.identity) => {
             return Err(loader.error(
@@ -332,7 +369,7 @@ impl Policy {
     }
 
     /// Whether the policy may serve on `listen`: an open host API only on a
-    /// loopback address. Checked at start and at every reload.
+    /// loopback address.
     pub fn check_listen(&self, listen: std::net::SocketAddr) -> Result<(), String> {
         if self.open_host_api && !listen.ip().is_loopback() {
             return Err(format!(
@@ -340,5 +377,58 @@ impl Policy {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the policy may run the server as `serving` says it serves:
+    /// checked at start and at every reload, so that a reload never leaves
+    /// the server in a state start would refuse. The listen address
+    /// ([`Policy::check_listen`]); an ext_authz listener's host credential
+    /// and actor source (its Checks carry no token); credentials bound to a
+    /// client certificate only where mTLS is served.
+    pub fn check_serving(&self, serving: &Serving) -> Result<(), String> {
+        self.check_listen(serving.listen)?;
+        if serving.ext_authz_listener && self.ext_authz.host_credential.is_none() {
+            return Err(
+                "--ext-authz-listen needs [ext_authz] host_credential: the host \
+                        credential its Checks act as"
+                    .to_string(),
+            );
+        }
+        if serving.ext_authz_listener && self.ext_authz.actor == ActorSource::Unset {
+            return Err("--ext-authz-listen needs an actor source in [ext_authz] \
+                        (actor_header, actor_claim or actor_from_principal): without one \
+                        every tools/call is denied"
+                .to_string());
+        }
+        if self.binds_client_identities() && !serving.mutual_tls {
+            return Err(
+                "credentials with client_identity need mTLS: give [server.tls] \
+                        client_ca or --tls-client-ca (without it no call could ever use them)"
+                    .to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// How the running server serves, fixed at its start ([`Policy::check_serving`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    /// The gRPC listener's address.
+    pub listen: std::net::SocketAddr,
+    /// Whether `--ext-authz-listen` is bound.
+    pub ext_authz_listener: bool,
+    /// Whether client certificates are asked for (a TLS client CA).
+    pub mutual_tls: bool,
+}
+
+impl Serving {
+    /// A gRPC listener on `listen` alone, without mTLS.
+    pub fn plain(listen: std::net::SocketAddr) -> Serving {
+        Serving {
+            listen,
+            ext_authz_listener: false,
+            mutual_tls: false,
+        }
     }
 }

@@ -13,8 +13,9 @@ pub enum Effect {
     /// Receipt only: the host performs the side effect itself.
     None,
     /// The resource named by argument `resource_argument` becomes the value
-    /// of argument `value_argument`; only the listed `resources` when the
-    /// policy lists them (so a ticket tool cannot overwrite the outbox).
+    /// of argument `value_argument`; only one of the listed `resources` (so
+    /// a ticket tool cannot overwrite the outbox), any resource when the
+    /// policy says so (`resources = ["*"]`: `None`).
     Set {
         resource_argument: String,
         value_argument: String,
@@ -32,7 +33,7 @@ pub(super) struct RawEffect {
     resource_argument: Option<String>,
     value_argument: Option<String>,
     resource: Option<String>,
-    /// For `set`: the resources it may change (all when absent).
+    /// For `set`: the resources it may change (`["*"]`: every one; required).
     resources: Option<Vec<String>>,
 }
 
@@ -68,7 +69,8 @@ fn no_effect(loader: &Loader<'_>, key: &str, raw: &RawEffect) -> Result<Effect, 
 }
 
 /// `set`: names the resource and the value by argument, and may only
-/// change the listed `resources`, which the state declares.
+/// change the listed `resources`, which the state declares; a list is
+/// required (its absence opens nothing), `["*"]` for every resource.
 fn set_effect(
     loader: &Loader<'_>,
     key: &str,
@@ -89,21 +91,42 @@ fn set_effect(
             "effect \"set\" names its resource by resource_argument",
         ));
     }
-    if let Some(unknown) = raw
-        .resources
-        .iter()
-        .flatten()
-        .find(|name| !state.resources.contains_key(*name))
-    {
-        return Err(loader.error(
-            format!("{key}.resources"),
-            format!("no state resource {unknown:?}"),
-        ));
-    }
+    let resources_key = format!("{key}.resources");
+    let resources = match raw.resources {
+        None => {
+            return Err(loader.error(
+                resources_key,
+                "effect \"set\" needs resources: the state resources it may change, \
+                 or [\"*\"] for every one",
+            ));
+        }
+        Some(names) if names.is_empty() => {
+            return Err(loader.error(
+                resources_key,
+                "lists no resource: the tool could change nothing",
+            ));
+        }
+        Some(names) if names == ["*"] => None,
+        Some(names) => {
+            if names.iter().any(|name| name == "*") {
+                return Err(loader.error(
+                    resources_key,
+                    "\"*\" (every resource) stands alone, not beside names",
+                ));
+            }
+            if let Some(unknown) = names
+                .iter()
+                .find(|name| !state.resources.contains_key(*name))
+            {
+                return Err(loader.error(resources_key, format!("no state resource {unknown:?}")));
+            }
+            Some(names)
+        }
+    };
     Ok(Effect::Set {
         resource_argument,
         value_argument,
-        resources: raw.resources,
+        resources,
     })
 }
 

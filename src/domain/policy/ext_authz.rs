@@ -138,6 +138,7 @@ pub(super) fn ext_authz_settings(
         }
         (None, None) => WorkspaceSource::Fixed(DEFAULT_WORKSPACE.to_string()),
     };
+    check_distinct_headers(loader, &actor, &session_header, &workspace)?;
     if let Some(identity) = &raw.host_credential {
         loader.identifier("ext_authz.host_credential", identity)?;
     }
@@ -174,8 +175,43 @@ pub(super) fn ext_authz_settings(
     })
 }
 
-/// Exactly one of `actor_header`, `actor_claim`, `actor_from_principal =
-/// true` (none: the default header).
+/// The actor's, the session's and the workspace's headers are three: the
+/// session id is the client's to pick, and a header read for two of them
+/// would let it pick the other too.
+fn check_distinct_headers(
+    loader: &Loader<'_>,
+    actor: &ActorSource,
+    session_header: &str,
+    workspace: &WorkspaceSource,
+) -> Result<(), PolicyError> {
+    let actor_header = match actor {
+        ActorSource::Header(name) => Some(name.as_str()),
+        _ => None,
+    };
+    let workspace_header = match workspace {
+        WorkspaceSource::Header(name) => Some(name.as_str()),
+        WorkspaceSource::Fixed(_) => None,
+    };
+    let clash = if actor_header == Some(session_header) {
+        Some(("ext_authz.actor_header", "the session header"))
+    } else if workspace_header == Some(session_header) {
+        Some(("ext_authz.workspace_header", "the session header"))
+    } else if workspace_header.is_some() && workspace_header == actor_header {
+        Some(("ext_authz.workspace_header", "the actor header"))
+    } else {
+        None
+    };
+    match clash {
+        Some((key, other)) => Err(loader.error(
+            key,
+            format!("is {other}: the actor, the session and the workspace each have a header of their own"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// At most one of `actor_header`, `actor_claim`, `actor_from_principal =
+/// true` (none: [`ActorSource::Unset`]).
 fn actor_source(loader: &Loader<'_>, raw: &RawExtAuthz) -> Result<ActorSource, PolicyError> {
     let from_principal = raw.actor_from_principal == Some(true);
     let given = usize::from(raw.actor_header.is_some())

@@ -152,6 +152,36 @@ fn check_positive_limits(loader: &Loader<'_>, raw: &RawLimits) -> Result<(), Pol
             return Err(loader.error(format!("limits.{key}"), "must be greater than 0"));
         }
     }
+    let lifetimes = [
+        ("pending_ttl_seconds", raw.pending_ttl_seconds),
+        ("grant_ttl_seconds", raw.grant_ttl_seconds),
+        ("approval_retention_seconds", raw.approval_retention_seconds),
+        ("session_idle_seconds", raw.session_idle_seconds),
+        ("receipt_retention_seconds", raw.receipt_retention_seconds),
+    ];
+    for (key, seconds) in lifetimes {
+        check_lifetime(loader, &format!("limits.{key}"), seconds)?;
+    }
+    Ok(())
+}
+
+/// The longest lifetime a policy may give anything (ten years): a grant of
+/// `u64::MAX` seconds would never expire, and its time would be past what
+/// a protobuf `Timestamp` (year 9999) can carry to the reviewers' clients.
+pub(super) const MAX_LIFETIME_SECONDS: u64 = 10 * 365 * 86_400;
+
+/// A lifetime in seconds is at most [`MAX_LIFETIME_SECONDS`].
+pub(super) fn check_lifetime(
+    loader: &Loader<'_>,
+    key: &str,
+    seconds: u64,
+) -> Result<(), PolicyError> {
+    if seconds > MAX_LIFETIME_SECONDS {
+        return Err(loader.error(
+            key,
+            format!("must be at most {MAX_LIFETIME_SECONDS} (ten years)"),
+        ));
+    }
     Ok(())
 }
 

@@ -37,7 +37,7 @@ mod tools;
 mod warnings;
 
 pub use actors::{ActorProfile, Reviewer};
-pub use credentials::{ClientIdentity, Credential, CredentialKind, PeerCertificate};
+pub use credentials::{ClientIdentity, Credential, CredentialKind, PeerCertificate, Serving};
 pub use effects::Effect;
 pub use ext_authz::{ActorSource, ExtAuthzSettings, WorkspaceSource};
 pub use limits::Limits;

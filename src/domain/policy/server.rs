@@ -59,6 +59,42 @@ pub struct ServerSettings {
     pub postgres: PostgresSettings,
 }
 
+impl ServerSettings {
+    /// The keys of `[server]` whose settings differ in `other` (the
+    /// `postgres_*` ones as one), in the order of the struct.
+    pub fn changed_keys(&self, other: &ServerSettings) -> Vec<&'static str> {
+        macro_rules! changed {
+            ($($field:ident => $key:literal),* $(,)?) => {{
+                let mut keys = Vec::new();
+                $(if self.$field != other.$field {
+                    keys.push($key);
+                })*
+                keys
+            }};
+        }
+        changed! {
+            max_concurrent_requests => "max_concurrent_requests",
+            request_timeout => "request_timeout_ms",
+            max_message_bytes => "max_message_bytes",
+            http2_keepalive_interval => "http2_keepalive_interval_seconds",
+            http2_keepalive_timeout => "http2_keepalive_timeout_seconds",
+            max_concurrent_streams => "max_concurrent_streams",
+            shutdown_grace => "shutdown_grace_seconds",
+            max_connections => "max_connections",
+            max_connections_per_peer => "max_connections_per_peer",
+            handshake_timeout => "handshake_timeout_ms",
+            read_timeout => "read_timeout_ms",
+            write_timeout => "write_timeout_ms",
+            max_buffered_request_bytes => "max_buffered_request_bytes",
+            max_buffered_response_bytes => "max_buffered_response_bytes",
+            tls => "tls",
+            plaintext_behind_mesh => "plaintext_behind_mesh",
+            store => "store",
+            postgres => "postgres_*",
+        }
+    }
+}
+
 /// `[server] postgres_*`: a `postgres://` store's connection pool and its
 /// time limits (each a PostgreSQL setting of the store's sessions unless
 /// the URL's `options` sets it).
@@ -236,7 +272,7 @@ pub(super) fn server_settings(
     // more than 2^20 calls at once).
     let postgres_ms = Some((i32::MAX as u64, "(24 days)"));
     let keepalive = Some((MAX_KEEPALIVE_SECONDS, "(a day)"));
-    let bounds: [(&str, u64, Option<Bound>); 19] = [
+    let bounds: [(&str, u64, Option<Bound>); 20] = [
         (
             "max_concurrent_requests",
             raw.max_concurrent_requests as u64,
@@ -270,6 +306,12 @@ pub(super) fn server_settings(
             None,
         ),
         ("handshake_timeout_ms", raw.handshake_timeout_ms, None),
+        // 0 would cut every call in flight at SIGTERM.
+        (
+            "shutdown_grace_seconds",
+            raw.shutdown_grace_seconds,
+            keepalive,
+        ),
         ("read_timeout_ms", raw.read_timeout_ms, None),
         ("write_timeout_ms", raw.write_timeout_ms, None),
         (

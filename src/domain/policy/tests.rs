@@ -47,8 +47,21 @@ fn errors_name_the_key() {
         ),
         ("[actors.a]\nprofile = \"missing\"\n", "actors.a.profile"),
         (
-            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\nsensitive = [\"to\"]\neffect = { kind = \"set\", resource_argument = \"to\", value_argument = \"v\" }\n",
+            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\nsensitive = [\"to\"]\neffect = { kind = \"set\", resource_argument = \"to\", value_argument = \"v\", resources = [\"*\"] }\n",
             "tools.t.sensitive",
+        ),
+        // A set names what it may change: its absence opens nothing.
+        (
+            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\neffect = { kind = \"set\", resource_argument = \"to\", value_argument = \"v\" }\n",
+            "tools.t.effect.resources",
+        ),
+        (
+            "[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\neffect = { kind = \"set\", resource_argument = \"to\", value_argument = \"v\", resources = [] }\n",
+            "tools.t.effect.resources",
+        ),
+        (
+            "[state.resources]\nx = 1\n[tools.t]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\neffect = { kind = \"set\", resource_argument = \"to\", value_argument = \"v\", resources = [\"*\", \"x\"] }\n",
+            "tools.t.effect.resources",
         ),
         (
             "[limits]\npending_ttl_seconds = 0\n",
@@ -66,6 +79,53 @@ fn errors_name_the_key() {
         (
             "[[credentials]]\nkind = \"reviewer\"\nidentity = \"bob\"\nsha256 = \"00\"\n",
             "credentials[0].sha256",
+        ),
+        // Lifetimes are bounded: a grant of u64::MAX seconds never expires.
+        (
+            "[limits]\ngrant_ttl_seconds = 9223372036854775807\n",
+            "limits.grant_ttl_seconds",
+        ),
+        (
+            "[limits]\npending_ttl_seconds = 315360001\n",
+            "limits.pending_ttl_seconds",
+        ),
+        (
+            "[server]\nshutdown_grace_seconds = 0\n",
+            "server.shutdown_grace_seconds",
+        ),
+        // The digest of the empty token, an empty actor or workspace.
+        (
+            "[[credentials]]\nkind = \"host\"\nidentity = \"h\"\nactors = [\"*\"]\nsha256 = \"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\"\n",
+            "credentials[0].sha256",
+        ),
+        (
+            "[[credentials]]\nkind = \"host\"\nidentity = \"h\"\nactors = [\"\"]\nsha256 = \"0000000000000000000000000000000000000000000000000000000000000001\"\n",
+            "credentials[0].actors",
+        ),
+        (
+            "[reviewers.r]\nroles = [\"x\"]\nworkspaces = [\"\"]\n",
+            "reviewers.r.workspaces",
+        ),
+        // One client certificate, a host's and a reviewer's.
+        (
+            "[reviewers.alice]\nroles = [\"x\"]\nworkspaces = [\"*\"]\n\
+             [[credentials]]\nkind = \"host\"\nidentity = \"h\"\nactors = [\"*\"]\nclient_identity = \"spiffe://a/agent\"\n\
+             [[credentials]]\nkind = \"reviewer\"\nidentity = \"alice\"\nclient_identity = \"spiffe://a/agent\"\n",
+            "credentials[1].client_identity",
+        ),
+        // A Check's actor or workspace from the header whose value the
+        // client picks as its session id, or one header for both.
+        (
+            "[ext_authz]\nactor_header = \"mcp-session-id\"\n",
+            "ext_authz.actor_header",
+        ),
+        (
+            "[ext_authz]\nactor_claim = \"sub\"\nworkspace_header = \"mcp-session-id\"\n",
+            "ext_authz.workspace_header",
+        ),
+        (
+            "[ext_authz]\nactor_header = \"x-user\"\nworkspace_header = \"x-user\"\n",
+            "ext_authz.workspace_header",
         ),
     ];
     for (text, key) in cases {
@@ -256,7 +316,7 @@ fn a_missing_file_is_named() {
 fn dangling_names_are_warnings() {
     let text = format!(
         "{BASE}[tools.pay]\nmode = \"execute\"\nroles = [\"payer\"]\napproval = \"always\"\napprovers = [\"finance\"]\nserver = \"pay-server\"\n\
-         [tools.set]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\neffect = {{ kind = \"set\", resource_argument = \"a\", value_argument = \"b\" }}\n\
+         [tools.set]\nmode = \"execute\"\nroles = [\"r\"]\napproval = \"never\"\neffect = {{ kind = \"set\", resource_argument = \"a\", value_argument = \"b\", resources = [\"*\"] }}\n\
          [reviewers.bob]\nroles = [\"support\"]\nworkspaces = [\"*\"]\n"
     );
     let policy = Policy::parse(&text, "p.toml", None).unwrap();
@@ -295,7 +355,7 @@ fn a_reload_never_opens_the_door() {
     let kinds = kinds_of(&running);
     let refusal = |text: &str, listen| {
         let new = Policy::parse(text, "new.toml", Some(&dir)).unwrap();
-        running.reload_refusal(&kinds, &new, listen)
+        running.reload_refusal(&kinds, &new, &Serving::plain(listen))
     };
     // A real change is accepted.
     assert_eq!(
@@ -360,13 +420,87 @@ fn a_reload_never_opens_the_door() {
                 .to_string()
         )
     );
+    // A token that becomes another host's.
+    let renamed = fixture.replace("identity = \"agent-host\"", "identity = \"agent-host-2\"");
+    assert_eq!(
+        refusal(&renamed, loopback),
+        Some(
+            "the new policy gives the token of host \"agent-host\" another identity: a \
+             credential keeps what it is until a restart (give the changed one a new token)"
+                .to_string()
+        )
+    );
+    // A client certificate that becomes another host's.
+    let certified = "[tools.t]\nmode = \"read\"\nroles = [\"r\"]\n[profiles.p]\nroles = [\"r\"]\n\
+        [actors.a]\nprofile = \"p\"\n[server.tls]\ncert = \"s.pem\"\nkey = \"s.key\"\n\
+        client_ca = \"ca.pem\"\n[[credentials]]\nkind = \"host\"\nidentity = \"h\"\n\
+        actors = [\"a\"]\nclient_identity = \"spiffe://x/h\"\n";
+    let certified_running = Policy::parse(certified, "c.toml", None).unwrap();
+    let moved = Policy::parse(
+        &certified.replace("identity = \"h\"", "identity = \"h2\""),
+        "c.toml",
+        None,
+    )
+    .unwrap();
+    let mutual = Serving {
+        mutual_tls: true,
+        ..Serving::plain(loopback)
+    };
+    assert_eq!(
+        certified_running.reload_refusal(&kinds_of(&certified_running), &moved, &mutual),
+        Some(
+            "the new policy gives the client certificate of host \"h\" another identity: a \
+             credential keeps what it is until a restart (give the changed one a new client \
+             certificate)"
+                .to_string()
+        )
+    );
+    // An ext_authz listener's Checks carry no token: the policy names the
+    // host credential they act as, and where the actor comes from.
+    let ext_authz = Serving {
+        ext_authz_listener: true,
+        ..Serving::plain(loopback)
+    };
+    let unchanged = Policy::parse(&fixture, "new.toml", Some(&dir)).unwrap();
+    let refused = running.reload_refusal(&kinds, &unchanged, &ext_authz);
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|refused| refused
+                .starts_with("--ext-authz-listen needs [ext_authz] host_credential")),
+        "{refused:?}"
+    );
+    // [server] changed: it applies at start only.
+    let mtls = fixture.clone()
+        + "\n[server.tls]\ncert = \"s.pem\"\nkey = \"s.key\"\nclient_ca = \"ca.pem\"\n";
+    assert_eq!(
+        refusal(&mtls, loopback),
+        Some(
+            "the new policy changes [server] (tls): [server] applies at start only; \
+             restart to change it"
+                .to_string()
+        )
+    );
+    let tuned = fixture.clone() + "\n[server]\nmax_connections = 7\nshutdown_grace_seconds = 3\n";
+    assert_eq!(
+        refusal(&tuned, loopback),
+        Some(
+            "the new policy changes [server] (shutdown_grace_seconds, max_connections): \
+             [server] applies at start only; restart to change it"
+                .to_string()
+        )
+    );
     // An open host API, on a server without host credentials, off loopback.
     let tickets_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let tickets = std::fs::read_to_string(tickets_dir.join("tickets.toml")).unwrap();
     let open_running = Policy::parse(&tickets, "tickets.toml", None).unwrap();
     let anywhere: std::net::SocketAddr = "0.0.0.0:1".parse().unwrap();
     assert_eq!(
-        open_running.reload_refusal(&kinds_of(&open_running), &open_running, anywhere),
+        open_running.reload_refusal(
+            &kinds_of(&open_running),
+            &open_running,
+            &Serving::plain(anywhere)
+        ),
         Some(
             "refusing to serve an open host API ([server] open_host_api = true) \
              on the non-loopback address 0.0.0.0:1"
@@ -415,8 +549,12 @@ fn a_file_cut_at_any_section_is_refused() {
                         .any(|warning| !full.warnings.contains(warning));
                     assert!(added, "{relative} cut after line {at}: no new warning");
                     assert!(
-                        full.reload_refusal(&kinds_of(&full), &truncated, loopback)
-                            .is_some(),
+                        full.reload_refusal(
+                            &kinds_of(&full),
+                            &truncated,
+                            &Serving::plain(loopback)
+                        )
+                        .is_some(),
                         "{relative} cut after line {at}: reload accepted"
                     );
                 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::{CredentialKind, Effect, Mode, Policy};
+use super::{CredentialKind, Effect, Mode, Policy, Serving};
 
 /// Something a valid policy names that nothing else in it supplies (an
 /// approver role that no reviewer holds, say). Not an error: `check-config`
@@ -26,9 +26,12 @@ impl Policy {
     /// Why the running server must not swap `self` (the running policy)
     /// for `new`, if it must not. A reload can never open the door nor leave
     /// the server in a state start would refuse:
-    /// - `new` must be allowed on `listen` ([`Policy::check_listen`]);
+    /// - it must leave `[server]` as it is (it applies at start only);
+    /// - `new` must run the server as it serves ([`Policy::check_serving`]);
     /// - it must keep at least one credential of each kind the server has
     ///   now (`running_kinds`: the policy's and those made at start);
+    /// - a token or a client certificate it keeps stays what it was
+    ///   ([`Policy::credential_change`]);
     /// - it must not add a dangling name ([`PolicyWarning`]) that the
     ///   running policy does not have: that is what a file cut short looks
     ///   like (a reviewer whose credential is gone, a tool whose pin is gone).
@@ -36,9 +39,20 @@ impl Policy {
         &self,
         running_kinds: &[CredentialKind],
         new: &Policy,
-        listen: std::net::SocketAddr,
+        serving: &Serving,
     ) -> Option<String> {
-        if let Err(refusal) = new.check_listen(listen) {
+        // `[server]` applies at start only: a reload that changed it would
+        // say it took effect while the listener kept what it started with
+        // (mTLS added and not served, say).
+        let changed = self.server.changed_keys(&new.server);
+        if !changed.is_empty() {
+            return Some(format!(
+                "the new policy changes [server] ({}): [server] applies at start only; \
+                 restart to change it",
+                changed.join(", ")
+            ));
+        }
+        if let Err(refusal) = new.check_serving(serving) {
             return Some(refusal);
         }
         for kind in running_kinds {
@@ -49,6 +63,9 @@ impl Policy {
                     kind = kind.as_str()
                 ));
             }
+        }
+        if let Some(refusal) = self.credential_change(new) {
+            return Some(refusal);
         }
         let added: Vec<&PolicyWarning> = new
             .warnings
@@ -62,6 +79,45 @@ impl Policy {
             };
             return Some(format!(
                 "the new policy adds a dangling name (a file cut short?): {first}{more}"
+            ));
+        }
+        None
+    }
+
+    /// Why a credential of the running policy must not keep working as
+    /// `new` has it: a token, or a client certificate that is a credential
+    /// alone, as another kind or identity (a host's token made a
+    /// reviewer's; an identity renamed, which would start its sessions and
+    /// budgets afresh), or a token no longer bound to the client
+    /// certificate it was bound to. One dropped or added is a reload's to
+    /// make.
+    fn credential_change(&self, new: &Policy) -> Option<String> {
+        let tokens = (self.credentials.iter()).map(|(digest, running)| {
+            let reloaded = new.credentials.get(digest);
+            ("token", running, reloaded)
+        });
+        let certificates = (self.certificate_credentials.iter()).map(|(identity, running)| {
+            let reloaded = new.certificate_credentials.get(identity);
+            ("client certificate", running, reloaded)
+        });
+        for (what, running, reloaded) in tokens.chain(certificates) {
+            let Some(reloaded) = reloaded else {
+                continue;
+            };
+            let changed = if reloaded.kind != running.kind {
+                "another kind"
+            } else if reloaded.identity != running.identity {
+                "another identity"
+            } else if reloaded.client_identity != running.client_identity {
+                "another client certificate binding"
+            } else {
+                continue;
+            };
+            return Some(format!(
+                "the new policy gives the {what} of {} {:?} {changed}: a credential keeps \
+                 what it is until a restart (give the changed one a new {what})",
+                running.kind.as_str(),
+                running.identity
             ));
         }
         None

@@ -72,7 +72,7 @@ mode = "execute"
 roles = ["agent"]
 approval = "never"
 cost = 2
-effect = { kind = "set", resource_argument = "name", value_argument = "value" }
+effect = { kind = "set", resource_argument = "name", value_argument = "value", resources = ["*"] }
 input_schema = { type = "object", required = ["name", "value"] }
 
 [tools.lookup]
@@ -1494,7 +1494,7 @@ profile = "agent"
 mode = "execute"
 roles = ["agent"]
 approval = "never"
-effect = {{ kind = "set", resource_argument = "name", value_argument = "value" }}
+effect = {{ kind = "set", resource_argument = "name", value_argument = "value", resources = ["*"] }}
 input_schema = {{ type = "object", properties = {{ value = {{ type = "string" }} }} }}
 
 {state}
