@@ -127,18 +127,25 @@ impl std::fmt::Display for Problem {
     }
 }
 
+/// At most [`MAX_TOOLS`] tools: checked before a request's tools are read
+/// (each one's JSON parsed), and again by [`Manifest::new`].
+pub fn check_tool_count(count: usize) -> Result<()> {
+    if count > MAX_TOOLS {
+        return Err(Error::invalid(
+            "tools",
+            format!("at most {MAX_TOOLS} tools, got {count}"),
+        ));
+    }
+    Ok(())
+}
+
 impl Manifest {
     /// Checks the size limits and sorts. Field paths in errors are relative
     /// to the manifest: `tools[2].description`.
     pub fn new(server_id: String, revision: String, tools: Vec<ManifestTool>) -> Result<Self> {
         check_len("server", &server_id, MAX_NAME_LEN)?;
         check_len("revision", &revision, MAX_REVISION_LEN)?;
-        if tools.len() > MAX_TOOLS {
-            return Err(Error::invalid(
-                "tools",
-                format!("at most {MAX_TOOLS} tools, got {}", tools.len()),
-            ));
-        }
+        check_tool_count(tools.len())?;
         let mut tools = tools;
         for (index, tool) in tools.iter_mut().enumerate() {
             tool.check_and_sort()
@@ -900,7 +907,8 @@ pub enum ManifestStatus {
     Verified,
     /// No pin for the server.
     Unpinned,
-    /// Pinned, but no manifest was assessed since this server started.
+    /// Pinned, but no manifest of it is remembered as assessed (none was,
+    /// or the last one was assessed while it had no pin).
     NeverAssessed,
     /// The latest assessment's fingerprint differs from the pin in force.
     Differed,

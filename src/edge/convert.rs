@@ -48,6 +48,9 @@ impl TryFrom<pb::Manifest> for Manifest {
     /// Paths in errors are relative to the manifest (`tools[1].name`); the
     /// caller puts the request field in front with `Error::under`.
     fn try_from(message: pb::Manifest) -> Result<Self> {
+        // Before any tool's JSON is parsed into a tree: a message of many
+        // small tools would otherwise be parsed whole to be refused.
+        crate::domain::manifest::check_tool_count(message.tools.len())?;
         let tools = message
             .tools
             .into_iter()

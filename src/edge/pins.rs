@@ -34,6 +34,9 @@ impl ManifestPins for PinsService {
                 optional_fingerprint(&message.expected_fingerprint, "expected_fingerprint")?;
             let manifest = Manifest::try_from(required(message.manifest, "manifest")?)
                 .map_err(|error| error.under("manifest"))?;
+            // A server id that could never be pinned is the request's
+            // error, named by its own field.
+            check_server_id("manifest.server_id", &manifest.server_id)?;
             let record = self
                 .engine
                 .pin_manifest(&caller.identity, manifest, expected)

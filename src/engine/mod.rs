@@ -835,9 +835,12 @@ impl Engine {
     }
 
     pub async fn assess_manifest(&self, manifest: &Manifest) -> Result<Assessment> {
-        let policy = self.policy();
+        // The pins in force once the state is held (on a store of its own
+        // a reload installs its policy under the state lock): a pin added
+        // meanwhile is the one the manifest is compared with. So for every
+        // call on the pins.
         let assessment = self
-            .committed(|state, _| Ok(state.assess_manifest(&policy, manifest)))
+            .committed(|state, _| Ok(state.assess_manifest(&self.policy(), manifest)))
             .await?;
         let pinned_fingerprint = assessment.pinned_fingerprint.map(|pinned| pinned.hex());
         audit!(
@@ -866,15 +869,13 @@ impl Engine {
     }
 
     pub async fn list_pins(&self) -> Result<Vec<PinRecord>> {
-        let policy = self.policy();
-        self.committed(|state, _| Ok(state.list_pins(&policy)))
+        self.committed(|state, _| Ok(state.list_pins(&self.policy())))
             .await
     }
 
     pub async fn remove_pin(&self, reviewer: &str, server_id: &str) -> Result<PinRecord> {
-        let policy = self.policy();
         let record = self
-            .committed(|state, _| state.remove_pin(&policy, server_id))
+            .committed(|state, _| state.remove_pin(&self.policy(), server_id))
             .await?;
         audit_pin_change("removed", &record, reviewer);
         Ok(record)

@@ -157,9 +157,16 @@ async fn a_hash_inside_the_manifest_is_never_trusted() {
 async fn only_a_malformed_shape_is_an_invalid_argument() {
     let server = TestServer::start(&policy_text("open")).await;
     let mut oversize = example_manifest();
+    // Refused for its count before any tool's JSON is read (the first's is
+    // malformed).
     oversize.tools = (0..600)
         .map(|index| pb::ManifestTool {
             name: format!("tool{index}"),
+            input_schema_json: if index == 0 {
+                "{".into()
+            } else {
+                String::new()
+            },
             ..Default::default()
         })
         .collect();
@@ -416,6 +423,16 @@ async fn duplicate_and_empty_tool_names_are_unsafe_not_invalid() {
             .collect::<Vec<_>>(),
         vec!["docs-search"]
     );
+    // A server id that could never be pinned is the request's error.
+    let mut bad_id = example_manifest();
+    bad_id.server_id = "not a server id".into();
+    let status = server
+        .pins()
+        .pin_manifest(authed(pin_request(Some(bad_id), ""), ALICE))
+        .await
+        .expect_err("not pinned");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(violation_field(&status), "manifest.server_id");
     server.stop().await;
 }
 

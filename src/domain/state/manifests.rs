@@ -32,12 +32,16 @@ impl State {
     }
 
     /// AssessManifest: compares with the pin in force and remembers the
-    /// result for pinned servers (unpinned ones are not remembered, so a
-    /// flood of made-up server ids cannot grow the state).
+    /// result (the manifest's fingerprint and safety, whatever the pin) for
+    /// pinned servers. A server never pinned is not remembered, so a flood
+    /// of made-up server ids cannot grow the state; one remembered from
+    /// when it had a pin is updated: this manifest is its latest, which a
+    /// pin put back by a reload (or held by another replica's policy) is
+    /// compared with.
     pub fn assess_manifest(&mut self, policy: &Policy, manifest: &Manifest) -> Assessment {
         let pin = self.pin(policy, &manifest.server_id);
         let assessment = manifest::assess(manifest, pin);
-        if pin.is_none() {
+        if pin.is_none() && !self.last_assessed.contains_key(&manifest.server_id) {
             return assessment;
         }
         // The same assessment again (a server asked again, unchanged)
@@ -53,7 +57,8 @@ impl State {
     }
 
     /// True when the server has a pin and its latest assessment matched the
-    /// pin in force now (a later re-pin needs a new assessment).
+    /// pin in force now (a re-pin to another fingerprint is verified by an
+    /// assessment that matches it, the latest one included).
     pub fn manifest_verified(&self, policy: &Policy, server_id: &str) -> bool {
         self.manifest_status(policy, server_id) == ManifestStatus::Verified
     }

@@ -870,6 +870,43 @@ fn only_a_new_assessment_is_written() {
     assert!(state.manifest_verified(&policy, "docs"));
 }
 
+/// A manifest assessed while its server had no pin is its latest: a pin
+/// put back by a reload does not find the match remembered from before
+/// (the new one is remembered in its place; a server never pinned is not).
+#[test]
+fn an_assessment_while_unpinned_is_the_latest_when_the_pin_comes_back() {
+    let manifest = Manifest::from_json(MANIFEST.as_bytes()).unwrap();
+    let unpinned = policy();
+    let mut state = State::restore(&unpinned, Vec::new()).unwrap();
+    let fingerprint = state.assess_manifest(&unpinned, &manifest).fingerprint;
+    let pinned = Policy::parse(
+        &format!("{POLICY}\n[[pins]]\nserver = \"docs\"\nfingerprint = \"{fingerprint}\"\n"),
+        "pinned.toml",
+        None,
+    )
+    .unwrap();
+    state.assess_manifest(&pinned, &manifest);
+    assert!(state.manifest_verified(&pinned, "docs"));
+    state.take_changes().unwrap();
+    // The pin taken away by a reload; the server's manifest changed.
+    let changed = Manifest::from_json(MANIFEST.replace("\"1\"", "\"2\"").as_bytes()).unwrap();
+    state.assess_manifest(&unpinned, &changed);
+    let remembered: Vec<(Kind, bool)> = (state.take_changes().unwrap().into_iter())
+        .map(|change| (change.kind, change.value.is_some()))
+        .collect();
+    assert_eq!(remembered, [(Kind::Assessment, true)]);
+    // The same manifest again writes nothing; another server never pinned
+    // is not remembered.
+    state.assess_manifest(&unpinned, &changed);
+    let other = Manifest::from_json(MANIFEST.replace("\"docs\"", "\"other\"").as_bytes()).unwrap();
+    state.assess_manifest(&unpinned, &other);
+    assert!(state.take_changes().unwrap().is_empty());
+    // The pin back: the manifest is not verified until assessed again.
+    assert!(!state.manifest_verified(&pinned, "docs"));
+    state.assess_manifest(&pinned, &manifest);
+    assert!(state.manifest_verified(&pinned, "docs"));
+}
+
 /// Deleting what is not held changes nothing and is no error.
 #[test]
 fn deleting_what_is_not_held_is_no_error() {

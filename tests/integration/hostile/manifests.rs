@@ -274,7 +274,7 @@ pub(super) fn pin_and_remove_cases(_fx: &Fixture) -> Vec<Case> {
     add(case(
         "pin an empty manifest",
         pin(Some(pb::Manifest::default()), ""),
-        error(Code::FailedPrecondition, "server id \"\" cannot be pinned"),
+        invalid("manifest.server_id", "must not be empty"),
     ));
     let remove = |server_id: &str| {
         Call::RemovePin(
