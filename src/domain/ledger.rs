@@ -1250,10 +1250,14 @@ fn check_authority(approval: &Approval, reviewer_identity: &str, policy: &Policy
     if !visible_to(approval, reviewer_identity, policy) {
         return Err(Error::PermissionDenied(format!(
             "reviewer {reviewer_identity:?} may not review this approval \
-             (no approver role of its tool in its workspace)"
+             (it needs an approver role of its tool and its workspace)"
         )));
     }
-    if reviewer.identity == approval.request.actor {
+    // Identifiers are ASCII: case is the only way to spell one name twice.
+    if reviewer
+        .identity
+        .eq_ignore_ascii_case(&approval.request.actor)
+    {
         return Err(Error::PermissionDenied(
             "a reviewer may not decide a request made by its own actor".into(),
         ));

@@ -101,6 +101,13 @@ impl ListQuery {
             token => Some(parse_approval_page_token(token)?),
         };
         check_id_prefix(id_prefix)?;
+        // A filter names an actor or a tool as the policy does (an
+        // identifier): one that could match nothing is the caller's error.
+        for (field, name) in [("actor", &actor), ("tool", &tool)] {
+            if !name.is_empty() {
+                crate::domain::ids::check_identifier(field, name)?;
+            }
+        }
         let non_empty = |text: String| (!text.is_empty()).then_some(text);
         Ok(ListQuery {
             status,

@@ -334,6 +334,28 @@ pub fn redacted_arguments(tool: &Tool, arguments: &Object) -> String {
     canonical::to_canonical(&Value::Object(shown))
 }
 
+/// An approval request's stored arguments view as reviewers are shown it
+/// under `policy`: with the keys its tool marks sensitive now redacted too
+/// (a reload may have marked one after the request was made); `None` when
+/// that changes nothing. Only a view that names such a key is parsed.
+pub fn view_under(policy: &Policy, tool: &str, view: &str) -> Option<String> {
+    let tool = policy.tools.get(tool)?;
+    let named = |key: &String| {
+        let quoted = canonical::to_canonical(&Value::from(key.as_str()));
+        view.contains(&format!("{quoted}:"))
+    };
+    if !tool.sensitive.iter().any(named) {
+        return None;
+    }
+    let Ok(Value::Object(arguments)) = canonical::parse(view.as_bytes()) else {
+        // Every stored view is an object's canonical text; should one not
+        // be, none of it is shown.
+        return Some(canonical::to_canonical(&Value::from(REDACTED)));
+    };
+    let shown = redacted(tool, &arguments)?;
+    (shown != arguments).then(|| canonical::to_canonical(&Value::Object(shown)))
+}
+
 /// `arguments` with the top-level keys the tool marks sensitive replaced by
 /// `"[redacted]"`; `None` when it has none of them.
 pub fn redacted(tool: &Tool, arguments: &Object) -> Option<Object> {

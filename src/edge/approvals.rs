@@ -13,9 +13,10 @@ use tonic::{Request, Response, Status};
 use crate::domain::canonical::Fingerprint;
 use crate::domain::error::{Error, Result};
 use crate::domain::ids::approval_id;
-use crate::domain::ledger::{Verdict, visible_to};
+use crate::domain::ledger::{Approval, Verdict, visible_to};
 use crate::domain::limits::{Note, approval_page_token};
-use crate::domain::policy::{CredentialKind, PeerCertificate};
+use crate::domain::policy::{CredentialKind, PeerCertificate, Policy};
+use crate::domain::proposal;
 use crate::edge::auth::{Caller, Reach, current_credential, peer_certificate, token_digest};
 use crate::edge::convert::list_query;
 use crate::edge::unary::unary;
@@ -110,8 +111,19 @@ impl ApprovalsService {
             .engine
             .review(id, verdict, &caller.identity, note.into_string())
             .await?;
-        Ok(approval.into())
+        Ok(shown(approval, &self.engine.policy()).into())
     }
+}
+
+/// An approval as reviewers are shown it under the policy in force: its
+/// arguments with what the tool marks sensitive now redacted too
+/// ([`proposal::view_under`]).
+fn shown(mut approval: Approval, policy: &Policy) -> Approval {
+    let request = &mut approval.request;
+    if let Some(view) = proposal::view_under(policy, &request.tool, &request.arguments_view) {
+        request.arguments_view = view;
+    }
+    approval
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ApprovalEvent, Status>> + Send>>;
@@ -197,9 +209,11 @@ impl Watch {
                     }
                 }
                 received = self.events.recv() => match received {
-                    Ok(Watched::Transition(event)) => {
+                    Ok(Watched::Transition(mut event)) => {
                         // Visibility follows the policy in force at each event.
-                        if visible_to(&event.approval, &self.identity, &self.engine.policy()) {
+                        let policy = self.engine.policy();
+                        if visible_to(&event.approval, &self.identity, &policy) {
+                            event.approval = shown(event.approval, &policy);
                             return Some(Ok(pb::ApprovalEvent::from(event)));
                         }
                     }
@@ -234,7 +248,7 @@ impl Approvals for ApprovalsService {
         unary(request, Reach::Reviewer, |caller, message| async move {
             let id = approval_id("approval_id", &message.approval_id)?;
             let approval = self.engine.get_approval_for(id, &caller.identity).await?;
-            Ok(approval.into())
+            Ok(shown(approval, &self.engine.policy()).into())
         })
         .await
     }
@@ -248,8 +262,11 @@ impl Approvals for ApprovalsService {
             let mut query = list_query(message)?;
             query.viewer = Some(caller.identity.clone());
             let page = self.engine.list_approvals(&query).await?;
+            let policy = self.engine.policy();
             Ok(pb::ListApprovalsResponse {
-                approvals: page.approvals.into_iter().map(pb::Approval::from).collect(),
+                approvals: (page.approvals.into_iter())
+                    .map(|approval| shown(approval, &policy).into())
+                    .collect(),
                 next_page_token: page.next.map(approval_page_token).unwrap_or_default(),
             })
         })

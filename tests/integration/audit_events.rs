@@ -541,7 +541,7 @@ async fn refused_grants_denials_and_revocations_leave_review_refused_lines() {
     assert_eq!(
         lines[0]["rule"],
         "reviewer \"bob\" may not review this approval \
-         (no approver role of its tool in its workspace)"
+         (it needs an approver role of its tool and its workspace)"
     );
     // The one review that went through is an approval_granted, not a refusal.
     assert_eq!(audit.named("approval_granted").len(), 1);

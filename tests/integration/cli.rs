@@ -1398,6 +1398,51 @@ async fn list_and_watch_cut_long_arguments_and_hide_sensitive_values() {
     server.stop().await;
 }
 
+/// A resource page larger than tonic's default 4 MiB answer (a server
+/// whose `max_message_bytes` allows one) is read whole.
+#[tokio::test]
+async fn a_resource_page_over_four_mib_is_read_whole() {
+    let text = policies::policy_with(
+        "append",
+        &[(
+            "server.max_message_bytes",
+            policies::integer(8 * 1024 * 1024),
+        )],
+    );
+    let server = TestServer::start(&text).await;
+    let addr = url(&server);
+    let blob = "x".repeat(240 * 1024);
+    for index in 0..20u64 {
+        let arguments = format!(r#"{{"text":"{index}{blob}"}}"#);
+        let posted = server
+            .dispatch_agent(&proposal(
+                &format!("p{index}"),
+                "agent",
+                "post",
+                index,
+                &arguments,
+            ))
+            .await
+            .expect("Dispatch answers");
+        assert_eq!(posted.status(), pb::DispatchStatus::Ok, "{posted:?}");
+    }
+    let got = run_cli(
+        &[
+            "resource", "get", "queue", "--server", &addr, "--output", "json",
+        ],
+        Some(ALICE),
+        0,
+    )
+    .await;
+    assert!(
+        got.stdout.len() > 4 * 1024 * 1024,
+        "{} bytes",
+        got.stdout.len()
+    );
+    assert!(got.stdout.contains(&format!("19{blob}")));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
     let server = TestServer::start(&policy_text("roomy")).await;
@@ -1433,12 +1478,30 @@ async fn approval_ids_take_a_unique_prefix_and_refuse_others() {
         .map(|value| format!("{value:02x}"))
         .find(|prefix| !ids.iter().any(|id| id.starts_with(prefix.as_str())))
         .expect("an unused prefix");
-    let unknown = as_alice(&["approvals", "grant", &unused], &addr, 1).await;
+    let unknown = as_alice(&["approvals", "get", &unused], &addr, 1).await;
     assert_eq!(
         unknown.stderr,
         format!(
             "error: no approval id starts with \"{unused}\" (among the approvals this reviewer can see)\n"
         )
+    );
+    // A grant, deny or revoke names at least the table's 8 characters.
+    for command in ["grant", "deny", "revoke"] {
+        let short = as_alice(&["approvals", command, &ids[0][..7]], &addr, 2).await;
+        assert!(
+            short
+                .stderr
+                .contains("names at least the first 8 characters"),
+            "{short:?}"
+        );
+    }
+    let statuses: Vec<pb::ApprovalStatus> = (server.all_approvals(ALICE).await.iter())
+        .map(pb::Approval::status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [pb::ApprovalStatus::Pending; 17],
+        "nothing was decided"
     );
 
     let invalid = as_alice(&["approvals", "get", "xyz"], &addr, 2).await;

@@ -209,6 +209,27 @@ async fn a_reviewer_never_approves_its_own_actors_request() {
     );
     grant_ok(&server, ALICE, &answer.approval_id, "another reviewer may").await;
     server.stop().await;
+
+    // Nor one of its name in other capitals.
+    let text = crate::support::policies::portable(POLICY)
+        .replace("[actors.carol]", "[actors.Carol]")
+        .replace("\"carol\", \"guest\"]", "\"Carol\", \"guest\"]");
+    let server = TestServer::start(&text).await;
+    let capitals = session("Carol", "s-carol", "acme");
+    let answer = server
+        .decide_ok(HOST, &capitals, &payment("c1", "Carol", 20000))
+        .await;
+    assert_eq!(answer.outcome(), pb::Outcome::RequireApproval);
+    let status = grant_refused(
+        &server,
+        CAROL,
+        &answer.approval_id,
+        Code::PermissionDenied,
+        "self approval in other capitals",
+    )
+    .await;
+    assert!(status.message().contains("own actor"), "{status:?}");
+    server.stop().await;
 }
 
 #[tokio::test]
@@ -740,6 +761,21 @@ async fn list_approvals_filters_and_pages() {
             },
             "status",
         ),
+        // Filters name an actor or a tool as the policy does.
+        (
+            pb::ListApprovalsRequest {
+                actor: "no such actor".into(),
+                ..Default::default()
+            },
+            "actor",
+        ),
+        (
+            pb::ListApprovalsRequest {
+                tool: "t".repeat(10_000),
+                ..Default::default()
+            },
+            "tool",
+        ),
     ] {
         let status = list(request).await.expect_err("invalid");
         assert_eq!(status.code(), Code::InvalidArgument);
@@ -764,6 +800,57 @@ async fn approvals_survive_a_policy_reload() {
             .await
             .reason,
         "approved"
+    );
+    server.stop().await;
+}
+
+/// A reload that marks an argument sensitive hides it in the requests made
+/// before: reviewers are shown every approval under the policy in force.
+#[tokio::test]
+async fn an_argument_marked_sensitive_by_a_reload_is_hidden_in_earlier_requests() {
+    let text = crate::support::policies::portable(POLICY);
+    let marked = "sensitive = [\"account_number\"]\n";
+    assert!(text.contains(marked));
+    let server = TestServer::start(&text.replace(marked, "")).await;
+    let payer = session("payer", "s1", "acme");
+    let answer = server
+        .decide_ok(HOST, &payer, &payment("c1", "payer", 20000))
+        .await;
+    let clear = r#"{"account_number":"12345678","amount":20000}"#;
+    let pending = server
+        .get_approval(ALICE, &answer.approval_id)
+        .await
+        .expect("get");
+    assert_eq!(pending.arguments_json, clear);
+    server
+        .engine
+        .replace_policy(crate::support::policies::parse(&text));
+    let hidden = r#"{"account_number":"[redacted]","amount":20000}"#;
+    let pending = server
+        .get_approval(ALICE, &answer.approval_id)
+        .await
+        .expect("get");
+    assert_eq!(pending.arguments_json, hidden);
+    let listed = server.all_approvals(ALICE).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].arguments_json, hidden);
+    // A watcher's event and the grant's answer too.
+    let mut watch = server
+        .approvals()
+        .watch_approvals(authed(pb::WatchApprovalsRequest {}, ALICE))
+        .await
+        .expect("watch")
+        .into_inner();
+    let granted = server
+        .grant(ALICE, &answer.approval_id)
+        .await
+        .expect("grant");
+    assert_eq!(granted.arguments_json, hidden);
+    let event = watch.message().await.expect("event").expect("an event");
+    let watched = event.approval.expect("the approval");
+    assert_eq!(
+        (watched.status(), watched.arguments_json.as_str()),
+        (pb::ApprovalStatus::Granted, hidden)
     );
     server.stop().await;
 }

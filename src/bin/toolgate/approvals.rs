@@ -15,7 +15,7 @@ use toolgate::pb::approvals_client::ApprovalsClient;
 use crate::args::{
     ApprovalsArgs, ApprovalsCommand, ClientArgs, ListApprovalsArgs, OutputFormat, StatusFilter,
 };
-use crate::client::{Authed, bearer, connect, error_chain, run};
+use crate::client::{Authed, MAX_ANSWER_BYTES, bearer, connect, error_chain, run};
 use crate::output::{
     Failure, LINE_WIDTH, cell, clip, emit, emit_proto, fitted_table, json_cell, printable,
     proto_json, record, rfc3339, say, time_cell,
@@ -182,7 +182,8 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
         return follow_approvals(&args.client, output).await;
     }
     let (channel, auth) = connect(&args.client).await?;
-    let mut client = ApprovalsClient::with_interceptor(channel, auth);
+    let mut client = ApprovalsClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(MAX_ANSWER_BYTES);
     match args.command {
         ApprovalsCommand::List(filters) => list_approvals(&mut client, &filters, output).await,
         ApprovalsCommand::Get { id } => {
@@ -193,7 +194,7 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
         }
         ApprovalsCommand::Grant { id, comment } => {
             let request = pb::GrantApprovalRequest {
-                approval_id: resolve_id(&mut client, &id).await?,
+                approval_id: resolve_decided_id(&mut client, &id).await?,
                 comment,
             };
             let approval = client.grant_approval(request).await?.into_inner();
@@ -201,7 +202,7 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
         }
         ApprovalsCommand::Deny { id, reason } => {
             let request = pb::DenyApprovalRequest {
-                approval_id: resolve_id(&mut client, &id).await?,
+                approval_id: resolve_decided_id(&mut client, &id).await?,
                 reason,
             };
             let approval = client.deny_approval(request).await?.into_inner();
@@ -209,7 +210,7 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
         }
         ApprovalsCommand::Revoke { id, reason } => {
             let request = pb::RevokeApprovalRequest {
-                approval_id: resolve_id(&mut client, &id).await?,
+                approval_id: resolve_decided_id(&mut client, &id).await?,
                 reason,
             };
             let approval = client.revoke_approval(request).await?.into_inner();
@@ -226,6 +227,26 @@ async fn approvals(args: ApprovalsArgs) -> Result<(), Failure> {
             }
         }
     }
+}
+
+/// The shortest prefix that grants, denies or revokes: the table's short
+/// ids, not a digit or two typed by mistake.
+const DECIDED_PREFIX: usize = 8;
+
+/// [`resolve_id`] for a grant, deny or revoke: a prefix of at least
+/// [`DECIDED_PREFIX`] characters.
+async fn resolve_decided_id(
+    client: &mut ApprovalsClient<Authed>,
+    text: &str,
+) -> Result<String, Failure> {
+    if text.len() < DECIDED_PREFIX {
+        return Err(Failure::Usage(format!(
+            "approval id {:?}: a grant, deny or revoke names at least the first \
+             {DECIDED_PREFIX} characters of the id",
+            printable(text)
+        )));
+    }
+    resolve_id(client, text).await
 }
 
 /// The whole approval id that `text` (a whole id or a unique prefix of
@@ -414,7 +435,8 @@ async fn follow_approvals(client_args: &ClientArgs, output: OutputFormat) -> Res
     loop {
         let why = match endpoint.connect().await {
             Ok(channel) => {
-                let mut client = ApprovalsClient::with_interceptor(channel, auth.clone());
+                let mut client = ApprovalsClient::with_interceptor(channel, auth.clone())
+                    .max_decoding_message_size(MAX_ANSWER_BYTES);
                 match watch_once(&mut client, &client_args.server, output).await? {
                     WatchEnd::Ended(message) => {
                         backoff = FOLLOW_FIRST_BACKOFF;

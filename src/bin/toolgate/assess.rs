@@ -10,7 +10,7 @@ use toolgate::pb;
 use toolgate::pb::policy_decision_point_client::PolicyDecisionPointClient;
 
 use crate::args::{ManifestAssessArgs, OutputFormat};
-use crate::client::{connect, run};
+use crate::client::{MAX_ANSWER_BYTES, connect, run};
 use crate::offline::{describe_manifest, read_manifest_file};
 use crate::output::{Failure, cell, emit, emit_json, printable, record, say};
 
@@ -40,7 +40,8 @@ async fn manifest_assess(args: &ManifestAssessArgs) -> Result<bool, Failure> {
     .map_err(Failure::Usage)?;
     say(&describe_manifest(&args.file, &manifest, form));
     let (channel, auth) = connect(&args.client).await?;
-    let mut client = PolicyDecisionPointClient::with_interceptor(channel, auth);
+    let mut client = PolicyDecisionPointClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(MAX_ANSWER_BYTES);
     let answer = client
         .assess_manifest(pb::AssessManifestRequest {
             manifest: Some(pb::Manifest::from(&manifest)),

@@ -185,6 +185,12 @@ pub fn endpoint(client: &ClientArgs) -> Result<(Endpoint, String), Failure> {
     Ok((endpoint, url))
 }
 
+/// The largest answer the commands read: a server whose
+/// `max_message_bytes` is over tonic's 4 MiB default answers resource pages
+/// up to that size (64 MiB at most), which `resource get` would refuse;
+/// a bound still, against a server that sends without end.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
+
 /// Connects eagerly so that an unreachable server is reported as such.
 pub async fn connect(client: &ClientArgs) -> Result<(Channel, BearerAuth), Failure> {
     let auth = bearer(client)?;

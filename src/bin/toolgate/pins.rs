@@ -9,7 +9,7 @@ use toolgate::pb;
 use toolgate::pb::manifest_pins_client::ManifestPinsClient;
 
 use crate::args::{OutputFormat, PinsArgs, PinsCommand};
-use crate::client::{connect, run};
+use crate::client::{MAX_ANSWER_BYTES, connect, run};
 use crate::output::{Failure, cell, emit, emit_proto, record, table, time_cell};
 
 fn pin_source_name(source: pb::PinSource) -> &'static str {
@@ -90,7 +90,8 @@ async fn pins(args: PinsArgs) -> Result<(), Failure> {
         PinsCommand::List | PinsCommand::Remove { .. } => None,
     };
     let (channel, auth) = connect(&args.client).await?;
-    let mut client = ManifestPinsClient::with_interceptor(channel, auth);
+    let mut client = ManifestPinsClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(MAX_ANSWER_BYTES);
     match args.command {
         PinsCommand::List => {
             let pins = client.list_pins(pb::ListPinsRequest {}).await?.into_inner();

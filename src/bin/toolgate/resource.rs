@@ -7,7 +7,7 @@ use toolgate::pb;
 use toolgate::pb::resources_client::ResourcesClient;
 
 use crate::args::{OutputFormat, ResourceArgs, ResourceCommand};
-use crate::client::{connect, run};
+use crate::client::{MAX_ANSWER_BYTES, connect, run};
 use crate::output::{Failure, cell, clip, emit, emit_proto, fitted_table, json_cell, record};
 
 /// `toolgate resource …`.
@@ -21,7 +21,8 @@ const RESOURCE_NAME_WIDTH: usize = 32;
 async fn resource(args: ResourceArgs) -> Result<(), Failure> {
     let output = args.client.output;
     let (channel, auth) = connect(&args.client).await?;
-    let mut client = ResourcesClient::with_interceptor(channel, auth);
+    let mut client = ResourcesClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(MAX_ANSWER_BYTES);
     match args.command {
         ResourceCommand::Get { name } => {
             let mut resource = client

@@ -9,7 +9,7 @@ pub(super) fn reviewer_authority_cases(fx: &Fixture) -> Vec<Case> {
     add(case(
         "a reviewer without the approver role",
         grant(BOB, &fx.pending, "decided_by: alice"),
-        error(Code::PermissionDenied, "no approver role"),
+        error(Code::PermissionDenied, "needs an approver role"),
     ));
     add(case(
         "a reviewer outside the request's workspace",
@@ -29,7 +29,7 @@ pub(super) fn reviewer_authority_cases(fx: &Fixture) -> Vec<Case> {
     add(case(
         "revoke by a reviewer without the role",
         Call::Revoke(BOB, revoke_request(fx.granted.clone(), "x")),
-        error(Code::PermissionDenied, "no approver role"),
+        error(Code::PermissionDenied, "needs an approver role"),
     ));
     add(case(
         "grant what is granted",
@@ -159,9 +159,17 @@ pub(super) fn list_approvals_cases(fx: &Fixture) -> Vec<Case> {
         ));
     }
     add(case(
-        "filter by a look-alike actor finds nothing",
+        "filter by a look-alike actor is refused, naming the field",
         list(pb::ListApprovalsRequest {
             actor: format!("p{CYRILLIC_A}yer"),
+            ..Default::default()
+        }),
+        invalid("actor", "must match"),
+    ));
+    add(case(
+        "filter by the actor in other capitals finds nothing",
+        list(pb::ListApprovalsRequest {
+            actor: "PAYER".into(),
             ..Default::default()
         }),
         Expect::Listed(0),
