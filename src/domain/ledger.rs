@@ -1288,6 +1288,26 @@ fn check_authority(approval: &Approval, reviewer_identity: &str, policy: &Policy
 }
 
 #[cfg(test)]
+impl NewApproval {
+    /// A request of `tool` with `call_id` (tests): one host, actor, session
+    /// and workspace, the fingerprint of the call id.
+    pub(crate) fn sample(tool: &str, call_id: &str) -> NewApproval {
+        NewApproval {
+            fingerprint: Fingerprint::of_bytes(call_id.as_bytes()),
+            host: "h".into(),
+            actor: "a".into(),
+            session_id: "s".into(),
+            workspace: "w".into(),
+            tool: tool.into(),
+            call_id: call_id.into(),
+            version: 0,
+            arguments_view: "{}".into(),
+            reason: Reason::ApprovalRequired,
+        }
+    }
+}
+
+#[cfg(test)]
 impl Ledger {
     /// Every record and index, in a stable order, for tests that compare
     /// two ledgers. `ties_sorted`: records finished in one millisecond are
@@ -1369,19 +1389,7 @@ open_host_api = true
 "#;
 
     fn request(ledger: &mut Ledger, policy: &Policy, tool: &str, n: usize, at: u64) -> Uuid {
-        let call_id = format!("{tool}-{n}");
-        let new = NewApproval {
-            fingerprint: Fingerprint::of_bytes(call_id.as_bytes()),
-            host: "h".into(),
-            actor: "a".into(),
-            session_id: "s".into(),
-            workspace: "w".into(),
-            tool: tool.into(),
-            call_id,
-            version: 0,
-            arguments_view: "{}".into(),
-            reason: Reason::ApprovalRequired,
-        };
+        let new = NewApproval::sample(tool, &format!("{tool}-{n}"));
         ledger
             .create(new, Timestamp(at), &policy.limits)
             .approval

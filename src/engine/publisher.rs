@@ -157,30 +157,16 @@ fn drain_settled(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::canonical::Fingerprint;
     use crate::domain::clock::Timestamp;
     use crate::domain::ledger::{Ledger, NewApproval};
     use crate::domain::policy::Policy;
-    use crate::domain::reason::Reason;
 
     fn requested(
         ledger: &mut Ledger,
         call_id: &str,
         limits: &crate::domain::policy::Limits,
     ) -> ApprovalEvent {
-        let new = NewApproval {
-            fingerprint: Fingerprint::of_bytes(call_id.as_bytes()),
-            host: "h".into(),
-            actor: "a".into(),
-            session_id: "s".into(),
-            workspace: "w".into(),
-            tool: "t".into(),
-            call_id: call_id.into(),
-            version: 0,
-            arguments_view: "{}".into(),
-            reason: Reason::ApprovalRequired,
-        };
-        ledger.create(new, Timestamp(1), limits)
+        ledger.create(NewApproval::sample("t", call_id), Timestamp(1), limits)
     }
 
     /// A replica that loads everything again still publishes its own

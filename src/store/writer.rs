@@ -1095,19 +1095,40 @@ mod tests {
         .await;
     }
 
-    /// A shared store whose first commit of changes does not take effect.
-    struct FailsOnce {
+    /// A shared store whose commits fail: the first one, known not to
+    /// have taken effect (`lost: false`), or every one, its answer lost and
+    /// the store unreachable to ask what became of it (`lost: true`).
+    struct Failing {
+        lost: bool,
         failed: bool,
     }
 
-    impl Store for FailsOnce {
+    impl Failing {
+        fn once() -> Box<Failing> {
+            Box::new(Failing {
+                lost: false,
+                failed: false,
+            })
+        }
+        fn lost() -> Box<Failing> {
+            Box::new(Failing {
+                lost: true,
+                failed: false,
+            })
+        }
+    }
+
+    impl Store for Failing {
         fn name(&self) -> &'static str {
-            "fails-once"
+            "failing"
         }
         fn load(&mut self) -> StoreResult<Vec<Record>> {
             Ok(Vec::new())
         }
         fn commit(&mut self, changes: &[Change]) -> StoreResult<()> {
+            if self.lost {
+                return Err(StoreError("the connection was lost".into()));
+            }
             if !changes.is_empty() && !std::mem::replace(&mut self.failed, true) {
                 return Err(StoreError("the commit did not take effect".into()));
             }
@@ -1117,38 +1138,10 @@ mod tests {
             0
         }
         fn resume(&mut self) -> Resume {
-            Resume::NotCommitted
-        }
-        fn shared(&self) -> bool {
-            true
-        }
-        fn begin_turn(&mut self) -> StoreResult<Turn> {
-            Ok(Turn {
-                now: Timestamp(1),
-                behind: None,
-            })
-        }
-    }
-
-    /// A shared store that loses the answer to every commit and cannot be
-    /// reached to ask what became of it.
-    struct Lost;
-
-    impl Store for Lost {
-        fn name(&self) -> &'static str {
-            "lost"
-        }
-        fn load(&mut self) -> StoreResult<Vec<Record>> {
-            Ok(Vec::new())
-        }
-        fn commit(&mut self, _changes: &[Change]) -> StoreResult<()> {
-            Err(StoreError("the connection was lost".into()))
-        }
-        fn size_bytes(&self) -> u64 {
-            0
-        }
-        fn resume(&mut self) -> Resume {
-            Resume::Unreachable(StoreError("no answer".into()))
+            match self.lost {
+                true => Resume::Unreachable(StoreError("no answer".into())),
+                false => Resume::NotCommitted,
+            }
         }
         fn shared(&self) -> bool {
             true
@@ -1247,7 +1240,7 @@ mod tests {
         let state = Arc::new(Mutex::new(()));
         let adopted = Some(vec![put(b"resource", b"new")]);
         let host = Box::new(Host::new(&state, adopted));
-        let writer = Writer::start(Box::new(FailsOnce { failed: false }), Some(host)).unwrap();
+        let writer = Writer::start(Failing::once(), Some(host)).unwrap();
         let read = in_a_turn(&writer, &state, Vec::new()).await;
         let answered = writer.durable(read).await;
         writer.close();
@@ -1299,7 +1292,7 @@ mod tests {
     async fn after_a_turn_that_did_not_take_effect_a_call_that_changes_nothing_is_answered() {
         let state = Arc::new(Mutex::new(()));
         let host = Box::new(Host::new(&state, None));
-        let writer = Writer::start(Box::new(FailsOnce { failed: false }), Some(host)).unwrap();
+        let writer = Writer::start(Failing::once(), Some(host)).unwrap();
         let lost = in_a_turn(&writer, &state, vec![put(b"a", b"1")]).await;
         let error = writer.durable(lost).await.unwrap_err();
         assert!(error.0.contains("did not take effect"), "{error}");
@@ -1320,7 +1313,7 @@ mod tests {
     async fn a_turns_commit_given_up_unknown_is_answered_unknown() {
         let state = Arc::new(Mutex::new(()));
         let host = Box::new(Host::new(&state, None));
-        let writer = Writer::start(Box::new(Lost), Some(host)).unwrap();
+        let writer = Writer::start(Failing::lost(), Some(host)).unwrap();
         let lost = in_a_turn(&writer, &state, vec![put(b"a", b"1")]).await;
         let give_up = async {
             while writer.outage().is_none() {
