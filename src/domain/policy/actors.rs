@@ -134,7 +134,10 @@ pub(super) fn reviewers(
             ));
         }
         if raw_reviewer.workspaces.iter().any(String::is_empty) {
-            return Err(loader.error(format!("{key}.workspaces"), "a workspace name is not empty"));
+            return Err(loader.error(
+                format!("{key}.workspaces"),
+                "a workspace is named by a non-empty string",
+            ));
         }
         reviewers.insert(
             identity.clone(),
