@@ -1930,6 +1930,37 @@ async fn check_config_warns_of_dangling_names_and_strict_refuses_them() {
     );
 }
 
+/// A policy `serve` starts only with mTLS flags is valid, with a warning
+/// that says so (serve refuses it without them).
+#[tokio::test]
+async fn check_config_warns_that_client_identities_need_mtls_flags() {
+    let text = format!(
+        "{}\n[reviewers.rita]\nroles = [\"r\"]\nworkspaces = [\"*\"]\n\n[[credentials]]\nkind = \"reviewer\"\nidentity = \"rita\"\nclient_identity = \"spiffe://example.org/rita\"\n",
+        policy_text("one_tool")
+    );
+    let file = PolicyFile::new(&text);
+    let path = file.path();
+    let run = run_cli(&["check-config", path], None, 0).await;
+    assert_eq!(
+        run.stderr,
+        format!(
+            "warning: {path}: credentials: credentials with client_identity need mTLS, which \
+             the policy does not serve: serve starts it only with --tls-cert, --tls-key and \
+             --tls-client-ca\n"
+        )
+    );
+    let served = spawn::command()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", path])
+        .output()
+        .expect("run toolgate");
+    assert_eq!(served.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&served.stderr);
+    assert!(
+        stderr.contains("credentials with client_identity need mTLS"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn check_config_strict_refuses_a_file_cut_at_any_section() {
     for relative in [

@@ -34,12 +34,11 @@ pub fn run_check_config(args: &CheckConfigArgs) -> ExitCode {
         }),
     });
     let (policy, errors, warnings) = match loaded {
-        Ok(policy) if args.strict && !policy.warnings.is_empty() => {
-            let errors = policy.warnings.clone();
-            (None, errors, Vec::new())
+        Ok(policy) if args.strict && !said_of(&policy).is_empty() => {
+            (None, said_of(&policy), Vec::new())
         }
         Ok(policy) => {
-            let warnings = policy.warnings.clone();
+            let warnings = said_of(&policy);
             (Some(policy), Vec::new(), warnings)
         }
         Err(error) => (
@@ -135,6 +134,23 @@ fn approval_name(rule: &ApprovalRule) -> String {
         ApprovalRule::Always => "always".to_string(),
         ApprovalRule::Threshold { argument } => format!("threshold({argument})"),
     }
+}
+
+/// The warnings check-config gives a valid policy: its dangling names, and
+/// what `serve` would need of its command line to start it (a file cannot
+/// say whether `--tls-client-ca` will be given).
+fn said_of(policy: &Policy) -> Vec<PolicyWarning> {
+    let mut said = policy.warnings.clone();
+    let mutual = (policy.server.tls.as_ref()).is_some_and(|tls| tls.client_ca.is_some());
+    if policy.binds_client_identities() && !mutual {
+        said.push(PolicyWarning {
+            key: "credentials".to_string(),
+            message: "credentials with client_identity need mTLS, which the policy does not \
+                      serve: serve starts it only with --tls-cert, --tls-key and --tls-client-ca"
+                .to_string(),
+        });
+    }
+    said
 }
 
 fn effect_name(effect: &Effect) -> String {
