@@ -14,8 +14,14 @@ use crate::domain::reason::Reason;
 /// every JSON implementation).
 pub const MAX_VERSION: u64 = 1 << 53;
 
-/// Largest `arguments` JSON text accepted.
+/// Largest `arguments` accepted, as canonical JSON text (whatever the
+/// whitespace and escapes of the text sent; a Check's MCP arguments have
+/// the same bound).
 pub const MAX_ARGUMENTS_BYTES: usize = 256 * 1024;
+
+/// Largest `arguments_json` text read at all (its whitespace and escapes
+/// may make it longer than its canonical text).
+const MAX_ARGUMENTS_TEXT_BYTES: usize = 4 * MAX_ARGUMENTS_BYTES;
 
 /// The trusted session, asserted by the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,21 +77,25 @@ impl Proposal {
         version: u64,
         arguments_json: &str,
     ) -> Result<Self> {
-        if arguments_json.len() > MAX_ARGUMENTS_BYTES {
+        let too_long = |len: usize| {
+            Error::invalid(
+                "arguments_json",
+                format!("must be at most {MAX_ARGUMENTS_BYTES} bytes (canonical JSON), is {len}"),
+            )
+        };
+        if arguments_json.len() > MAX_ARGUMENTS_TEXT_BYTES {
+            return Err(too_long(arguments_json.len()));
+        }
+        let value = canonical::parse_str(arguments_json)
+            .map_err(|error| Error::invalid("arguments_json", error.to_string()))?;
+        if let Some(len) = canonical::canonical_len_over(&value, MAX_ARGUMENTS_BYTES) {
+            return Err(too_long(len));
+        }
+        let Value::Object(arguments) = value else {
             return Err(Error::invalid(
                 "arguments_json",
-                format!("must be at most {MAX_ARGUMENTS_BYTES} bytes"),
+                format!("must be a JSON object, got {}", value.kind_name()),
             ));
-        }
-        let arguments = match canonical::parse_str(arguments_json) {
-            Ok(Value::Object(arguments)) => arguments,
-            Ok(other) => {
-                return Err(Error::invalid(
-                    "arguments_json",
-                    format!("must be a JSON object, got {}", other.kind_name()),
-                ));
-            }
-            Err(error) => return Err(Error::invalid("arguments_json", error.to_string())),
         };
         Proposal::with_arguments(call_id, actor, name, version, arguments)
     }
@@ -378,6 +388,27 @@ pub fn redacted(tool: &Tool, arguments: &Object) -> Option<Object> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Arguments are bounded as canonical JSON, as a Check's are: padding
+    /// does not count, escapes do.
+    #[test]
+    fn the_arguments_bound_is_their_canonical_texts() {
+        let padded = format!("{{\"a\":1{}}}", " ".repeat(MAX_ARGUMENTS_BYTES));
+        let proposal = Proposal::new("c".into(), "a".into(), "t".into(), 0, &padded);
+        assert!(proposal.is_ok(), "{proposal:?}");
+        let escaped = format!("{{\"a\":\"{}\"}}", "\u{7f}".repeat(45_000));
+        assert!(escaped.len() < MAX_ARGUMENTS_BYTES);
+        let error = Proposal::new("c".into(), "a".into(), "t".into(), 0, &escaped).unwrap_err();
+        assert_eq!(
+            error,
+            Error::invalid(
+                "arguments_json",
+                "must be at most 262144 bytes (canonical JSON), is 270008"
+            )
+        );
+        let huge = format!("{{\"a\":1{}}}", " ".repeat(4 * MAX_ARGUMENTS_BYTES));
+        assert!(Proposal::new("c".into(), "a".into(), "t".into(), 0, &huge).is_err());
+    }
 
     /// An argument named like one the tool reads but for case is refused.
     #[test]

@@ -317,6 +317,16 @@ impl Engine {
     /// were coalesced (to report) and the policy revision; over the budget
     /// nothing is written and the line is only counted. Never waits.
     pub fn audit_rejection(&self, kind: audit::Rejection, write: impl FnOnce(u64, &str)) {
+        // While the log sink is stalled a rejection is only counted: a flood
+        // of them (a host retrying an old token) must not fill the log
+        // writer's buffer until every caller that logs waits on it.
+        if let Some(metrics) = self.metrics()
+            && metrics.log_sink_stalled()
+        {
+            self.shared.coalescer.count(kind);
+            metrics.audit_coalesced(kind.event_name());
+            return;
+        }
         match self.shared.coalescer.admit(kind, self.now()) {
             Some(coalesced) => write(coalesced, &self.policy().revision),
             None => {

@@ -495,6 +495,11 @@ impl Metrics {
         let _ = self.log_sink.set(sink);
     }
 
+    /// Whether the attached log sink is stalled (none attached: no).
+    pub fn log_sink_stalled(&self) -> bool {
+        self.log_sink.get().is_some_and(SinkStatus::stalled)
+    }
+
     pub fn connections_open(&self, open: usize) {
         self.connections_open.set(open as f64);
     }

@@ -74,6 +74,22 @@ async fn a_stderr_nobody_reads_turns_health_off_fails_calls_fast_and_loses_nothi
         "{buffered} bytes buffered"
     );
     eprintln!("stalled after {answered} decisions with {buffered} bytes buffered");
+    // Refusals a client can cause at will are only counted while the sink
+    // is stalled: none of them waits in the buffer (a host retrying an old
+    // token would otherwise fill it until every caller waits).
+    let coalesced = r#"toolgate_audit_coalesced_total{event="auth_failed"}"#;
+    for index in 0..150 {
+        let request = authed(
+            pb::DecideRequest::default(),
+            &format!("not-a-token-{index}"),
+        );
+        let refused = pdp.decide(request).await.expect_err("refused");
+        assert_eq!(refused.code(), Code::Unauthenticated);
+    }
+    let samples = server.metrics().await;
+    assert_eq!(samples[coalesced], 150.0);
+    let grown = samples["toolgate_log_buffered_bytes"] - buffered;
+    assert!(grown < 1024.0, "{grown} bytes more buffered");
     // Somebody reads stderr again: the server recovers.
     let mut stderr = server.stderr.take().expect("stderr");
     let reader = std::thread::spawn(move || {
@@ -146,4 +162,26 @@ async fn the_file_sink_rotates_by_size_and_keeps_every_line() {
     let counted = decisions(&text);
     assert_eq!(counted.len(), 300);
     assert!(counted.values().all(|count| *count == 1));
+}
+
+/// `RUST_LOG` chooses the other logs, never the audit trail: with `warn`
+/// the start's INFO lines are gone and every decision's line is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_log_never_turns_the_audit_trail_off() {
+    let mut server = Serve::new(&decide_text(""))
+        .args(&["--log-format", "json"])
+        .pipe_stderr()
+        .start_wrapped(|mut command| {
+            command.env("RUST_LOG", "warn");
+            command
+        });
+    let mut pdp = server.pdp().await;
+    pdp.decide(decide_request("quiet")).await.expect("decided");
+    drop(pdp);
+    let mut stderr = server.stderr.take().expect("stderr");
+    assert_eq!(server.stop(), Some(0));
+    let mut text = String::new();
+    stderr.read_to_string(&mut text).expect("read stderr");
+    assert_eq!(decisions(&text).get("quiet"), Some(&1), "{text}");
+    assert!(!text.contains("toolgate serving"), "{text}");
 }

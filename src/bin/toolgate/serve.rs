@@ -14,7 +14,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
-use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::filter::{FilterExt, filter_fn};
 use tracing_subscriber::prelude::*;
 
 use toolgate::domain::clock::{Clock, MonotonicClock, SystemClock};
@@ -36,7 +36,7 @@ use crate::args::{DEFAULT_DATA_DIR, LogFormat, ServeArgs, StoreKind};
 /// Decide never waits for a `write` system call. It is not lossy: when its
 /// buffer is full, callers wait rather than drop audit events. The guard
 /// writes what is left at exit. Audit events have their own formatter
-/// ([`AuditLayer`]); `RUST_LOG` filters both. `--log-file` writes to a file
+/// ([`AuditLayer`]); `RUST_LOG` filters the others. `--log-file` writes to a file
 /// rotated by size instead.
 fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
     let format = args.log_format;
@@ -65,12 +65,15 @@ fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
     // Both layers are filtered by target, so that a callsite neither wants
     // (h2's trace events, say) stays disabled once and for all instead of
     // being asked about on every event.
-    let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET);
-    let only_audit = filter_fn(|metadata| metadata.target() == audit::TARGET);
+    // `RUST_LOG` chooses the other logs only: the audit trail is every
+    // audit event whatever it says (`RUST_LOG=warn` dropped the decisions).
+    let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET).and(filter);
+    let only_audit = filter_fn(|metadata| metadata.target() == audit::TARGET)
+        .with_max_level_hint(tracing::Level::INFO);
     let logs = tracing_subscriber::fmt::layer()
         .with_ansi(ansi)
         .with_writer(writer.clone());
-    let registry = tracing_subscriber::registry().with(filter);
+    let registry = tracing_subscriber::registry();
     match format {
         LogFormat::Text => registry
             .with(logs.with_filter(not_audit))

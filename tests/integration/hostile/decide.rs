@@ -182,6 +182,19 @@ pub(super) fn sizes_cases(_fx: &Fixture) -> Vec<Case> {
         ),
         invalid("proposal.arguments_json", "at most 262144 bytes"),
     ));
+    // The bound is the canonical text's, as a Check's: 45,000 DEL
+    // characters are 45 KB sent and 270 KB canonical (each `\u007f`).
+    add(case(
+        "arguments whose canonical text is over 256 KiB",
+        decide(
+            payer(),
+            read(&account(&format!("\"{}\"", "\u{7f}".repeat(45_000)))),
+        ),
+        invalid(
+            "proposal.arguments_json",
+            "at most 262144 bytes (canonical JSON)",
+        ),
+    ));
 
     add(case(
         "1,000-character memo against maxLength 140",
