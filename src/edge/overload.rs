@@ -431,6 +431,11 @@ impl Limits {
             // Trailers-only (a status in the headers, as every error has):
             // there is no body to bound.
             if let Some(refused) = normalised(&parts.headers) {
+                // Refused before any handler could audit it: counted here,
+                // as the framing's refusals are.
+                if matches!(refused, EdgeError::Malformed { .. }) {
+                    self.metrics.transport_refused("malformed");
+                }
                 return refused.into_http();
             }
             return http::Response::from_parts(parts, body);

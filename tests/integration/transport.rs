@@ -583,6 +583,9 @@ async fn requests_that_are_not_one_grpc_message_are_invalid_argument() {
             "session.actor: invalid string value: data is not UTF-8 encoded (not valid protobuf)",
         ),
     ];
+    // Every one is refused before any handler: counted as malformed (the
+    // undecodable protobuf too).
+    let malformed = cases.len() as f64;
     for (name, content_type, body, http, code, text) in cases {
         let answer = raw_call(addr, DECIDE, content_type, body).await;
         assert_eq!(
@@ -602,6 +605,13 @@ async fn requests_that_are_not_one_grpc_message_are_invalid_argument() {
             r#"toolgate_decisions_total{outcome="allow",reason="allowed"}"#
         ),
         1.0
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            r#"toolgate_transport_refused_total{reason="malformed"}"#
+        ),
+        malformed
     );
     server.stop().await;
 }
