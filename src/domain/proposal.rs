@@ -221,7 +221,11 @@ pub fn check_arguments(tool: &Tool, arguments: &Object) -> Result<()> {
         return Ok(());
     }
     let Some(error) = tool.input_schema.iter_errors(instance).next() else {
-        return Ok(());
+        // Not valid, yet no error to name: fail closed all the same.
+        return Err(Error::invalid(
+            "proposal.arguments",
+            format!("fails the input schema of {:?}", tool.name),
+        ));
     };
     let mut field = String::from("proposal.arguments");
     for segment in error.instance_path().as_str().split('/').skip(1) {

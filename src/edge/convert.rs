@@ -109,10 +109,16 @@ fn json_object_field(text: &str, field: &str) -> Result<Option<Value>> {
     if text.is_empty() {
         return Ok(None);
     }
-    if text.len() > MAX_INPUT_SCHEMA_LEN {
+    // The text's own bound is looser: the one that counts is the canonical
+    // text's (`Manifest::new`), as for a manifest read from a file.
+    if text.len() > 4 * MAX_INPUT_SCHEMA_LEN {
         return Err(Error::invalid(
             field,
-            format!("must be at most {MAX_INPUT_SCHEMA_LEN} bytes"),
+            format!(
+                "must be at most {MAX_INPUT_SCHEMA_LEN} bytes of canonical JSON (and \
+                 {} as sent)",
+                4 * MAX_INPUT_SCHEMA_LEN
+            ),
         ));
     }
     let value =

@@ -186,6 +186,18 @@ pub(super) fn assess_manifest_cases(fx: &Fixture) -> Vec<Case> {
         ))),
         invalid("manifest.tools[0].input_schema_json", "at most 65536 bytes"),
     ));
+    // 70,000 bytes as sent, 17 canonical: whitespace does not count.
+    add(case(
+        "input schema padded past 64 KiB with whitespace",
+        assess(Some(manifest(
+            "svc",
+            vec![pb::ManifestTool {
+                input_schema_json: format!(r#"{{"type":"object"{}}}"#, " ".repeat(70_000)),
+                ..tool("a")
+            }],
+        ))),
+        Expect::Assess(pb::AssessReason::Unpinned),
+    ));
     add(case(
         "a huge manifest over the message limit",
         assess(Some(manifest(
