@@ -433,8 +433,9 @@ async fn housekeeping(engine: Engine, metrics: Arc<Metrics>, mut health: HealthF
 /// Health follows the log sink and the store: NOT_SERVING while the sink
 /// is stalled, SERVING again once it drains (unless the server is shutting
 /// down); NOT_SERVING while the store is unreachable and asked to resume,
-/// SERVING again once it is back; NOT_SERVING for good once the store failed, for every call is
-/// then refused until a restart (an orchestrator's cue to restart it).
+/// SERVING again once it is back; NOT_SERVING for good once the store failed (or an operation
+/// panicked under the state lock), for every call is then refused until a restart (an
+/// orchestrator's cue to restart it).
 struct HealthFollower {
     sink: Option<SinkStatus>,
     reporter: HealthReporter,
@@ -450,13 +451,15 @@ impl HealthFollower {
             return;
         }
         let stalled = self.sink.as_ref().is_some_and(SinkStatus::check);
-        let store_failed = self.store_failed || engine.store_failure().is_some();
+        let failure = engine.failure();
+        let store_failed = self.store_failed || failure.is_some();
         let store_out = engine.store_outage().is_some();
         if (stalled, store_failed, store_out) == (self.stalled, self.store_failed, self.store_out) {
             return;
         }
         if store_failed && !self.store_failed {
-            tracing::error!("the store failed: health NOT_SERVING until a restart");
+            let why = failure.unwrap_or_default();
+            tracing::error!(%why, "every call is refused: health NOT_SERVING until a restart");
         } else if store_out != self.store_out {
             match store_out {
                 true => {

@@ -802,6 +802,18 @@ impl Engine {
     /// Why the store can take nothing more (a commit it refused, a change
     /// that could not be encoded), once that happened: every call is then
     /// refused until a restart recovers from what the store holds.
+    /// Why every call is refused until a restart, if it is: the store
+    /// failed ([`Engine::store_failure`]), or an operation panicked halfway
+    /// under the state lock (every call is then INTERNAL).
+    pub fn failure(&self) -> Option<String> {
+        self.store_failure().or_else(|| {
+            self.shared
+                .state
+                .is_poisoned()
+                .then(|| "an operation failed halfway under the state lock".to_string())
+        })
+    }
+
     pub fn store_failure(&self) -> Option<String> {
         match self.shared.broken.get() {
             Some(broken) => Some(broken.clone()),
@@ -917,4 +929,32 @@ fn store_failed(why: &str) -> Error {
         "the store failed ({why}); toolgate refuses every call until it is restarted \
          and recovers from what the store holds"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::clock::{ManualClock, Timestamp};
+
+    /// An operation that panicked under the state lock fails the engine for
+    /// good, as a failed store does: health follows [`Engine::failure`].
+    #[test]
+    fn a_panic_under_the_state_lock_is_a_failure() {
+        let policy = Policy::embedded_default().unwrap();
+        let engine = Engine::new(policy, Arc::new(ManualClock::starting_at(Timestamp(1)))).unwrap();
+        assert_eq!(engine.failure(), None);
+        let shared = Arc::clone(&engine.shared);
+        let panicked = std::thread::spawn(move || {
+            let _state = shared.state.lock();
+            panic!("halfway");
+        })
+        .join();
+        assert!(panicked.is_err());
+        assert!(
+            engine
+                .failure()
+                .is_some_and(|why| why.contains("halfway under the state lock"))
+        );
+        assert!(matches!(engine.stats(), Err(Error::Internal(_))));
+    }
 }
