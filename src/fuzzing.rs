@@ -408,8 +408,6 @@ fn respelled_arguments_keep_the_fingerprint(proposal: &Proposal) {
             respelled.fingerprint, proposal.fingerprint,
             "canonical respelling changed the fingerprint"
         ),
-        // Only the size limit can refuse it (canonical text may be longer).
-        Err(Error::InvalidArgument { field, .. }) if field == "arguments_json" => {}
         Err(other) => panic!("canonical respelling refused: {other:?}"),
     }
 }

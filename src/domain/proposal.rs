@@ -19,9 +19,10 @@ pub const MAX_VERSION: u64 = 1 << 53;
 /// the same bound).
 pub const MAX_ARGUMENTS_BYTES: usize = 256 * 1024;
 
-/// Largest `arguments_json` text read at all (its whitespace and escapes
-/// may make it longer than its canonical text).
-const MAX_ARGUMENTS_TEXT_BYTES: usize = 4 * MAX_ARGUMENTS_BYTES;
+/// Largest `arguments_json` text read at all: its escapes may make it up
+/// to six times as long as its canonical text (`\u0041` for `A`), and its
+/// whitespace longer still.
+const MAX_ARGUMENTS_TEXT_BYTES: usize = 6 * MAX_ARGUMENTS_BYTES;
 
 /// The trusted session, asserted by the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,19 +78,23 @@ impl Proposal {
         version: u64,
         arguments_json: &str,
     ) -> Result<Self> {
-        let too_long = |len: usize| {
-            Error::invalid(
-                "arguments_json",
-                format!("must be at most {MAX_ARGUMENTS_BYTES} bytes (canonical JSON), is {len}"),
-            )
-        };
         if arguments_json.len() > MAX_ARGUMENTS_TEXT_BYTES {
-            return Err(too_long(arguments_json.len()));
+            return Err(Error::invalid(
+                "arguments_json",
+                format!(
+                    "must be at most {MAX_ARGUMENTS_BYTES} bytes (canonical JSON) and \
+                     {MAX_ARGUMENTS_TEXT_BYTES} as sent, is {} as sent",
+                    arguments_json.len()
+                ),
+            ));
         }
         let value = canonical::parse_str(arguments_json)
             .map_err(|error| Error::invalid("arguments_json", error.to_string()))?;
         if let Some(len) = canonical::canonical_len_over(&value, MAX_ARGUMENTS_BYTES) {
-            return Err(too_long(len));
+            return Err(Error::invalid(
+                "arguments_json",
+                format!("must be at most {MAX_ARGUMENTS_BYTES} bytes (canonical JSON), is {len}"),
+            ));
         }
         let Value::Object(arguments) = value else {
             return Err(Error::invalid(
@@ -410,7 +415,7 @@ mod tests {
                 "must be at most 262144 bytes (canonical JSON), is 270008"
             )
         );
-        let huge = format!("{{\"a\":1{}}}", " ".repeat(4 * MAX_ARGUMENTS_BYTES));
+        let huge = format!("{{\"a\":1{}}}", " ".repeat(6 * MAX_ARGUMENTS_BYTES));
         assert!(Proposal::new("c".into(), "a".into(), "t".into(), 0, &huge).is_err());
     }
 

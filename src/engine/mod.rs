@@ -340,6 +340,10 @@ impl Engine {
     /// Reports the rejections coalesced since their kind's last line, so
     /// that the count of a flood that has stopped still reaches the log.
     fn report_coalesced(&self) {
+        // Not into a stalled sink: the counts wait until it drains.
+        if self.metrics().is_some_and(Metrics::log_sink_stalled) {
+            return;
+        }
         for kind in audit::Rejection::ALL {
             let coalesced = self.shared.coalescer.take_pending(kind);
             if coalesced > 0 {
@@ -799,9 +803,6 @@ impl Engine {
         audit!("policy_reloaded", policy_revision = %revision);
     }
 
-    /// Why the store can take nothing more (a commit it refused, a change
-    /// that could not be encoded), once that happened: every call is then
-    /// refused until a restart recovers from what the store holds.
     /// Why every call is refused until a restart, if it is: the store
     /// failed ([`Engine::store_failure`]), or an operation panicked halfway
     /// under the state lock (every call is then INTERNAL).
@@ -814,6 +815,9 @@ impl Engine {
         })
     }
 
+    /// Why the store can take nothing more (a commit it refused, a change
+    /// that could not be encoded), once that happened: every call is then
+    /// refused until a restart recovers from what the store holds.
     pub fn store_failure(&self) -> Option<String> {
         match self.shared.broken.get() {
             Some(broken) => Some(broken.clone()),

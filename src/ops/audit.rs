@@ -149,15 +149,16 @@ impl Coalescer {
         Some(std::mem::take(&mut bucket.pending))
     }
 
-    /// Takes the count of lines of `kind` coalesced since the last one, for
-    /// a periodic `audit_coalesced` line once a flood has stopped.
     /// Counts a line of `kind` not written, without spending the budget:
-    /// reported with the next one written ([`Coalescer::admit`]).
+    /// reported with the next one written ([`Coalescer::admit`]) or by the
+    /// next `audit_coalesced` line ([`Coalescer::take_pending`]).
     pub fn count(&self, kind: Rejection) {
         let mut bucket = self.bucket(kind);
         bucket.pending = bucket.pending.saturating_add(1);
     }
 
+    /// Takes the count of lines of `kind` coalesced since the last one, for
+    /// a periodic `audit_coalesced` line once a flood has stopped.
     pub fn take_pending(&self, kind: Rejection) -> u64 {
         std::mem::take(&mut self.bucket(kind).pending)
     }

@@ -1949,6 +1949,9 @@ async fn check_config_warns_that_client_identities_need_mtls_flags() {
              --tls-client-ca\n"
         )
     );
+    // Not a dangling name: --strict leaves it a warning.
+    let strict = run_cli(&["check-config", "--strict", path], None, 0).await;
+    assert_eq!(strict.stderr, run.stderr);
     let served = spawn::command()
         .args(["serve", "--listen", "127.0.0.1:0", "--config", path])
         .output()

@@ -67,7 +67,12 @@ fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
     // being asked about on every event.
     // `RUST_LOG` chooses the other logs only: the audit trail is every
     // audit event whatever it says (`RUST_LOG=warn` dropped the decisions).
-    let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET).and(filter);
+    // (The target filter says TRACE, so that the pair's hint is
+    // `RUST_LOG`'s, the global level with it: `log` records above it are
+    // dropped by a level comparison, not by running the filters.)
+    let not_audit = filter_fn(|metadata| metadata.target() != audit::TARGET)
+        .with_max_level_hint(tracing::Level::TRACE)
+        .and(filter);
     let only_audit = filter_fn(|metadata| metadata.target() == audit::TARGET)
         .with_max_level_hint(tracing::Level::INFO);
     let logs = tracing_subscriber::fmt::layer()
