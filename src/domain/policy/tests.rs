@@ -256,6 +256,60 @@ fn schema_errors_give_the_pointer_inside_the_schema() {
 }
 
 #[test]
+fn a_schema_keyword_nobody_knows_is_an_error_not_a_bound_left_out() {
+    let tool = |schema: &str| {
+        format!("[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = {schema}\n{BASE}")
+    };
+    let why = "a keyword the validator does not know is ignored, so a misspelt bound would \
+               not be enforced (annotations of your own start with \"x-\")";
+    let cases = [
+        (
+            "{ type = \"object\", additionalProperty = false }",
+            "\"additionalProperty\" at /",
+        ),
+        (
+            "{ properties = { memo = { type = \"string\", maxLenght = 140 } } }",
+            "\"maxLenght\" at /properties/memo",
+        ),
+        (
+            "{ anyOf = [{ required = [\"a\"] }, { requierd = [\"b\"] }] }",
+            "\"requierd\" at /anyOf/1",
+        ),
+        (
+            "'{\"$defs\": {\"a/b\": {\"not\": {\"minimun\": 1}}}}'",
+            "\"minimun\" at /$defs/a~1b/not",
+        ),
+        (
+            "{ items = { additionalProperties = { patern = \"^a\" } } }",
+            "\"patern\" at /items/additionalProperties",
+        ),
+    ];
+    for (schema, place) in cases {
+        assert_eq!(
+            error_of(&tool(schema)),
+            pair(
+                "tools.x.input_schema",
+                &format!("unknown JSON Schema keyword {place}: {why}")
+            ),
+            "{schema}"
+        );
+    }
+    // Names, data and the author's annotations are not keywords; drafts
+    // before 2020-12 have theirs.
+    let loads = [
+        "{ properties = { maxLenght = { type = \"string\", \"x-widget\" = \"text\" } } }",
+        "{ enum = [{ anything = 1 }], default = { nope = 2 }, examples = [{ nor = 3 }] }",
+        "{ const = { whatever = true }, \"x-origin\" = { any = { thing = 1 } } }",
+        "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"definitions\": {\"a\": {\"type\": \"string\"}}, \"items\": [{\"$ref\": \"#/definitions/a\"}], \"additionalItems\": false, \"dependencies\": {\"a\": [\"b\"], \"c\": {\"required\": [\"d\"]}}}'",
+        "{ title = \"t\", description = \"d\", \"$comment\" = \"c\", deprecated = false, readOnly = false, writeOnly = false, format = \"email\", contentMediaType = \"text/plain\" }",
+    ];
+    for schema in loads {
+        Policy::parse(&tool(schema), "p.toml", None)
+            .unwrap_or_else(|error| panic!("{schema}: {error:?}"));
+    }
+}
+
+#[test]
 fn host_access_is_declared_and_empty_policies_are_errors() {
     let empty = "the policy is empty: it must declare its tools and how hosts authenticate";
     assert_eq!(error_of(""), pair("", empty));

@@ -274,7 +274,141 @@ fn input_schema(
                 schema_error_message(&schema_json, &error),
             )
         })?;
+    if let Some((pointer, keyword)) = unknown_keyword(&schema_json, "") {
+        return Err(loader.error(
+            format!("{key}.input_schema"),
+            format!(
+                "unknown JSON Schema keyword {keyword:?} at {}: a keyword the validator \
+                 does not know is ignored, so a misspelt bound would not be enforced \
+                 (annotations of your own start with \"x-\")",
+                if pointer.is_empty() { "/" } else { &pointer }
+            ),
+        ));
+    }
     Ok((validator, properties))
+}
+
+/// The keywords of JSON Schema drafts 4 to 2020-12 (the validator's
+/// drafts): core, applicators, validation, format and content, annotations.
+const SCHEMA_KEYWORDS: &[&str] = &[
+    "$schema",
+    "$id",
+    "id",
+    "$ref",
+    "$defs",
+    "definitions",
+    "$anchor",
+    "$dynamicAnchor",
+    "$dynamicRef",
+    "$recursiveAnchor",
+    "$recursiveRef",
+    "$vocabulary",
+    "$comment",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependencies",
+    "prefixItems",
+    "items",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contains",
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "propertyNames",
+    "type",
+    "enum",
+    "const",
+    "multipleOf",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "maxItems",
+    "minItems",
+    "uniqueItems",
+    "maxContains",
+    "minContains",
+    "maxProperties",
+    "minProperties",
+    "required",
+    "dependentRequired",
+    "format",
+    "contentEncoding",
+    "contentMediaType",
+    "contentSchema",
+    "title",
+    "description",
+    "default",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "examples",
+];
+
+/// The JSON pointer and name of the first key of a schema (or of a schema
+/// inside it) that is no JSON Schema keyword, as Ajv's strict mode refuses
+/// them: `maxLenght` would otherwise pass every string. Keys starting
+/// `x-` are the author's annotations; values that are data (`enum`,
+/// `const`, `default`, `examples`) and property names are not looked into.
+fn unknown_keyword(schema: &serde_json::Value, pointer: &str) -> Option<(String, String)> {
+    use serde_json::Value;
+    let Value::Object(members) = schema else {
+        return None; // true, false: boolean schemas.
+    };
+    members.iter().find_map(|(key, value)| {
+        if key.starts_with("x-") {
+            return None;
+        }
+        if !SCHEMA_KEYWORDS.contains(&key.as_str()) {
+            return Some((pointer.to_owned(), key.clone()));
+        }
+        let here = child(pointer, key);
+        match (key.as_str(), value) {
+            // Maps of names to schemas.
+            (
+                "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas"
+                | "dependencies",
+                Value::Object(named),
+            ) => named
+                .iter()
+                .find_map(|(name, schema)| unknown_keyword(schema, &child(&here, name))),
+            // Lists of schemas (`items` as a list: drafts before 2020-12).
+            ("allOf" | "anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(schemas)) => {
+                schemas
+                    .iter()
+                    .enumerate()
+                    .find_map(|(index, schema)| unknown_keyword(schema, &format!("{here}/{index}")))
+            }
+            // One schema.
+            (
+                "not"
+                | "if"
+                | "then"
+                | "else"
+                | "items"
+                | "additionalItems"
+                | "unevaluatedItems"
+                | "unevaluatedProperties"
+                | "contains"
+                | "additionalProperties"
+                | "propertyNames"
+                | "contentSchema",
+                schema,
+            ) => unknown_keyword(schema, &here),
+            _ => None,
+        }
+    })
 }
 
 /// Why a schema does not compile, with the JSON pointer inside the schema.
@@ -306,7 +440,7 @@ fn schema_error_message(
 fn outside_reference(schema: &serde_json::Value, pointer: &str) -> Option<(String, String)> {
     match schema {
         serde_json::Value::Object(members) => members.iter().find_map(|(key, value)| {
-            let here = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
+            let here = child(pointer, key);
             match (key.as_str(), value) {
                 ("$ref", serde_json::Value::String(target)) if !target.starts_with('#') => {
                     Some((here, target.clone()))
@@ -320,4 +454,9 @@ fn outside_reference(schema: &serde_json::Value, pointer: &str) -> Option<(Strin
             .find_map(|(index, item)| outside_reference(item, &format!("{pointer}/{index}"))),
         _ => None,
     }
+}
+
+/// `pointer` with one more step, `key` escaped as JSON Pointer says.
+fn child(pointer: &str, key: &str) -> String {
+    format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"))
 }
