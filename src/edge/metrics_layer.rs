@@ -33,7 +33,13 @@ pub(crate) async fn serve_metrics(
         axum::routing::get(move |headers: http::HeaderMap| {
             let (engine, metrics) = (engine.clone(), Arc::clone(&metrics));
             async move {
-                let stats = engine.durable_stats().await.ok();
+                // A store that does not answer (a hung disk, a turn
+                // waiting on another replica's lock) must not hang the
+                // scrape: the sizes are left out, and the scrape says so.
+                let stats = tokio::time::timeout(STATS_WAIT, engine.durable_stats())
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
                 let text = metrics.render(stats, &engine.policy().revision);
                 exposition(text, accepts_gzip(&headers))
             }
@@ -47,6 +53,10 @@ pub(crate) async fn serve_metrics(
         .with_graceful_shutdown(shutdown)
         .await
 }
+
+/// How long a scrape waits for the state's sizes, which are read once
+/// what they count is durable (a store turn on a shared store).
+const STATS_WAIT: Duration = Duration::from_secs(2);
 
 /// Connections the metrics listener serves at once: a scraper needs one or
 /// two, and each is a descriptor the gRPC listener needs too.

@@ -565,6 +565,7 @@ impl Metrics {
     pub fn render(&self, stats: Option<Stats>, revision: &str) -> String {
         let mut text = self.handle.render();
         ProcessFigures::read().write_to(&mut text);
+        let sizes_read = stats.is_some();
         if let Some(stats) = stats {
             let gauges = [
                 (
@@ -596,6 +597,13 @@ impl Metrics {
                 );
             }
         }
+        let _ = writeln!(
+            text,
+            "# HELP toolgate_state_sizes_read 1 when this scrape holds the state's sizes \
+             (toolgate_approvals, toolgate_sessions, …); 0 when the store did not answer in time.\n\
+             # TYPE toolgate_state_sizes_read gauge\ntoolgate_state_sizes_read {}",
+            u8::from(sizes_read)
+        );
         if let Some(sink) = self.log_sink.get() {
             let _ = writeln!(
                 text,

@@ -20,7 +20,7 @@ use crate::support::tokens::{ALICE, HOST};
 use crate::support::{TestServer, authed, pb};
 
 /// The families a scrape of an idle server must hold.
-const IDLE_FAMILIES: [&str; 10] = [
+const IDLE_FAMILIES: [&str; 11] = [
     "toolgate_build_info",
     "toolgate_config_last_reload_successful",
     "toolgate_config_last_reload_success_timestamp_seconds",
@@ -28,6 +28,7 @@ const IDLE_FAMILIES: [&str; 10] = [
     "toolgate_decisions_total",
     "toolgate_store_batch_operations",
     "toolgate_policy_info",
+    "toolgate_state_sizes_read",
     "process_cpu_seconds_total",
     "process_resident_memory_bytes",
     "process_start_time_seconds",
@@ -94,6 +95,13 @@ async fn an_idle_scrape_is_small_and_every_family_is_described() {
     assert_eq!(
         value(&families, "toolgate_config_last_reload_successful", &[]),
         Some(1.0)
+    );
+    assert_eq!(
+        (
+            value(&families, "toolgate_state_sizes_read", &[]),
+            value(&families, "toolgate_approvals_pending", &[])
+        ),
+        (Some(1.0), Some(0.0))
     );
     let loaded = value(
         &families,

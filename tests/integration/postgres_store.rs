@@ -14,7 +14,7 @@ use toolgate::store::postgres::SCHEMA_VERSION;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::policies::portable;
-use crate::support::postgres::TestSchema;
+use crate::support::postgres::{TestSchema, execute_on};
 use crate::support::recovery::{self, RECOVERY, post, set_note};
 use crate::support::spawn::{self, Serve, Spawned};
 use crate::support::tokens::EXAMPLE_REVIEWER;
@@ -203,6 +203,64 @@ async fn a_lost_connection_is_resumed_and_nothing_commits_twice() {
         (pb::DispatchStatus::Ok, false),
         "{third:?}"
     );
+}
+
+#[tokio::test]
+async fn a_scrape_is_answered_while_the_store_waits_on_a_lock() {
+    use crate::support::metrics::scrape;
+    let schema = TestSchema::new();
+    let mut server = Serve::new(&portable(RECOVERY))
+        .args(&["--store", &schema.url, "--migrate"])
+        .with_metrics()
+        .pipe_stderr()
+        .start();
+    let stderr = server.stderr_lines();
+    lines_until(&stderr, "toolgate serving");
+    let addr = server.metrics_addr.expect("metrics listener");
+    let sizes = |text: &str| {
+        let line = |name: &str| {
+            text.lines()
+                .find(|line| line.starts_with(&format!("{name} ")))
+                .map(str::to_owned)
+        };
+        (
+            line("toolgate_state_sizes_read"),
+            line("toolgate_approvals_pending"),
+        )
+    };
+    assert_eq!(
+        sizes(&scrape(addr).await),
+        (
+            Some("toolgate_state_sizes_read 1".into()),
+            Some("toolgate_approvals_pending 0".into())
+        )
+    );
+    // Another session holds the commit head (as a replica's long turn
+    // would), for less than the lock timeout (10 s): a turn waits for it.
+    let holder = {
+        let sql = format!(
+            "BEGIN; LOCK TABLE {}.commits IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(6); COMMIT",
+            schema.name()
+        );
+        let target = schema.target.clone();
+        std::thread::spawn(move || execute_on(target, sql))
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Answered before the lock is let go, without the sizes (waiting,
+    // it would have answered them after).
+    assert_eq!(
+        sizes(&scrape(addr).await),
+        (Some("toolgate_state_sizes_read 0".into()), None)
+    );
+    holder
+        .join()
+        .expect("the holder")
+        .expect("the lock was held");
+    assert_eq!(
+        sizes(&scrape(addr).await).0,
+        Some("toolgate_state_sizes_read 1".into())
+    );
+    assert_eq!(server.stop(), Some(0));
 }
 
 /// Runs `toolgate ARGS` to its end, the store named by TOOLGATE_STORE (as

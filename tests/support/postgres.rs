@@ -45,19 +45,22 @@ impl TestSchema {
     /// Runs `sql` on a connection of its own, on a thread of its own (the
     /// blocking client cannot run inside the test's runtime).
     pub fn execute(&self, sql: &str) -> Result<(), String> {
-        let target = self.target.clone();
-        let sql = sql.to_string();
-        std::thread::spawn(move || {
-            let mut client = postgres::Config::from(target.config().clone())
-                .connect(postgres::NoTls)
-                .map_err(|error| format!("connecting to {target}: {error}"))?;
-            client
-                .batch_execute(&sql)
-                .map_err(|error| format!("{sql}: {error}"))
-        })
-        .join()
-        .expect("the SQL thread")
+        let (target, sql) = (self.target.clone(), sql.to_string());
+        std::thread::spawn(move || execute_on(target, sql))
+            .join()
+            .expect("the SQL thread")
     }
+}
+
+/// Runs `sql` on a connection of its own to `target`, blocking (call it
+/// on a thread that is not a runtime's).
+pub fn execute_on(target: PostgresTarget, sql: String) -> Result<(), String> {
+    let mut client = postgres::Config::from(target.config().clone())
+        .connect(postgres::NoTls)
+        .map_err(|error| format!("connecting to {target}: {error}"))?;
+    client
+        .batch_execute(&sql)
+        .map_err(|error| format!("{sql}: {error}"))
 }
 
 impl Drop for TestSchema {
