@@ -308,14 +308,43 @@ impl<'a> MakeWriter<'a> for LogWriter {
     }
 }
 
-impl Drop for LogGuard {
-    fn drop(&mut self) {
+impl LogGuard {
+    /// Stops the writer once it has written everything, waiting at most
+    /// `wait` for a sink that takes nothing (a stderr pipe nobody reads
+    /// would otherwise keep the process from ever exiting): whether
+    /// everything buffered was written. The lines of a sink that never
+    /// took them are lost with the process, and the caller says so the
+    /// only way left, its exit status.
+    pub fn finish(mut self, wait: Duration) -> bool {
+        self.stop(wait)
+    }
+
+    fn stop(&mut self, wait: Duration) -> bool {
         self.shared.lock().closed = true;
         self.shared.lines.notify_one();
         self.shared.room.notify_all();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        let Some(thread) = self.thread.take() else {
+            return true;
+        };
+        let deadline = Instant::now() + wait;
+        while !thread.is_finished() {
+            if Instant::now() >= deadline {
+                return false; // left blocked in its write until the exit
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        let _ = thread.join();
+        true
+    }
+}
+
+/// How long a guard dropped without [`LogGuard::finish`] (an early exit)
+/// waits for the sink.
+const DROP_WAIT: Duration = Duration::from_secs(10);
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        self.stop(DROP_WAIT);
     }
 }
 
@@ -531,6 +560,24 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         panic!("the sink never became stalled = {stalled}");
+    }
+
+    #[test]
+    fn finishing_waits_for_a_sink_that_takes_lines_not_for_one_that_never_does() {
+        let output = Gated::default();
+        let (writer, guard) = spawn(output.clone()).unwrap();
+        (&writer).write_all(b"taken\n").unwrap();
+        assert!(guard.finish(Duration::from_secs(30)));
+        assert_eq!(&output.bytes.lock().unwrap()[..], b"taken\n");
+        // A sink whose write never returns (a pipe nobody reads): the wait
+        // ends, and says the line was not written.
+        let output = Gated::default();
+        output.set_shut(true);
+        let (writer, guard) = spawn(output.clone()).unwrap();
+        (&writer).write_all(b"never taken\n").unwrap();
+        assert!(!guard.finish(Duration::from_millis(200)));
+        assert!(output.bytes.lock().unwrap().is_empty());
+        output.set_shut(false); // lets the detached writer end
     }
 
     #[test]

@@ -119,6 +119,31 @@ async fn a_stderr_nobody_reads_turns_health_off_fails_calls_fast_and_loses_nothi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_server_whose_stderr_nobody_reads_and_says_lines_were_lost() {
+    let server = Serve::new(&decide_text("[server]\nshutdown_grace_seconds = 1"))
+        .args(&["--log-format", "json", "--log-stall-seconds", "1"])
+        .pipe_stderr()
+        .start();
+    let mut pdp = server.pdp().await;
+    let mut answered = 0;
+    while pdp
+        .decide(decide_request(&format!("d{answered}")))
+        .await
+        .is_ok()
+    {
+        answered += 1;
+        assert!(answered < 200_000, "never refused");
+    }
+    drop(pdp);
+    // The writer is blocked in a write to the full pipe: the process still
+    // exits (it waited forever for it), and its status says lines were lost.
+    let code = tokio::task::spawn_blocking(move || server.stop())
+        .await
+        .expect("waited");
+    assert_eq!(code, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_file_sink_rotates_by_size_and_keeps_every_line() {
     let directory = tempfile::tempdir().expect("temp dir");
     let path = directory.path().join("toolgate.log");

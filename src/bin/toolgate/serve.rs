@@ -94,7 +94,7 @@ fn init_tracing(args: &ServeArgs) -> std::io::Result<(LogGuard, SinkStatus)> {
 
 /// `toolgate serve`.
 pub fn serve(args: ServeArgs) -> ExitCode {
-    let (_flush_logs_at_exit, log_sink) = match init_tracing(&args) {
+    let (log_guard, log_sink) = match init_tracing(&args) {
         Ok(started) => started,
         Err(error) => {
             eprintln!("toolgate: cannot start the log writer: {error}");
@@ -145,6 +145,9 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         tracing::error!(listen = %args.listen, "{refusal}");
         return ExitCode::FAILURE;
     }
+    // How long the end waits for what is still running, and then for the
+    // log sink ([server] cannot change without a restart).
+    let grace = policy.server.shutdown_grace;
     let engine = match open_engine(&args, policy) {
         Ok(engine) => engine,
         Err(error) => {
@@ -159,7 +162,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         // Everything that can fail is done before anything is announced, so
         // that a busy port prints `cannot bind` and nothing else: no token,
         // no `listening on` for a server that is about to exit.
@@ -249,7 +252,16 @@ pub fn serve(args: ServeArgs) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // Neither a task nor a log sink that takes nothing (a stderr pipe nobody
+    // reads) may keep the process from exiting: each gets the grace, and
+    // lines that could not be written make the exit a failure, the one
+    // report left when the log itself is what failed.
+    runtime.shutdown_timeout(grace);
+    if !log_guard.finish(grace) {
+        return ExitCode::FAILURE;
+    }
+    code
 }
 
 /// An optional listener (`--metrics-listen`, `--ext-authz-listen`), bound;
