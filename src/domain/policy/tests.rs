@@ -260,13 +260,24 @@ fn a_schema_keyword_nobody_knows_is_an_error_not_a_bound_left_out() {
     let tool = |schema: &str| {
         format!("[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = {schema}\n{BASE}")
     };
-    let why = "a keyword the validator does not know is ignored, so a misspelt bound would \
-               not be enforced (annotations of your own start with \"x-\")";
+    let why = "a keyword the validator does not know (or not in the schema's draft) is \
+               ignored, so a misspelt bound would not be enforced (annotations of your own \
+               start with \"x-\")";
     let cases = [
         (
             "{ type = \"object\", additionalProperty = false }",
-            "\"additionalProperty\" at /",
+            "\"additionalProperty\"",
         ),
+        // A keyword of a later draft is ignored under an earlier one.
+        (
+            "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"dependentRequired\": {\"a\": [\"b\"]}}'",
+            "\"dependentRequired\"",
+        ),
+        (
+            "'{\"$schema\": \"http://json-schema.org/draft-04/schema#\", \"properties\": {\"a\": {\"const\": 1}}}'",
+            "\"const\" at /properties/a",
+        ),
+        ("{ \"$recursiveRef\" = \"#\" }", "\"$recursiveRef\""),
         (
             "{ properties = { memo = { type = \"string\", maxLenght = 140 } } }",
             "\"maxLenght\" at /properties/memo",
@@ -301,6 +312,8 @@ fn a_schema_keyword_nobody_knows_is_an_error_not_a_bound_left_out() {
         "{ enum = [{ anything = 1 }], default = { nope = 2 }, examples = [{ nor = 3 }] }",
         "{ const = { whatever = true }, \"x-origin\" = { any = { thing = 1 } } }",
         "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"definitions\": {\"a\": {\"type\": \"string\"}}, \"items\": [{\"$ref\": \"#/definitions/a\"}], \"additionalItems\": false, \"dependencies\": {\"a\": [\"b\"], \"c\": {\"required\": [\"d\"]}}}'",
+        "'{\"$schema\": \"https://json-schema.org/draft/2019-09/schema\", \"$recursiveAnchor\": true, \"properties\": {\"a\": {\"$recursiveRef\": \"#\"}}, \"dependentRequired\": {\"a\": [\"b\"]}}'",
+        "'{\"$schema\": \"http://json-schema.org/draft-04/schema#\", \"id\": \"urn:x\", \"maximum\": 3, \"exclusiveMaximum\": true}'",
         "{ title = \"t\", description = \"d\", \"$comment\" = \"c\", deprecated = false, readOnly = false, writeOnly = false, format = \"email\", contentMediaType = \"text/plain\" }",
     ];
     for schema in loads {

@@ -274,121 +274,134 @@ fn input_schema(
                 schema_error_message(&schema_json, &error),
             )
         })?;
-    if let Some((pointer, keyword)) = unknown_keyword(&schema_json, "") {
+    if let Some((pointer, keyword)) =
+        unknown_keyword(&schema_json, jsonschema::Draft::default(), "")
+    {
         return Err(loader.error(
             format!("{key}.input_schema"),
             format!(
-                "unknown JSON Schema keyword {keyword:?} at {}: a keyword the validator \
-                 does not know is ignored, so a misspelt bound would not be enforced \
-                 (annotations of your own start with \"x-\")",
-                if pointer.is_empty() { "/" } else { &pointer }
+                "unknown JSON Schema keyword {keyword:?}{}: a keyword the validator does \
+                 not know (or not in the schema's draft) is ignored, so a misspelt bound \
+                 would not be enforced (annotations of your own start with \"x-\")",
+                if pointer.is_empty() {
+                    String::new()
+                } else {
+                    format!(" at {pointer}")
+                }
             ),
         ));
     }
     Ok((validator, properties))
 }
 
-/// The keywords of JSON Schema drafts 4 to 2020-12 (the validator's
-/// drafts): core, applicators, validation, format and content, annotations.
-const SCHEMA_KEYWORDS: &[&str] = &[
+/// Keywords of every draft (drafts 4 to 2020-12) the validator knows:
+/// those it checks in every draft, and annotations.
+const COMMON_KEYWORDS: &[&str] = &[
     "$schema",
-    "$id",
-    "id",
     "$ref",
-    "$defs",
     "definitions",
-    "$anchor",
-    "$dynamicAnchor",
-    "$dynamicRef",
-    "$recursiveAnchor",
-    "$recursiveRef",
-    "$vocabulary",
-    "$comment",
+    "additionalItems",
+    "additionalProperties",
     "allOf",
     "anyOf",
-    "oneOf",
-    "not",
-    "if",
-    "then",
-    "else",
-    "dependentSchemas",
     "dependencies",
-    "prefixItems",
-    "items",
-    "additionalItems",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-    "contains",
-    "properties",
-    "patternProperties",
-    "additionalProperties",
-    "propertyNames",
-    "type",
     "enum",
-    "const",
-    "multipleOf",
-    "maximum",
-    "exclusiveMaximum",
-    "minimum",
-    "exclusiveMinimum",
-    "maxLength",
-    "minLength",
-    "pattern",
-    "maxItems",
-    "minItems",
-    "uniqueItems",
-    "maxContains",
-    "minContains",
-    "maxProperties",
-    "minProperties",
-    "required",
-    "dependentRequired",
     "format",
-    "contentEncoding",
-    "contentMediaType",
-    "contentSchema",
+    "items",
+    "maxItems",
+    "maxLength",
+    "maxProperties",
+    "minItems",
+    "minLength",
+    "minProperties",
+    "multipleOf",
+    "not",
+    "oneOf",
+    "pattern",
+    "patternProperties",
+    "properties",
+    "required",
+    "uniqueItems",
+    "maximum",
+    "minimum",
+    "type",
     "title",
     "description",
     "default",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "examples",
 ];
 
+/// Whether `key` is a keyword of `draft` (beyond [`COMMON_KEYWORDS`]) as the
+/// validator compiles it: a keyword of a later draft is ignored under an
+/// earlier one (`dependentRequired` under draft-07), so it is unknown there.
+fn draft_keyword(draft: jsonschema::Draft, key: &str) -> bool {
+    use jsonschema::Draft;
+    let at_least = |first: Draft| draft >= first;
+    match key {
+        "id" => draft == Draft::Draft4,
+        // Draft 4 has them as the booleans `maximum` and `minimum` read.
+        "exclusiveMaximum" | "exclusiveMinimum" => true,
+        "$id" | "const" | "contains" | "propertyNames" | "examples" => at_least(Draft::Draft6),
+        "if" | "then" | "else" | "contentMediaType" | "contentEncoding" | "$comment"
+        | "readOnly" | "writeOnly" => at_least(Draft::Draft7),
+        "contentSchema"
+        | "dependentRequired"
+        | "dependentSchemas"
+        | "unevaluatedItems"
+        | "unevaluatedProperties"
+        | "$anchor"
+        | "$defs"
+        | "$vocabulary"
+        | "deprecated"
+        | "maxContains"
+        | "minContains" => at_least(Draft::Draft201909),
+        "$recursiveRef" | "$recursiveAnchor" => draft == Draft::Draft201909,
+        "prefixItems" | "$dynamicRef" | "$dynamicAnchor" => at_least(Draft::Draft202012),
+        _ => false,
+    }
+}
+
 /// The JSON pointer and name of the first key of a schema (or of a schema
-/// inside it) that is no JSON Schema keyword, as Ajv's strict mode refuses
-/// them: `maxLenght` would otherwise pass every string. Keys starting
-/// `x-` are the author's annotations; values that are data (`enum`,
-/// `const`, `default`, `examples`) and property names are not looked into.
-fn unknown_keyword(schema: &serde_json::Value, pointer: &str) -> Option<(String, String)> {
+/// inside it) that is no keyword of its draft (its `$schema`, 2020-12
+/// without one), as Ajv's strict mode refuses them: `maxLenght` would
+/// otherwise pass every string, and so would `dependentRequired` in a
+/// draft-07 schema. Keys starting `x-` are the author's annotations;
+/// values that are data (`enum`, `const`, `default`, `examples`) and
+/// property names are not looked into.
+fn unknown_keyword(
+    schema: &serde_json::Value,
+    draft: jsonschema::Draft,
+    pointer: &str,
+) -> Option<(String, String)> {
     use serde_json::Value;
     let Value::Object(members) = schema else {
         return None; // true, false: boolean schemas.
     };
+    let draft = draft.detect(schema);
     members.iter().find_map(|(key, value)| {
         if key.starts_with("x-") {
             return None;
         }
-        if !SCHEMA_KEYWORDS.contains(&key.as_str()) {
+        if !COMMON_KEYWORDS.contains(&key.as_str()) && !draft_keyword(draft, key) {
             return Some((pointer.to_owned(), key.clone()));
         }
         let here = child(pointer, key);
+        let inside = |schema: &Value, pointer: &str| unknown_keyword(schema, draft, pointer);
         match (key.as_str(), value) {
-            // Maps of names to schemas.
+            // Maps of names to schemas (`dependencies` maps to lists of
+            // names too, which hold no keywords).
             (
                 "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas"
                 | "dependencies",
                 Value::Object(named),
             ) => named
                 .iter()
-                .find_map(|(name, schema)| unknown_keyword(schema, &child(&here, name))),
+                .find_map(|(name, schema)| inside(schema, &child(&here, name))),
             // Lists of schemas (`items` as a list: drafts before 2020-12).
             ("allOf" | "anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(schemas)) => {
                 schemas
                     .iter()
                     .enumerate()
-                    .find_map(|(index, schema)| unknown_keyword(schema, &format!("{here}/{index}")))
+                    .find_map(|(index, schema)| inside(schema, &format!("{here}/{index}")))
             }
             // One schema.
             (
@@ -405,7 +418,7 @@ fn unknown_keyword(schema: &serde_json::Value, pointer: &str) -> Option<(String,
                 | "propertyNames"
                 | "contentSchema",
                 schema,
-            ) => unknown_keyword(schema, &here),
+            ) => inside(schema, &here),
             _ => None,
         }
     })
