@@ -126,8 +126,11 @@ async fn first_request(sender: &mut SendRequest<Bytes>, address: &str) -> BoxRes
     let request = grpc_post(format!("http://{address}/grpc.health.v1.Health/Check").parse()?);
     poll_fn(|context| sender.poll_ready(context)).await?;
     let (response, mut body) = sender.send_request(request, false)?;
-    // An empty HealthCheckRequest: a gRPC frame of no bytes.
-    body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true)?;
+    // An empty HealthCheckRequest: a gRPC frame of no bytes. A server
+    // without the health service (the baseline) answers UNIMPLEMENTED from
+    // the head alone, and its answer may close the stream before the frame
+    // is sent ("inactive stream"): that answer is all this call is for.
+    let _ = body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true);
     let mut answer = response.await?.into_body();
     while let Some(chunk) = answer.data().await {
         let chunk = chunk?;
@@ -218,8 +221,16 @@ impl Caller {
             .sender
             .send_request(self.heads.get(method).clone(), false)
             .map_err(from_h2)?;
-        body.send_data(frame, true).map_err(from_h2)?;
-        answer(response).await
+        match body.send_data(frame, true) {
+            Ok(()) => answer(response).await,
+            // A server may answer from the head alone (a refusal) and close
+            // the stream before the message is sent: its answer says why,
+            // the send error ("inactive stream") does not.
+            Err(error) => match answer::<R>(response).await {
+                Err(status) => Err(status),
+                Ok(_) => Err(from_h2(error)),
+            },
+        }
     }
 }
 
