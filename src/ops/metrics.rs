@@ -600,7 +600,7 @@ impl Metrics {
         let _ = writeln!(
             text,
             "# HELP toolgate_state_sizes_read 1 when this scrape holds the state's sizes \
-             (toolgate_approvals, toolgate_sessions, …); 0 when the store did not answer in time.\n\
+             (toolgate_approvals, toolgate_sessions, …); 0 when the store did not give them in time (or failed).\n\
              # TYPE toolgate_state_sizes_read gauge\ntoolgate_state_sizes_read {}",
             u8::from(sizes_read)
         );

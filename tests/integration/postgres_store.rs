@@ -14,7 +14,7 @@ use toolgate::store::postgres::SCHEMA_VERSION;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::policies::portable;
-use crate::support::postgres::{TestSchema, execute_on};
+use crate::support::postgres::{TestSchema, connect};
 use crate::support::recovery::{self, RECOVERY, post, set_note};
 use crate::support::spawn::{self, Serve, Spawned};
 use crate::support::tokens::EXAMPLE_REVIEWER;
@@ -237,15 +237,24 @@ async fn a_scrape_is_answered_while_the_store_waits_on_a_lock() {
     );
     // Another session holds the commit head (as a replica's long turn
     // would), for less than the lock timeout (10 s): a turn waits for it.
+    let (locked, held) = std::sync::mpsc::channel();
     let holder = {
-        let sql = format!(
-            "BEGIN; LOCK TABLE {}.commits IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(6); COMMIT",
-            schema.name()
-        );
-        let target = schema.target.clone();
-        std::thread::spawn(move || execute_on(target, sql))
+        let (target, name) = (schema.target.clone(), schema.name().to_owned());
+        std::thread::spawn(move || -> Result<(), String> {
+            let mut client = connect(&target)?;
+            client
+                .batch_execute(&format!(
+                    "BEGIN; LOCK TABLE {name}.commits IN ACCESS EXCLUSIVE MODE"
+                ))
+                .map_err(|error| error.to_string())?;
+            let _ = locked.send(());
+            client
+                .batch_execute("SELECT pg_sleep(6); COMMIT")
+                .map_err(|error| error.to_string())
+        })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.recv_timeout(Duration::from_secs(30))
+        .expect("the other session holds the lock");
     // Answered before the lock is let go, without the sizes (waiting,
     // it would have answered them after).
     assert_eq!(

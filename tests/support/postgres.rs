@@ -55,12 +55,16 @@ impl TestSchema {
 /// Runs `sql` on a connection of its own to `target`, blocking (call it
 /// on a thread that is not a runtime's).
 pub fn execute_on(target: PostgresTarget, sql: String) -> Result<(), String> {
-    let mut client = postgres::Config::from(target.config().clone())
-        .connect(postgres::NoTls)
-        .map_err(|error| format!("connecting to {target}: {error}"))?;
-    client
+    connect(&target)?
         .batch_execute(&sql)
         .map_err(|error| format!("{sql}: {error}"))
+}
+
+/// A blocking connection of its own to `target` (not on a runtime's thread).
+pub fn connect(target: &PostgresTarget) -> Result<postgres::Client, String> {
+    postgres::Config::from(target.config().clone())
+        .connect(postgres::NoTls)
+        .map_err(|error| format!("connecting to {target}: {error}"))
 }
 
 impl Drop for TestSchema {
