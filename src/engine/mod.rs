@@ -20,6 +20,7 @@ mod replica;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
 
 use tokio::sync::broadcast;
 use uuid::Uuid;
@@ -197,6 +198,13 @@ impl Engine {
     /// Commits what is pending and stops the store's writer: the last step
     /// of a shutdown. Every call after it is refused.
     pub fn close_store(&self) {
+        self.close_store_within(Duration::MAX);
+    }
+
+    /// [`Engine::close_store`], waiting at most `wait` for the store's
+    /// writer: whether it ended (a writer stuck in a sync on a hung disk is
+    /// left behind; every answer given was durable already).
+    pub fn close_store_within(&self, wait: Duration) -> bool {
         // Sessions' last activity, written at most once a second while
         // nothing else of them changes. (A shared store is written only in
         // turns; there it stays at most that late.)
@@ -210,7 +218,7 @@ impl Engine {
             .shared
             .broken
             .set("toolgate has shut down its store".into());
-        self.shared.writer.close();
+        self.shared.writer.close_within(wait)
     }
 
     pub fn now(&self) -> Timestamp {

@@ -51,6 +51,9 @@ struct Buffer {
     writer_asleep: bool,
     callers_waiting: usize,
     closed: bool,
+    /// Callers append past the hard capacity instead of waiting (set at
+    /// shutdown: a caller waiting for room would keep the process alive).
+    callers_let_through: bool,
     /// When the write in progress (or being retried) started.
     write_started: Option<Instant>,
 }
@@ -70,6 +73,8 @@ struct Shared {
     stalled: AtomicBool,
     /// Times the sink went from draining to stalled.
     stalls: AtomicU64,
+    /// Lines were given up on: the output failed once the guard was gone.
+    lost: AtomicBool,
 }
 
 impl Shared {
@@ -118,6 +123,14 @@ impl std::fmt::Debug for SinkStatus {
 }
 
 impl SinkStatus {
+    /// From now on a caller never waits for room in the buffer (it
+    /// appends past the hard capacity): at shutdown, so that no thread
+    /// waiting for a sink that takes nothing keeps the process alive.
+    pub fn let_callers_through(&self) {
+        self.shared.lock().callers_let_through = true;
+        self.shared.room.notify_all();
+    }
+
     /// The last verdict: one atomic load, for every call.
     pub fn stalled(&self) -> bool {
         self.shared.stalled.load(Ordering::Acquire)
@@ -262,6 +275,7 @@ fn write_batch(shared: &Shared, output: &mut impl Write, batch: &[u8]) {
         // Where the log goes is the operator's: if it cannot be written
         // there is nowhere left to report that. The stall verdict tells.
         if shared.lock().closed {
+            shared.lost.store(true, Ordering::Relaxed);
             return;
         }
         std::thread::sleep(RETRY_AFTER);
@@ -276,6 +290,7 @@ impl Write for &LogWriter {
         while !buffer.bytes.is_empty()
             && buffer.bytes.len() + line.len() > shared.hard_capacity
             && !buffer.closed
+            && !buffer.callers_let_through
         {
             buffer.callers_waiting += 1;
             buffer = shared
@@ -312,9 +327,9 @@ impl LogGuard {
     /// Stops the writer once it has written everything, waiting at most
     /// `wait` for a sink that takes nothing (a stderr pipe nobody reads
     /// would otherwise keep the process from ever exiting): whether
-    /// everything buffered was written. The lines of a sink that never
-    /// took them are lost with the process, and the caller says so the
-    /// only way left, its exit status.
+    /// everything buffered was written (not when the sink failed at the
+    /// end, nor when it never took them). Such lines are lost with the
+    /// process, and the caller says so the only way left, its exit status.
     pub fn finish(mut self, wait: Duration) -> bool {
         self.stop(wait)
     }
@@ -326,15 +341,10 @@ impl LogGuard {
         let Some(thread) = self.thread.take() else {
             return true;
         };
-        let deadline = Instant::now() + wait;
-        while !thread.is_finished() {
-            if Instant::now() >= deadline {
-                return false; // left blocked in its write until the exit
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !crate::ops::process::join_within(thread, wait) {
+            return false;
         }
-        let _ = thread.join();
-        true
+        !self.shared.lost.load(Ordering::Relaxed)
     }
 }
 
@@ -641,6 +651,49 @@ mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn lines_a_failing_sink_never_took_make_the_finish_say_so() {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let output = Flaky {
+            failures: usize::MAX,
+            bytes: Arc::clone(&bytes),
+        };
+        let (writer, guard) = spawn(output).unwrap();
+        (&writer).write_all(b"never written\n").unwrap();
+        assert!(!guard.finish(Duration::from_secs(30)));
+        assert!(bytes.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn callers_let_through_stop_waiting_for_room() {
+        let output = Gated::default();
+        output.set_shut(true);
+        let (writer, guard) = spawn_with(output.clone(), 16, 16, STALL_AFTER).unwrap();
+        (&writer).write_all(b"0123456789abcdef\n").unwrap();
+        // The writer holds that line; the next fills the buffer; the one
+        // after waits for room that never comes.
+        while writer.status().buffered() > 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (&writer).write_all(b"second line....\n").unwrap();
+        let waiting = {
+            let writer = writer.clone();
+            std::thread::spawn(move || (&writer).write_all(b"third line\n").unwrap())
+        };
+        while writer.shared.lock().callers_waiting == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        writer.status().let_callers_through();
+        waiting.join().unwrap();
+        assert_eq!(writer.status().buffered(), 27);
+        output.set_shut(false);
+        assert!(guard.finish(Duration::from_secs(30)));
+        assert_eq!(
+            &output.bytes.lock().unwrap()[..],
+            b"0123456789abcdef\nsecond line....\nthird line\n"
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! resident and virtual memory, open and maximum file descriptors, threads
 //! and the start time. Off Linux, or when `/proc` cannot be read, the
 //! figures that could not be read are left out. And the one process-wide
-//! memory setting `serve` makes: [`disable_transparent_huge_pages`].
+//! memory setting `serve` makes: [`disable_transparent_huge_pages`]; and
+//! [`join_within`], how its exit waits for the threads that write.
 
 use std::fmt::Write as _;
 
@@ -11,6 +12,20 @@ use std::fmt::Write as _;
 /// `PR_SET_THP_DISABLE`, which overrides the allocator's `MADV_HUGEPAGE` and
 /// the system's `always`), before the state is loaded.
 ///
+/// Joins `thread` if it ends within `wait`: whether it ended without a
+/// panic. One still running (blocked in a write to a sink that takes
+/// nothing, a hung disk) is left behind, to end with the process.
+pub fn join_within(thread: std::thread::JoinHandle<()>, wait: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now().checked_add(wait);
+    while !thread.is_finished() {
+        if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    thread.join().is_ok()
+}
+
 /// The first touch of a huge page makes the kernel zero 2 MiB at once, on the
 /// thread that touched it: while the state grows (a receipt per Dispatch,
 /// the allocator asking the OS for fresh pages) a worker stalled for
@@ -176,6 +191,20 @@ fn max_open_files(limits: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_is_joined_if_it_ends_in_time_and_left_if_not() {
+        let (go, gate) = std::sync::mpsc::channel::<()>();
+        let blocked = std::thread::spawn(move || {
+            let _ = gate.recv();
+        });
+        assert!(!join_within(blocked, std::time::Duration::from_millis(100)));
+        go.send(()).unwrap();
+        let quick = std::thread::spawn(|| {});
+        assert!(join_within(quick, std::time::Duration::MAX));
+        let panicked = std::thread::spawn(|| panic!("on purpose"));
+        assert!(!join_within(panicked, std::time::Duration::from_secs(30)));
+    }
 
     #[test]
     fn the_proc_files_are_parsed_field_by_field() {

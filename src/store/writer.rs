@@ -556,15 +556,19 @@ impl Writer {
     /// Commits what is pending, stops the thread and waits for it. Later
     /// appends are refused (their [`Writer::durable`] fails).
     pub fn close(&self) {
+        self.close_within(Duration::MAX);
+    }
+
+    /// [`Writer::close`], waiting at most `wait` for the thread (a batch
+    /// stuck in a sync on a hung disk): whether it ended.
+    pub fn close_within(&self, wait: Duration) -> bool {
         if self.in_place.is_some() {
             self.shared.stop(StoreError("the store is closed".into()));
         }
         self.shared.pending().closing = true;
         self.shared.wake.notify_one();
         let thread = lock(&self.thread).take();
-        if let Some(thread) = thread {
-            let _ = thread.join();
-        }
+        thread.is_none_or(|thread| crate::ops::process::join_within(thread, wait))
     }
 }
 

@@ -26,8 +26,9 @@ use toolgate::store::postgres::{self, PostgresTarget};
         describes each command; `toolgate man` prints this manual as a man page and \
         `toolgate completions bash|zsh|fish` a shell completion script.",
     after_long_help = "EXIT STATUS:\n  0 on success; 1 when a check fails (`check-config` refusing the \
-        policy, a failing `test` case, `store check` finding a problem) or the server \
-        refuses a call; 2 for usage errors, an input file a command cannot use (a client \
+        policy, a failing `test` case, `store check` finding a problem), the server \
+        refuses a call, or `serve` stopped with log lines or a store batch it could not \
+        write in time; 2 for usage errors, an input file a command cannot use (a client \
         command's, `eval`'s, `test`'s or `pins add`'s) and connection errors; 3 when `manifest assess` \
         is answered that the manifest is not accepted.\n\n\
         ENVIRONMENT:\n  TOOLGATE_TOKEN  the bearer token of the client commands (never printed)\n  \

@@ -10,6 +10,7 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
@@ -162,6 +163,10 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // When the calls' grace ended: the store's writer, the runtime and the
+    // log sink share one more from then.
+    let stopped = std::sync::OnceLock::new();
+    let stopped_at = &stopped;
     let code = runtime.block_on(async move {
         // Everything that can fail is done before anything is announced, so
         // that a busy port prints `cannot bind` and nothing else: no token,
@@ -195,7 +200,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         // first polls its shutdown future, so that a SIGTERM sent right
         // after `listening on` stops the process cleanly instead of
         // killing it (seen in CI: answered calls, then killed by it).
-        let shutdown = shutdown_signal();
+        let shutdown = shutdown_signal(log_sink.clone());
         if args.config.is_none()
             && let Some(token) = bootstrap::reviewer_token(&engine)
         {
@@ -243,22 +248,34 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             shutdown,
         )
         .await;
+        // In-flight calls had their grace; the store's writer, the runtime
+        // and the log sink share one more: nothing that hangs (a sync on a
+        // hung disk, a stderr pipe nobody reads) keeps the process alive.
+        let _ = stopped_at.set(Instant::now());
         // Every answer given was durable already; this only ends the writer.
-        engine.close_store();
+        let store_closed = engine.close_store_within(grace);
+        if !store_closed {
+            tracing::error!(
+                "the store's writer did not end within {grace:?} (a sync on a hung disk?): \
+                 what it had not written yet was never acknowledged"
+            );
+        }
         match served {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(()) if store_closed => ExitCode::SUCCESS,
+            Ok(()) => ExitCode::FAILURE,
             Err(error) => {
                 tracing::error!(%error, "server failed");
                 ExitCode::FAILURE
             }
         }
     });
-    // Neither a task nor a log sink that takes nothing (a stderr pipe nobody
-    // reads) may keep the process from exiting: each gets the grace, and
-    // lines that could not be written make the exit a failure, the one
-    // report left when the log itself is what failed.
-    runtime.shutdown_timeout(grace);
-    if !log_guard.finish(grace) {
+    let deadline = *stopped.get_or_init(Instant::now) + grace;
+    runtime.shutdown_timeout(deadline.saturating_duration_since(Instant::now()));
+    // Lines that could not be written make the exit a failure: the one
+    // report left when the log is what failed. (A second at least: a sink
+    // that keeps up needs milliseconds.)
+    let left = deadline.saturating_duration_since(Instant::now());
+    if !log_guard.finish(left.max(Duration::from_secs(1))) {
         return ExitCode::FAILURE;
     }
     code
@@ -428,7 +445,7 @@ fn open_engine(args: &ServeArgs, policy: Policy) -> Result<Engine, String> {
 
 /// Catches SIGTERM and Ctrl-C from now on (the handlers are installed
 /// before this returns); the future resolves on either.
-fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+fn shutdown_signal(log_sink: SinkStatus) -> impl Future<Output = ()> + Send + 'static {
     let terminate = signal(SignalKind::terminate());
     let interrupt = signal(SignalKind::interrupt());
     async move {
@@ -447,6 +464,10 @@ fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
             () = next(terminate, "SIGTERM") => {}
             () = next(interrupt, "SIGINT") => {}
         }
+        // No caller may wait for room in the log buffer from now on: the
+        // exit would wait for it (its lines are still written, or counted
+        // as lost at the exit).
+        log_sink.let_callers_through();
         tracing::info!("shutting down");
     }
 }
