@@ -419,6 +419,32 @@ mod tests {
         assert!(Proposal::new("c".into(), "a".into(), "t".into(), 0, &huge).is_err());
     }
 
+    /// A schema's `format` is held (2020-12 makes it an annotation unless
+    /// the validator is asked to check it).
+    #[test]
+    fn a_format_in_the_schema_is_checked() {
+        let policy = Policy::parse(
+            "[server]\nopen_host_api = true\n[profiles.p]\nroles = [\"r\"]\n\
+             [actors.a]\nprofile = \"p\"\n[tools.mail]\nmode = \"read\"\nroles = [\"r\"]\n\
+             input_schema = { properties = { to = { type = \"string\", format = \"email\" } } }\n",
+            "p.toml",
+            None,
+        )
+        .unwrap();
+        let check = |arguments: &str| {
+            let Value::Object(arguments) = canonical::parse_str(arguments).unwrap() else {
+                unreachable!()
+            };
+            check_arguments(&policy.tools["mail"], &arguments)
+        };
+        assert!(check(r#"{"to":"ops@example.com"}"#).is_ok());
+        let error = check(r#"{"to":"ops at example"}"#).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "proposal.arguments.to: fails the input schema of \"mail\": `format` at /properties/to/format"
+        );
+    }
+
     /// An argument named like one the tool reads but for case is refused.
     #[test]
     fn an_argument_differing_only_in_case_from_a_named_one_is_refused() {

@@ -256,63 +256,95 @@ fn schema_errors_give_the_pointer_inside_the_schema() {
 }
 
 #[test]
-fn a_schema_keyword_nobody_knows_is_an_error_not_a_bound_left_out() {
+fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out() {
     let tool = |schema: &str| {
         format!("[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = {schema}\n{BASE}")
     };
-    let why = "a keyword the validator does not know (or not in the schema's draft) is \
-               ignored, so a misspelt bound would not be enforced (annotations of your own \
-               start with \"x-\")";
+    let unknown = "the validator does not know it (or not in the schema's draft), so a \
+                   misspelt bound would not be enforced (annotations of your own start with \
+                   \"x-\")";
+    let beside_ref = "drafts before 2019-09 ignore every keyword beside \"$ref\": put the \
+                      reference and it in an allOf";
+    let draft7 = "\"$schema\": \"http://json-schema.org/draft-07/schema#\"";
     let cases = [
         (
-            "{ type = \"object\", additionalProperty = false }",
-            "\"additionalProperty\"",
+            "{ type = \"object\", additionalProperty = false }".to_string(),
+            format!("\"additionalProperty\": {unknown}"),
+        ),
+        (
+            "{ properties = { memo = { type = \"string\", maxLenght = 140 } } }".into(),
+            format!("\"maxLenght\" at /properties/memo: {unknown}"),
+        ),
+        (
+            "{ anyOf = [{ required = [\"a\"] }, { requierd = [\"b\"] }] }".into(),
+            format!("\"requierd\" at /anyOf/1: {unknown}"),
+        ),
+        (
+            "'{\"$defs\": {\"a/b\": {\"not\": {\"minimun\": 1}}}}'".into(),
+            format!("\"minimun\" at /$defs/a~1b/not: {unknown}"),
+        ),
+        (
+            "{ items = { additionalProperties = { patern = \"^a\" } } }".into(),
+            format!("\"patern\" at /items/additionalProperties: {unknown}"),
         ),
         // A keyword of a later draft is ignored under an earlier one.
         (
-            "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"dependentRequired\": {\"a\": [\"b\"]}}'",
-            "\"dependentRequired\"",
+            format!("'{{{draft7}, \"dependentRequired\": {{\"a\": [\"b\"]}}}}'"),
+            format!("\"dependentRequired\": {unknown}"),
         ),
         (
-            "'{\"$schema\": \"http://json-schema.org/draft-04/schema#\", \"properties\": {\"a\": {\"const\": 1}}}'",
-            "\"const\" at /properties/a",
-        ),
-        ("{ \"$recursiveRef\" = \"#\" }", "\"$recursiveRef\""),
-        (
-            "{ properties = { memo = { type = \"string\", maxLenght = 140 } } }",
-            "\"maxLenght\" at /properties/memo",
+            "'{\"$schema\": \"http://json-schema.org/draft-04/schema#\", \"properties\": {\"a\": {\"const\": 1}}}'".into(),
+            format!("\"const\" at /properties/a: {unknown}"),
         ),
         (
-            "{ anyOf = [{ required = [\"a\"] }, { requierd = [\"b\"] }] }",
-            "\"requierd\" at /anyOf/1",
+            "{ \"$recursiveRef\" = \"#\" }".into(),
+            format!("\"$recursiveRef\": {unknown}"),
+        ),
+        // Known keywords that would do nothing where they are.
+        (
+            format!("'{{{draft7}, \"definitions\": {{\"s\": {{\"type\": \"string\"}}}}, \"properties\": {{\"m\": {{\"$ref\": \"#/definitions/s\", \"maxLength\": 140}}}}}}'"),
+            format!("\"maxLength\" at /properties/m: {beside_ref}"),
         ),
         (
-            "'{\"$defs\": {\"a/b\": {\"not\": {\"minimun\": 1}}}}'",
-            "\"minimun\" at /$defs/a~1b/not",
+            "{ prefixItems = [{ type = \"string\" }], additionalItems = false }".into(),
+            "\"additionalItems\": it applies only beside a list of \"items\" (in 2020-12: \"items\" after \"prefixItems\")".into(),
         ),
         (
-            "{ items = { additionalProperties = { patern = \"^a\" } } }",
-            "\"patern\" at /items/additionalProperties",
+            "{ then = { required = [\"a\"] } }".into(),
+            "\"then\": it applies only beside \"if\"".into(),
+        ),
+        (
+            "{ maxContains = 2 }".into(),
+            "\"maxContains\": it applies only beside \"contains\"".into(),
+        ),
+        (
+            "{ properties = { a = { \"$schema\" = \"http://json-schema.org/draft-07/schema#\" } } }".into(),
+            "\"$schema\" at /properties/a: the whole schema is read as its root's draft".into(),
         ),
     ];
-    for (schema, place) in cases {
+    for (schema, message) in cases {
         assert_eq!(
-            error_of(&tool(schema)),
+            error_of(&tool(&schema)),
             pair(
                 "tools.x.input_schema",
-                &format!("unknown JSON Schema keyword {place}: {why}")
+                &format!("the validator would ignore {message}")
             ),
             "{schema}"
         );
     }
+    // A format is held, and one the validator does not know is an error.
+    let (key, message) = error_of(&tool("{ properties = { to = { format = \"emial\" } } }"));
+    assert_eq!(key, "tools.x.input_schema");
+    assert!(message.contains("emial"), "{message}");
     // Names, data and the author's annotations are not keywords; drafts
     // before 2020-12 have theirs.
     let loads = [
         "{ properties = { maxLenght = { type = \"string\", \"x-widget\" = \"text\" } } }",
         "{ enum = [{ anything = 1 }], default = { nope = 2 }, examples = [{ nor = 3 }] }",
         "{ const = { whatever = true }, \"x-origin\" = { any = { thing = 1 } } }",
-        "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"definitions\": {\"a\": {\"type\": \"string\"}}, \"items\": [{\"$ref\": \"#/definitions/a\"}], \"additionalItems\": false, \"dependencies\": {\"a\": [\"b\"], \"c\": {\"required\": [\"d\"]}}}'",
-        "'{\"$schema\": \"https://json-schema.org/draft/2019-09/schema\", \"$recursiveAnchor\": true, \"properties\": {\"a\": {\"$recursiveRef\": \"#\"}}, \"dependentRequired\": {\"a\": [\"b\"]}}'",
+        "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"definitions\": {\"a\": {\"type\": \"string\"}}, \"items\": [{\"$ref\": \"#/definitions/a\"}], \"additionalItems\": false, \"dependencies\": {\"a\": [\"b\"], \"c\": {\"required\": [\"d\"]}}, \"if\": {}, \"then\": {}, \"else\": {}, \"contentMediaType\": \"text/plain\"}'",
+        "'{\"$schema\": \"http://json-schema.org/draft-06/schema#\", \"properties\": {\"a\": {\"$ref\": \"#/definitions/s\", \"title\": \"a\", \"description\": \"d\"}}, \"definitions\": {\"s\": {\"contentEncoding\": \"base64\"}}}'",
+        "'{\"$schema\": \"https://json-schema.org/draft/2019-09/schema\", \"$recursiveAnchor\": true, \"properties\": {\"a\": {\"$recursiveRef\": \"#\"}}, \"dependentRequired\": {\"a\": [\"b\"]}, \"contains\": {}, \"minContains\": 1}'",
         "'{\"$schema\": \"http://json-schema.org/draft-04/schema#\", \"id\": \"urn:x\", \"maximum\": 3, \"exclusiveMaximum\": true}'",
         "{ title = \"t\", description = \"d\", \"$comment\" = \"c\", deprecated = false, readOnly = false, writeOnly = false, format = \"email\", contentMediaType = \"text/plain\" }",
     ];

@@ -266,7 +266,12 @@ fn input_schema(
         .and_then(serde_json::Value::as_object)
         .map(|properties| properties.keys().cloned().collect())
         .unwrap_or_default();
+    // A format is checked (in 2019-09 and later it is only an annotation
+    // unless asked) and one the validator does not know is an error: an
+    // author writes `format` to have it held.
     let validator = jsonschema::options_for::<Canonical>()
+        .should_validate_formats(true)
+        .should_ignore_unknown_formats(false)
         .build(&schema_json)
         .map_err(|error| {
             loader.error(
@@ -274,118 +279,118 @@ fn input_schema(
                 schema_error_message(&schema_json, &error),
             )
         })?;
-    if let Some((pointer, keyword)) =
-        unknown_keyword(&schema_json, jsonschema::Draft::default(), "")
+    if let Some((pointer, keyword, why)) =
+        ignored_keyword(&schema_json, jsonschema::Draft::default(), "")
     {
+        let at = match pointer.as_str() {
+            "" => String::new(),
+            pointer => format!(" at {pointer}"),
+        };
         return Err(loader.error(
             format!("{key}.input_schema"),
-            format!(
-                "unknown JSON Schema keyword {keyword:?}{}: a keyword the validator does \
-                 not know (or not in the schema's draft) is ignored, so a misspelt bound \
-                 would not be enforced (annotations of your own start with \"x-\")",
-                if pointer.is_empty() {
-                    String::new()
-                } else {
-                    format!(" at {pointer}")
-                }
-            ),
+            format!("the validator would ignore {keyword:?}{at}: {why}"),
         ));
     }
     Ok((validator, properties))
 }
 
-/// Keywords of every draft (drafts 4 to 2020-12) the validator knows:
-/// those it checks in every draft, and annotations.
-const COMMON_KEYWORDS: &[&str] = &[
-    "$schema",
-    "$ref",
-    "definitions",
-    "additionalItems",
-    "additionalProperties",
-    "allOf",
-    "anyOf",
-    "dependencies",
-    "enum",
-    "format",
-    "items",
-    "maxItems",
-    "maxLength",
-    "maxProperties",
-    "minItems",
-    "minLength",
-    "minProperties",
-    "multipleOf",
-    "not",
-    "oneOf",
-    "pattern",
-    "patternProperties",
-    "properties",
-    "required",
-    "uniqueItems",
-    "maximum",
-    "minimum",
-    "type",
+/// Annotations: keywords the validator reads nothing from, known in every
+/// draft (an earlier draft ignores a later one's alike).
+const ANNOTATIONS: &[&str] = &[
     "title",
     "description",
     "default",
+    "examples",
+    "$comment",
+    "readOnly",
+    "writeOnly",
+    "deprecated",
+    "$defs",
+    "definitions",
+    "$anchor",
+    "$dynamicAnchor",
+    "$vocabulary",
 ];
 
-/// Whether `key` is a keyword of `draft` (beyond [`COMMON_KEYWORDS`]) as the
-/// validator compiles it: a keyword of a later draft is ignored under an
-/// earlier one (`dependentRequired` under draft-07), so it is unknown there.
-fn draft_keyword(draft: jsonschema::Draft, key: &str) -> bool {
+/// Why the validator would ignore `key` in a schema object of `draft`
+/// holding `members`, if it would.
+fn ignored_because(
+    draft: jsonschema::Draft,
+    members: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Option<&'static str> {
     use jsonschema::Draft;
-    let at_least = |first: Draft| draft >= first;
-    match key {
-        "id" => draft == Draft::Draft4,
-        // Draft 4 has them as the booleans `maximum` and `minimum` read.
-        "exclusiveMaximum" | "exclusiveMinimum" => true,
-        "$id" | "const" | "contains" | "propertyNames" | "examples" => at_least(Draft::Draft6),
-        "if" | "then" | "else" | "contentMediaType" | "contentEncoding" | "$comment"
-        | "readOnly" | "writeOnly" => at_least(Draft::Draft7),
-        "contentSchema"
-        | "dependentRequired"
-        | "dependentSchemas"
-        | "unevaluatedItems"
-        | "unevaluatedProperties"
-        | "$anchor"
-        | "$defs"
-        | "$vocabulary"
-        | "deprecated"
-        | "maxContains"
-        | "minContains" => at_least(Draft::Draft201909),
+    if key.starts_with("x-") || ANNOTATIONS.contains(&key) {
+        return None;
+    }
+    let known = match key {
+        // Compiled in 2019-09 only (referencing knows them later too).
         "$recursiveRef" | "$recursiveAnchor" => draft == Draft::Draft201909,
-        "prefixItems" | "$dynamicRef" | "$dynamicAnchor" => at_least(Draft::Draft202012),
-        _ => false,
+        _ => draft.is_known_keyword(key),
+    };
+    if !known {
+        return Some(
+            "the validator does not know it (or not in the schema's draft), so a misspelt \
+             bound would not be enforced (annotations of your own start with \"x-\")",
+        );
+    }
+    if draft < Draft::Draft201909
+        && members.contains_key("$ref")
+        && !matches!(key, "$ref" | "$schema" | "id" | "$id")
+    {
+        return Some(
+            "drafts before 2019-09 ignore every keyword beside \"$ref\": put the reference \
+             and it in an allOf",
+        );
+    }
+    let beside = |other: &str| members.contains_key(other);
+    match key {
+        "additionalItems"
+            if !members
+                .get("items")
+                .is_some_and(serde_json::Value::is_array) =>
+        {
+            Some(
+                "it applies only beside a list of \"items\" (in 2020-12: \"items\" after \"prefixItems\")",
+            )
+        }
+        "then" | "else" if !beside("if") => Some("it applies only beside \"if\""),
+        "minContains" | "maxContains" if !beside("contains") => {
+            Some("it applies only beside \"contains\"")
+        }
+        _ => None,
     }
 }
 
-/// The JSON pointer and name of the first key of a schema (or of a schema
-/// inside it) that is no keyword of its draft (its `$schema`, 2020-12
-/// without one), as Ajv's strict mode refuses them: `maxLenght` would
-/// otherwise pass every string, and so would `dependentRequired` in a
-/// draft-07 schema. Keys starting `x-` are the author's annotations;
+/// The JSON pointer of the first schema object (the schema or one inside
+/// it) holding a key the validator would ignore, the key, and why: a
+/// misspelt `maxLenght` would otherwise pass every string, and so would a
+/// later draft's `dependentRequired` in a draft-07 schema, a bound beside
+/// a draft-07 `$ref`, or a `then` without its `if`. Ajv's strict mode
+/// refuses them alike. Keys starting `x-` are the author's annotations;
 /// values that are data (`enum`, `const`, `default`, `examples`) and
-/// property names are not looked into.
-fn unknown_keyword(
+/// property names are not looked into. The whole schema is read as the
+/// root's draft: a `$schema` inside naming another is refused.
+fn ignored_keyword(
     schema: &serde_json::Value,
     draft: jsonschema::Draft,
     pointer: &str,
-) -> Option<(String, String)> {
+) -> Option<(String, String, &'static str)> {
     use serde_json::Value;
     let Value::Object(members) = schema else {
         return None; // true, false: boolean schemas.
     };
+    if !pointer.is_empty() && draft.detect(schema) != draft {
+        let why = "the whole schema is read as its root's draft";
+        return Some((pointer.to_owned(), "$schema".to_owned(), why));
+    }
     let draft = draft.detect(schema);
     members.iter().find_map(|(key, value)| {
-        if key.starts_with("x-") {
-            return None;
-        }
-        if !COMMON_KEYWORDS.contains(&key.as_str()) && !draft_keyword(draft, key) {
-            return Some((pointer.to_owned(), key.clone()));
+        if let Some(why) = ignored_because(draft, members, key) {
+            return Some((pointer.to_owned(), key.clone(), why));
         }
         let here = child(pointer, key);
-        let inside = |schema: &Value, pointer: &str| unknown_keyword(schema, draft, pointer);
+        let inside = |schema: &Value, pointer: &str| ignored_keyword(schema, draft, pointer);
         match (key.as_str(), value) {
             // Maps of names to schemas (`dependencies` maps to lists of
             // names too, which hold no keywords).
