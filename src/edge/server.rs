@@ -63,6 +63,10 @@ pub struct Listeners {
 /// (and the log sink is looked at).
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long the stop waits for scrapes still being answered once the calls'
+/// grace is over.
+const METRICS_DRAIN: Duration = Duration::from_secs(1);
+
 /// What the binary adds to a server beyond its listeners and engine.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
@@ -179,10 +183,15 @@ pub async fn serve_with_options(
     let sweeper = tokio::spawn(housekeeping(engine, metrics, health));
     let result = within_grace(served, stopped(&stop_signal), settings.shutdown_grace).await;
     sweeper.abort();
-    if let Some(metrics_server) = metrics_server
-        && let Ok(Err(error)) = metrics_server.await
-    {
-        tracing::warn!(%error, "metrics listener failed");
+    // A scrape still being read gets what is left of a second, not more:
+    // the stop is bounded (the listener stopped taking connections at the
+    // signal).
+    if let Some(mut metrics_server) = metrics_server {
+        match tokio::time::timeout(METRICS_DRAIN, &mut metrics_server).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "metrics listener failed"),
+            Ok(_) => {}
+            Err(_) => metrics_server.abort(),
+        }
     }
     result
 }

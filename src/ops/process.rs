@@ -8,10 +8,6 @@
 
 use std::fmt::Write as _;
 
-/// Turns transparent huge pages off for this process (Linux's
-/// `PR_SET_THP_DISABLE`, which overrides the allocator's `MADV_HUGEPAGE` and
-/// the system's `always`), before the state is loaded.
-///
 /// Joins `thread` if it ends within `wait`: whether it ended without a
 /// panic. One still running (blocked in a write to a sink that takes
 /// nothing, a hung disk) is left behind, to end with the process.
@@ -26,6 +22,10 @@ pub fn join_within(thread: std::thread::JoinHandle<()>, wait: std::time::Duratio
     thread.join().is_ok()
 }
 
+/// Turns transparent huge pages off for this process (Linux's
+/// `PR_SET_THP_DISABLE`, which overrides the allocator's `MADV_HUGEPAGE` and
+/// the system's `always`), before the state is loaded.
+///
 /// The first touch of a huge page makes the kernel zero 2 MiB at once, on the
 /// thread that touched it: while the state grows (a receipt per Dispatch,
 /// the allocator asking the OS for fresh pages) a worker stalled for

@@ -287,22 +287,25 @@ async fn sighup_to_a_server_on_the_embedded_policy_leaves_it_serving() {
         .start();
     let lines = server.stderr_lines();
     server.signal("HUP");
-    let said = tokio::task::spawn_blocking(move || {
+    // The lines are read to the end: a stderr nobody reads any more loses
+    // the last lines, and the exit status says so.
+    let (said, lines) = tokio::task::spawn_blocking(move || {
         let deadline = std::time::Instant::now() + PATIENCE;
         while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
             match lines.recv_timeout(left) {
-                Ok(line) if line.contains("SIGHUP: nothing to reload") => return true,
+                Ok(line) if line.contains("SIGHUP: nothing to reload") => return (true, lines),
                 Ok(_) => continue,
-                Err(_) => return false,
+                Err(_) => return (false, lines),
             }
         }
-        false
+        (false, lines)
     })
     .await
     .expect("join");
     assert!(said, "no 'nothing to reload' line");
     assert_eq!(server.health().await, ServingStatus::Serving);
     assert_eq!(server.stop(), Some(0));
+    drop(lines);
 }
 
 /// Bound on every wait for the child, so a bug fails instead of hanging.

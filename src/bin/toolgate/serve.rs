@@ -201,6 +201,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         // after `listening on` stops the process cleanly instead of
         // killing it (seen in CI: answered calls, then killed by it).
         let shutdown = shutdown_signal(log_sink.clone());
+        let log_sink_at_end = log_sink.clone();
         if args.config.is_none()
             && let Some(token) = bootstrap::reviewer_token(&engine)
         {
@@ -248,6 +249,9 @@ pub fn serve(args: ServeArgs) -> ExitCode {
             shutdown,
         )
         .await;
+        // Whatever ended the serving (a signal, a failure), nothing may
+        // wait for room in the log buffer from here on.
+        log_sink_at_end.let_callers_through();
         // In-flight calls had their grace; the store's writer, the runtime
         // and the log sink share one more: nothing that hangs (a sync on a
         // hung disk, a stderr pipe nobody reads) keeps the process alive.
@@ -256,8 +260,8 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         let store_closed = engine.close_store_within(grace);
         if !store_closed {
             tracing::error!(
-                "the store's writer did not end within {grace:?} (a sync on a hung disk?): \
-                 what it had not written yet was never acknowledged"
+                "the store's writer did not end well within {grace:?} (a sync on a hung disk? \
+                 a failure?): what it had not written yet was never acknowledged"
             );
         }
         match served {
