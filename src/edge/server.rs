@@ -183,14 +183,17 @@ pub async fn serve_with_options(
     let sweeper = tokio::spawn(housekeeping(engine, metrics, health));
     let result = within_grace(served, stopped(&stop_signal), settings.shutdown_grace).await;
     sweeper.abort();
-    // A scrape still being read gets what is left of a second, not more:
-    // the stop is bounded (the listener stopped taking connections at the
+    // A scrape still being answered gets a second more, no longer: the
+    // stop is bounded (the listener stopped taking connections at the
     // signal).
     if let Some(mut metrics_server) = metrics_server {
         match tokio::time::timeout(METRICS_DRAIN, &mut metrics_server).await {
             Ok(Ok(Err(error))) => tracing::warn!(%error, "metrics listener failed"),
             Ok(_) => {}
-            Err(_) => metrics_server.abort(),
+            Err(_) => {
+                tracing::debug!("a scrape still being answered was cut at the stop");
+                metrics_server.abort();
+            }
         }
     }
     result

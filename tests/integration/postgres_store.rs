@@ -253,8 +253,13 @@ async fn a_scrape_is_answered_while_the_store_waits_on_a_lock() {
                 .map_err(|error| error.to_string())
         })
     };
-    if held.recv_timeout(Duration::from_secs(30)).is_err() {
-        panic!("the lock was not taken: {:?}", holder.join());
+    match held.recv_timeout(Duration::from_secs(30)) {
+        Ok(()) => {}
+        // The holder failed: its error says why.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("the lock was not taken: {:?}", holder.join())
+        }
+        Err(timeout) => panic!("the lock was not taken: {timeout}"),
     }
     // Answered before the lock is let go, without the sizes (waiting,
     // it would have answered them after).

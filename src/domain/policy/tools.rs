@@ -266,12 +266,13 @@ fn input_schema(
         .and_then(serde_json::Value::as_object)
         .map(|properties| properties.keys().cloned().collect())
         .unwrap_or_default();
-    // A format is checked (in 2019-09 and later it is only an annotation
-    // unless asked) and one the validator does not know is an error: an
-    // author writes `format` to have it held.
+    // A format the validator knows is checked (in 2019-09 and later it is
+    // only an annotation unless asked): an author writes `format` to have
+    // it held. One it does not know stays an annotation, as JSON Schema
+    // says (OpenAPI's `int32`, draft-07's `uuid`: schemas that tools
+    // publish).
     let validator = jsonschema::options_for::<Canonical>()
         .should_validate_formats(true)
-        .should_ignore_unknown_formats(false)
         .build(&schema_json)
         .map_err(|error| {
             loader.error(
@@ -355,6 +356,14 @@ fn ignored_because(
             )
         }
         "then" | "else" if !beside("if") => Some("it applies only beside \"if\""),
+        // A client's text checked as a regular expression costs time that
+        // grows with the square of its length (its group names are looked
+        // up in a list): not a check a model's arguments may set off.
+        "format" if members.get("format").and_then(serde_json::Value::as_str) == Some("regex") => {
+            Some(
+                "toolgate does not check the \"regex\" format (its cost grows with the square of the argument's length): use \"pattern\" and \"maxLength\"",
+            )
+        }
         "minContains" | "maxContains" if !beside("contains") => {
             Some("it applies only beside \"contains\"")
         }
@@ -380,11 +389,12 @@ fn ignored_keyword(
     let Value::Object(members) = schema else {
         return None; // true, false: boolean schemas.
     };
-    if !pointer.is_empty() && draft.detect(schema) != draft {
+    let declared = draft.detect(schema);
+    if !pointer.is_empty() && declared != draft {
         let why = "the whole schema is read as its root's draft";
         return Some((pointer.to_owned(), "$schema".to_owned(), why));
     }
-    let draft = draft.detect(schema);
+    let draft = declared;
     members.iter().find_map(|(key, value)| {
         if let Some(why) = ignored_because(draft, members, key) {
             return Some((pointer.to_owned(), key.clone(), why));
