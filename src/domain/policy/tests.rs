@@ -260,79 +260,80 @@ fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out(
     let tool = |schema: &str| {
         format!("[tools.x]\nmode = \"read\"\nroles = [\"r\"]\ninput_schema = {schema}\n{BASE}")
     };
-    let unknown = "the validator does not know it (or not in the schema's draft), so a \
-                   misspelt bound would not be enforced (annotations of your own start with \
-                   \"x-\")";
-    let beside_ref = "drafts before 2019-09 ignore every keyword beside \"$ref\": put the \
-                      reference and it in an allOf";
+    let unknown = "the validator would ignore it: it is no keyword of the schema's draft, \
+                   so a misspelt bound would not be enforced (annotations of your own start \
+                   with \"x-\")";
+    let beside_ref = "the validator would ignore it: drafts before 2019-09 ignore every \
+                      keyword beside \"$ref\" (put the reference and it in an allOf)";
     let draft7 = "\"$schema\": \"http://json-schema.org/draft-07/schema#\"";
     let cases = [
         (
             "{ type = \"object\", additionalProperty = false }".to_string(),
-            format!("\"additionalProperty\": {unknown}"),
+            format!("\"additionalProperty\" is refused: {unknown}"),
         ),
         (
             "{ properties = { memo = { type = \"string\", maxLenght = 140 } } }".into(),
-            format!("\"maxLenght\" at /properties/memo: {unknown}"),
+            format!("\"maxLenght\" at /properties/memo is refused: {unknown}"),
         ),
         (
             "{ anyOf = [{ required = [\"a\"] }, { requierd = [\"b\"] }] }".into(),
-            format!("\"requierd\" at /anyOf/1: {unknown}"),
+            format!("\"requierd\" at /anyOf/1 is refused: {unknown}"),
         ),
         (
             "'{\"$defs\": {\"a/b\": {\"not\": {\"minimun\": 1}}}}'".into(),
-            format!("\"minimun\" at /$defs/a~1b/not: {unknown}"),
+            format!("\"minimun\" at /$defs/a~1b/not is refused: {unknown}"),
         ),
         (
             "{ items = { additionalProperties = { patern = \"^a\" } } }".into(),
-            format!("\"patern\" at /items/additionalProperties: {unknown}"),
+            format!("\"patern\" at /items/additionalProperties is refused: {unknown}"),
         ),
         // A keyword of a later draft is ignored under an earlier one.
         (
             format!("'{{{draft7}, \"dependentRequired\": {{\"a\": [\"b\"]}}}}'"),
-            format!("\"dependentRequired\": {unknown}"),
+            format!("\"dependentRequired\" is refused: {unknown}"),
         ),
         (
             "'{\"$schema\": \"http://json-schema.org/draft-04/schema#\", \"properties\": {\"a\": {\"const\": 1}}}'".into(),
-            format!("\"const\" at /properties/a: {unknown}"),
+            format!("\"const\" at /properties/a is refused: {unknown}"),
         ),
         (
             "{ \"$recursiveRef\" = \"#\" }".into(),
-            format!("\"$recursiveRef\": {unknown}"),
+            format!("\"$recursiveRef\" is refused: {unknown}"),
         ),
         // Known keywords that would do nothing where they are.
         (
             format!("'{{{draft7}, \"definitions\": {{\"s\": {{\"type\": \"string\"}}}}, \"properties\": {{\"m\": {{\"$ref\": \"#/definitions/s\", \"maxLength\": 140}}}}}}'"),
-            format!("\"maxLength\" at /properties/m: {beside_ref}"),
+            format!("\"maxLength\" at /properties/m is refused: {beside_ref}"),
         ),
         (
             "{ prefixItems = [{ type = \"string\" }], additionalItems = false }".into(),
-            "\"additionalItems\": it applies only beside a list of \"items\" (in 2020-12: \"items\" after \"prefixItems\")".into(),
+            "\"additionalItems\" is refused: the validator would ignore it: it applies only beside a list of \"items\" (in 2020-12: \"items\" after \"prefixItems\")".into(),
         ),
         (
             "{ then = { required = [\"a\"] } }".into(),
-            "\"then\": it applies only beside \"if\"".into(),
+            "\"then\" is refused: the validator would ignore it: it applies only beside \"if\"".into(),
         ),
         (
             "{ maxContains = 2 }".into(),
-            "\"maxContains\": it applies only beside \"contains\"".into(),
+            "\"maxContains\" is refused: the validator would ignore it: it applies only beside \"contains\"".into(),
+        ),
+        (
+            "{ contentMediaType = \"application/json\", contentSchema = { maxLength = 3 } }".into(),
+            "\"contentSchema\" is refused: the validator would ignore it: it is an annotation in 2019-09 and later: nothing in it is checked".into(),
         ),
         (
             "{ properties = { p = { type = \"string\", format = \"regex\" } } }".into(),
-            "\"format\" at /properties/p: toolgate does not check the \"regex\" format (its cost grows with the square of the argument's length): use \"pattern\" and \"maxLength\"".into(),
+            "\"format\" at /properties/p is refused: toolgate does not check the \"regex\" format (its cost grows with the square of the argument's length): use \"pattern\" and \"maxLength\"".into(),
         ),
         (
             "{ properties = { a = { \"$schema\" = \"http://json-schema.org/draft-07/schema#\" } } }".into(),
-            "\"$schema\" at /properties/a: the whole schema is read as its root's draft".into(),
+            "\"$schema\" at /properties/a is refused: the validator would ignore it: the whole schema is read as its root's draft".into(),
         ),
     ];
     for (schema, message) in cases {
         assert_eq!(
             error_of(&tool(&schema)),
-            pair(
-                "tools.x.input_schema",
-                &format!("the validator would ignore {message}")
-            ),
+            pair("tools.x.input_schema", &message),
             "{schema}"
         );
     }

@@ -289,7 +289,7 @@ fn input_schema(
         };
         return Err(loader.error(
             format!("{key}.input_schema"),
-            format!("the validator would ignore {keyword:?}{at}: {why}"),
+            format!("{keyword:?}{at} is refused: {why}"),
         ));
     }
     Ok((validator, properties))
@@ -313,8 +313,15 @@ const ANNOTATIONS: &[&str] = &[
     "$vocabulary",
 ];
 
-/// Why the validator would ignore `key` in a schema object of `draft`
-/// holding `members`, if it would.
+/// Why the validator would ignore a key: `ignored!("why")`.
+macro_rules! ignored {
+    ($why:literal) => {
+        concat!("the validator would ignore it: ", $why)
+    };
+}
+
+/// Why `key` is refused in a schema object of `draft` holding `members`,
+/// if it is: mostly because the validator would ignore it there.
 fn ignored_because(
     draft: jsonschema::Draft,
     members: &serde_json::Map<String, serde_json::Value>,
@@ -330,19 +337,19 @@ fn ignored_because(
         _ => draft.is_known_keyword(key),
     };
     if !known {
-        return Some(
-            "the validator does not know it (or not in the schema's draft), so a misspelt \
-             bound would not be enforced (annotations of your own start with \"x-\")",
-        );
+        return Some(ignored!(
+            "it is no keyword of the schema's draft, so a misspelt bound would not be \
+             enforced (annotations of your own start with \"x-\")"
+        ));
     }
     if draft < Draft::Draft201909
         && members.contains_key("$ref")
         && !matches!(key, "$ref" | "$schema" | "id" | "$id")
     {
-        return Some(
-            "drafts before 2019-09 ignore every keyword beside \"$ref\": put the reference \
-             and it in an allOf",
-        );
+        return Some(ignored!(
+            "drafts before 2019-09 ignore every keyword beside \"$ref\" (put the reference \
+             and it in an allOf)"
+        ));
     }
     let beside = |other: &str| members.contains_key(other);
     match key {
@@ -351,11 +358,16 @@ fn ignored_because(
                 .get("items")
                 .is_some_and(serde_json::Value::is_array) =>
         {
-            Some(
-                "it applies only beside a list of \"items\" (in 2020-12: \"items\" after \"prefixItems\")",
-            )
+            Some(ignored!(
+                "it applies only beside a list of \"items\" (in 2020-12: \"items\" after \
+                 \"prefixItems\")"
+            ))
         }
-        "then" | "else" if !beside("if") => Some("it applies only beside \"if\""),
+        "then" | "else" if !beside("if") => Some(ignored!("it applies only beside \"if\"")),
+        // An annotation since 2019-09: a bound inside would hold nothing.
+        "contentSchema" => Some(ignored!(
+            "it is an annotation in 2019-09 and later: nothing in it is checked"
+        )),
         // A client's text checked as a regular expression costs time that
         // grows with the square of its length (its group names are looked
         // up in a list): not a check a model's arguments may set off.
@@ -365,7 +377,7 @@ fn ignored_because(
             )
         }
         "minContains" | "maxContains" if !beside("contains") => {
-            Some("it applies only beside \"contains\"")
+            Some(ignored!("it applies only beside \"contains\""))
         }
         _ => None,
     }
@@ -391,7 +403,7 @@ fn ignored_keyword(
     };
     let declared = draft.detect(schema);
     if !pointer.is_empty() && declared != draft {
-        let why = "the whole schema is read as its root's draft";
+        let why = ignored!("the whole schema is read as its root's draft");
         return Some((pointer.to_owned(), "$schema".to_owned(), why));
     }
     let draft = declared;
