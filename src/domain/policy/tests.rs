@@ -266,6 +266,8 @@ fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out(
     let beside_ref = "the validator would ignore it: drafts before 2019-09 ignore every \
                       keyword beside \"$ref\" (put the reference and it in an allOf)";
     let draft7 = "\"$schema\": \"http://json-schema.org/draft-07/schema#\"";
+    let nowhere = "which is no schema toolgate judged: a reference must lead to a schema \
+                   among the schema's own keywords (\"#\", \"#/...\", an anchor)";
     let cases = [
         (
             "{ type = \"object\", additionalProperty = false }".to_string(),
@@ -317,6 +319,15 @@ fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out(
             "{ maxContains = 2 }".into(),
             "\"maxContains\" is refused: the validator would ignore it: it applies only beside \"contains\"".into(),
         ),
+        // A reference must lead to a schema the walk judged.
+        (
+            "{ \"x-s\" = { type = \"string\", format = \"regex\" }, properties = { p = { \"$ref\" = \"#/x-s\" } } }".into(),
+            format!("\"$ref\" at /properties/p is refused: it leads to \"#/x-s\", {nowhere}"),
+        ),
+        (
+            "{ default = { maxLenght = 1 }, properties = { p = { \"$ref\" = \"#/default\" } } }".into(),
+            format!("\"$ref\" at /properties/p is refused: it leads to \"#/default\", {nowhere}"),
+        ),
         (
             "{ contentMediaType = \"application/json\", contentSchema = { maxLength = 3 } }".into(),
             "\"contentSchema\" is refused: the validator would ignore it: it is an annotation in 2019-09 and later: nothing in it is checked".into(),
@@ -347,6 +358,10 @@ fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out(
         "'{\"$schema\": \"http://json-schema.org/draft-06/schema#\", \"properties\": {\"a\": {\"$ref\": \"#/definitions/s\", \"title\": \"a\", \"description\": \"d\"}}, \"definitions\": {\"s\": {\"contentEncoding\": \"base64\"}}}'",
         "'{\"$schema\": \"https://json-schema.org/draft/2019-09/schema\", \"$recursiveAnchor\": true, \"properties\": {\"a\": {\"$recursiveRef\": \"#\"}}, \"dependentRequired\": {\"a\": [\"b\"]}, \"contains\": {}, \"minContains\": 1}'",
         "'{\"$schema\": \"http://json-schema.org/draft-04/schema#\", \"id\": \"urn:x\", \"maximum\": 3, \"exclusiveMaximum\": true}'",
+        // References to schemas the walk judged: by pointer (escaped in the
+        // URI or not), to the root, by anchor.
+        "'{\"$defs\": {\"a b\": {\"type\": \"string\"}, \"n\": {\"$anchor\": \"named\", \"type\": \"integer\"}}, \"properties\": {\"p\": {\"$ref\": \"#/$defs/a%20b\"}, \"q\": {\"$ref\": \"#named\"}, \"r\": {\"items\": {\"$ref\": \"#\"}}}}'",
+        "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"definitions\": {\"a\": {\"$id\": \"#old\", \"type\": \"string\"}}, \"properties\": {\"p\": {\"$ref\": \"#old\"}}}'",
         // A format the validator does not know stays an annotation.
         "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"properties\": {\"id\": {\"type\": \"string\", \"format\": \"uuid\"}, \"n\": {\"type\": \"integer\", \"format\": \"int32\"}}}'",
         "{ title = \"t\", description = \"d\", \"$comment\" = \"c\", deprecated = false, readOnly = false, writeOnly = false, format = \"email\", contentMediaType = \"text/plain\" }",

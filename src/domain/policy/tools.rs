@@ -280,9 +280,7 @@ fn input_schema(
                 schema_error_message(&schema_json, &error),
             )
         })?;
-    if let Some((pointer, keyword, why)) =
-        ignored_keyword(&schema_json, jsonschema::Draft::default(), "")
-    {
+    if let Some((pointer, keyword, why)) = refused_keyword(&schema_json) {
         let at = match pointer.as_str() {
             "" => String::new(),
             pointer => format!(" at {pointer}"),
@@ -383,37 +381,121 @@ fn ignored_because(
     }
 }
 
-/// The JSON pointer of the first schema object (the schema or one inside
-/// it) holding a key the validator would ignore, the key, and why: a
-/// misspelt `maxLenght` would otherwise pass every string, and so would a
-/// later draft's `dependentRequired` in a draft-07 schema, a bound beside
-/// a draft-07 `$ref`, or a `then` without its `if`. Ajv's strict mode
-/// refuses them alike. Keys starting `x-` are the author's annotations;
-/// values that are data (`enum`, `const`, `default`, `examples`) and
-/// property names are not looked into. The whole schema is read as the
-/// root's draft: a `$schema` inside naming another is refused.
-fn ignored_keyword(
+/// What a walk of a schema found: the pointers of the schemas it judged,
+/// the anchors they declare, and the references they make.
+#[derive(Default)]
+struct Walked {
+    schemas: std::collections::HashSet<String>,
+    anchors: std::collections::HashSet<String>,
+    references: Vec<(String, String, String)>,
+}
+
+/// A refusal: the pointer of the schema object, its key, and why.
+type Refusal = (String, String, std::borrow::Cow<'static, str>);
+
+/// The first key of the schema (or of a schema inside it) that is refused
+/// ([`ignored_because`]), with its pointer: a misspelt `maxLenght` would
+/// otherwise pass every string, and so would a later draft's
+/// `dependentRequired` in a draft-07 schema, a bound beside a draft-07
+/// `$ref`, or a `then` without its `if`. Ajv's strict mode refuses them
+/// alike. Keys starting `x-` are the author's annotations; values that are
+/// data (`enum`, `const`, `default`, `examples`) and property names are not
+/// looked into. The whole schema is read as the root's draft: a `$schema`
+/// inside naming another is refused. And a reference must reach a schema
+/// this walk judged (`#/x-defs/a`, `#/default` would reach one it did not).
+fn refused_keyword(schema: &serde_json::Value) -> Option<Refusal> {
+    let mut walked = Walked::default();
+    if let Some(refusal) = walk(schema, jsonschema::Draft::default(), "", &mut walked) {
+        return Some(refusal);
+    }
+    walked
+        .references
+        .iter()
+        .find_map(|(pointer, keyword, target)| {
+            let reached = match target.strip_prefix('#') {
+                Some("") => true,
+                Some(fragment) => {
+                    let fragment = percent_decoded(fragment);
+                    match fragment.starts_with('/') {
+                        true => walked.schemas.contains(&fragment),
+                        false => walked.anchors.contains(&fragment),
+                    }
+                }
+                None => false,
+            };
+            (!reached).then(|| {
+                let why = format!(
+                    "it leads to {target:?}, which is no schema toolgate judged: a reference must \
+                 lead to a schema among the schema's own keywords (\"#\", \"#/...\", an anchor)"
+                );
+                (pointer.clone(), keyword.clone(), why.into())
+            })
+        })
+}
+
+/// A URI fragment's `%XX` escapes decoded (the rest as it is).
+fn percent_decoded(fragment: &str) -> String {
+    let bytes = fragment.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let hex = bytes
+            .get(at + 1..at + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[at], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                at += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+fn walk(
     schema: &serde_json::Value,
     draft: jsonschema::Draft,
     pointer: &str,
-) -> Option<(String, String, &'static str)> {
+    walked: &mut Walked,
+) -> Option<Refusal> {
     use serde_json::Value;
+    walked.schemas.insert(pointer.to_owned());
     let Value::Object(members) = schema else {
         return None; // true, false: boolean schemas.
     };
     let declared = draft.detect(schema);
     if !pointer.is_empty() && declared != draft {
         let why = ignored!("the whole schema is read as its root's draft");
-        return Some((pointer.to_owned(), "$schema".to_owned(), why));
+        return Some((pointer.to_owned(), "$schema".to_owned(), why.into()));
     }
     let draft = declared;
-    members.iter().find_map(|(key, value)| {
+    for (key, value) in members {
         if let Some(why) = ignored_because(draft, members, key) {
-            return Some((pointer.to_owned(), key.clone(), why));
+            return Some((pointer.to_owned(), key.clone(), why.into()));
+        }
+        let text = value.as_str();
+        match (key.as_str(), text) {
+            ("$anchor" | "$dynamicAnchor", Some(name)) => {
+                walked.anchors.insert(name.to_owned());
+            }
+            // Drafts 4 to 7 name an anchor as a fragment-only id.
+            ("$id" | "id", Some(id)) if id.starts_with('#') => {
+                walked.anchors.insert(id[1..].to_owned());
+            }
+            ("$ref" | "$dynamicRef" | "$recursiveRef", Some(target)) => {
+                walked
+                    .references
+                    .push((pointer.to_owned(), key.clone(), target.to_owned()));
+            }
+            _ => {}
         }
         let here = child(pointer, key);
-        let inside = |schema: &Value, pointer: &str| ignored_keyword(schema, draft, pointer);
-        match (key.as_str(), value) {
+        let refusal = match (key.as_str(), value) {
             // Maps of names to schemas (`dependencies` maps to lists of
             // names too, which hold no keywords).
             (
@@ -422,13 +504,12 @@ fn ignored_keyword(
                 Value::Object(named),
             ) => named
                 .iter()
-                .find_map(|(name, schema)| inside(schema, &child(&here, name))),
+                .find_map(|(name, schema)| walk(schema, draft, &child(&here, name), walked)),
             // Lists of schemas (`items` as a list: drafts before 2020-12).
             ("allOf" | "anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(schemas)) => {
-                schemas
-                    .iter()
-                    .enumerate()
-                    .find_map(|(index, schema)| inside(schema, &format!("{here}/{index}")))
+                schemas.iter().enumerate().find_map(|(index, schema)| {
+                    walk(schema, draft, &format!("{here}/{index}"), walked)
+                })
             }
             // One schema.
             (
@@ -442,13 +523,16 @@ fn ignored_keyword(
                 | "unevaluatedProperties"
                 | "contains"
                 | "additionalProperties"
-                | "propertyNames"
-                | "contentSchema",
+                | "propertyNames",
                 schema,
-            ) => inside(schema, &here),
+            ) => walk(schema, draft, &here, walked),
             _ => None,
+        };
+        if refusal.is_some() {
+            return refusal;
         }
-    })
+    }
+    None
 }
 
 /// Why a schema does not compile, with the JSON pointer inside the schema.
