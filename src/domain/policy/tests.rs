@@ -266,8 +266,8 @@ fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out(
     let beside_ref = "the validator would ignore it: drafts before 2019-09 ignore every \
                       keyword beside \"$ref\" (put the reference and it in an allOf)";
     let draft7 = "\"$schema\": \"http://json-schema.org/draft-07/schema#\"";
-    let nowhere = "which is no schema toolgate judged: a reference must lead to a schema \
-                   among the schema's own keywords (\"#\", \"#/...\", an anchor)";
+    let nowhere = "which is no schema toolgate judged: a reference must lead from the root to \
+                   a schema among the schema's own keywords (\"#\", \"#/...\", \"#anchor\")";
     let cases = [
         (
             "{ type = \"object\", additionalProperty = false }".to_string(),
@@ -329,6 +329,22 @@ fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out(
             format!("\"$ref\" at /properties/p is refused: it leads to \"#/default\", {nowhere}"),
         ),
         (
+            "{ properties = { s = { \"$id\" = \"http://e/s\", \"$defs\" = { a = {} }, properties = { q = { \"$ref\" = \"#/$defs/a\" } } } } }".into(),
+            "\"$id\" at /properties/s is refused: an id below the root moves the base of the references inside it, and toolgate judges references from the root".into(),
+        ),
+        (
+            format!("'{{{draft7}, \"$defs\": [{{\"format\": \"regex\"}}]}}'"),
+            "\"$defs\" is refused: it must be an object of schemas".into(),
+        ),
+        (
+            "'{\"$schema\": \"https://json-schema.org/draft/2019-09/schema\", \"$defs\": {\"a\": {}}, \"properties\": {\"p\": {\"$recursiveRef\": \"#/$defs/a\"}}}'".into(),
+            format!("\"$recursiveRef\" at /properties/p is refused: it leads to \"#/$defs/a\", {nowhere}"),
+        ),
+        (
+            "{ \"$id\" = \"urn:root\", properties = { p = { \"$ref\" = \"urn:root\" } } }".into(),
+            format!("\"$ref\" at /properties/p is refused: it leads to \"urn:root\", {nowhere}"),
+        ),
+        (
             "{ contentMediaType = \"application/json\", contentSchema = { maxLength = 3 } }".into(),
             "\"contentSchema\" is refused: the validator would ignore it: it is an annotation in 2019-09 and later: nothing in it is checked".into(),
         ),
@@ -362,6 +378,7 @@ fn a_schema_keyword_the_validator_would_ignore_is_an_error_not_a_bound_left_out(
         // URI or not), to the root, by anchor.
         "'{\"$defs\": {\"a b\": {\"type\": \"string\"}, \"n\": {\"$anchor\": \"named\", \"type\": \"integer\"}}, \"properties\": {\"p\": {\"$ref\": \"#/$defs/a%20b\"}, \"q\": {\"$ref\": \"#named\"}, \"r\": {\"items\": {\"$ref\": \"#\"}}}}'",
         "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"definitions\": {\"a\": {\"$id\": \"#old\", \"type\": \"string\"}}, \"properties\": {\"p\": {\"$ref\": \"#old\"}}}'",
+        "{ \"$id\" = \"urn:root\", \"$defs\" = { a = { type = \"string\" } }, properties = { p = { \"$ref\" = \"#/$defs/a\" } } }",
         // A format the validator does not know stays an annotation.
         "'{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"properties\": {\"id\": {\"type\": \"string\", \"format\": \"uuid\"}, \"n\": {\"type\": \"integer\", \"format\": \"int32\"}}}'",
         "{ title = \"t\", description = \"d\", \"$comment\" = \"c\", deprecated = false, readOnly = false, writeOnly = false, format = \"email\", contentMediaType = \"text/plain\" }",

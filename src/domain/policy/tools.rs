@@ -412,35 +412,40 @@ fn refused_keyword(schema: &serde_json::Value) -> Option<Refusal> {
         .references
         .iter()
         .find_map(|(pointer, keyword, target)| {
-            let reached = match target.strip_prefix('#') {
-                Some("") => true,
-                Some(fragment) => {
-                    let fragment = percent_decoded(fragment);
-                    match fragment.starts_with('/') {
-                        true => walked.schemas.contains(&fragment),
-                        false => walked.anchors.contains(&fragment),
+            let reached = match (keyword.as_str(), target.strip_prefix('#')) {
+                // Read as "#" whatever it says.
+                ("$recursiveRef", fragment) => fragment == Some(""),
+                (_, Some("")) => true,
+                (_, Some(fragment)) => match percent_decoded(fragment) {
+                    Some(fragment) if fragment.starts_with('/') => {
+                        walked.schemas.contains(&fragment)
                     }
-                }
-                None => false,
+                    Some(anchor) => walked.anchors.contains(&anchor),
+                    None => false,
+                },
+                (_, None) => false,
             };
             (!reached).then(|| {
                 let why = format!(
                     "it leads to {target:?}, which is no schema toolgate judged: a reference must \
-                 lead to a schema among the schema's own keywords (\"#\", \"#/...\", an anchor)"
+                 lead from the root to a schema among the schema's own keywords (\"#\", \
+                 \"#/...\", \"#anchor\")"
                 );
                 (pointer.clone(), keyword.clone(), why.into())
             })
         })
 }
 
-/// A URI fragment's `%XX` escapes decoded (the rest as it is).
-fn percent_decoded(fragment: &str) -> String {
+/// A URI fragment's `%XX` escapes decoded (the rest as it is); `None`
+/// when that is not UTF-8.
+fn percent_decoded(fragment: &str) -> Option<String> {
     let bytes = fragment.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut at = 0;
     while at < bytes.len() {
         let hex = bytes
             .get(at + 1..at + 3)
+            .filter(|pair| pair.iter().all(u8::is_ascii_hexdigit))
             .and_then(|pair| std::str::from_utf8(pair).ok())
             .and_then(|pair| u8::from_str_radix(pair, 16).ok());
         match (bytes[at], hex) {
@@ -454,7 +459,7 @@ fn percent_decoded(fragment: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&decoded).into_owned()
+    String::from_utf8(decoded).ok()
 }
 
 fn walk(
@@ -464,10 +469,15 @@ fn walk(
     walked: &mut Walked,
 ) -> Option<Refusal> {
     use serde_json::Value;
-    walked.schemas.insert(pointer.to_owned());
-    let Value::Object(members) = schema else {
-        return None; // true, false: boolean schemas.
+    let members = match schema {
+        Value::Object(members) => members,
+        Value::Bool(_) => {
+            walked.schemas.insert(pointer.to_owned());
+            return None;
+        }
+        _ => return None, // a list of names (`dependencies`): no schema
     };
+    walked.schemas.insert(pointer.to_owned());
     let declared = draft.detect(schema);
     if !pointer.is_empty() && declared != draft {
         let why = ignored!("the whole schema is read as its root's draft");
@@ -486,6 +496,17 @@ fn walk(
             // Drafts 4 to 7 name an anchor as a fragment-only id.
             ("$id" | "id", Some(id)) if id.starts_with('#') => {
                 walked.anchors.insert(id[1..].to_owned());
+            }
+            // Below the root an id would move the base the references
+            // inside it are read from: references are judged from the root.
+            ("$id" | "id", Some(_)) if !pointer.is_empty() && draft.is_known_keyword(key) => {
+                let why = "an id below the root moves the base of the references inside it, \
+                           and toolgate judges references from the root";
+                return Some((pointer.to_owned(), key.clone(), why.into()));
+            }
+            ("$defs" | "definitions", _) if !value.is_object() => {
+                let why = "it must be an object of schemas";
+                return Some((pointer.to_owned(), key.clone(), why.into()));
             }
             ("$ref" | "$dynamicRef" | "$recursiveRef", Some(target)) => {
                 walked
