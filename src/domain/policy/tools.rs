@@ -499,7 +499,9 @@ fn walk(
             }
             // Below the root an id would move the base the references
             // inside it are read from: references are judged from the root.
-            ("$id" | "id", Some(_)) if !pointer.is_empty() && draft.is_known_keyword(key) => {
+            // (Only the draft's own id keyword gets here: the other one was
+            // refused as unknown.)
+            ("$id" | "id", Some(_)) if !pointer.is_empty() => {
                 let why = "an id below the root moves the base of the references inside it, \
                            and toolgate judges references from the root";
                 return Some((pointer.to_owned(), key.clone(), why.into()));
